@@ -1,0 +1,94 @@
+"""Shared test set-up: CPU only, few threads, fixed seeds, and the subprocess pattern smoke tests use.
+
+Every script's tests use these fixtures:
+
+- ``run_dir``: a fresh path under pytest's tmp dir that does *not* exist yet (scripts create it;
+  tests of the "never overwrite a result" rules need to create it themselves).
+- ``run_script(script, *args, timeout=...)``: runs ``python <script> <args>`` from the repository
+  root in a subprocess, CPU only, and returns ``(returncode, stdout, stderr)``.
+- ``slow`` marker: tests over ~30 s on a 2-core CPU. They run in CI; ``-m "not slow"`` skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+# Force the CPU and small thread counts before torch is imported anywhere, so results do not
+# depend on the machine the tests run on.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SEED = 0
+
+torch.set_num_threads(1)
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for script subprocesses: CPU only, one thread, no display, unbuffered output."""
+    env = dict(os.environ)
+    env.update(
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        MPLBACKEND="Agg",
+        PYTHONUNBUFFERED="1",
+        PYTHONHASHSEED="0",
+    )
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def run_script_subprocess(script: str, *args: str, timeout: float = 300.0, env: dict | None = None):
+    """Run ``python <script> *args`` from the repository root; return (returncode, stdout, stderr).
+
+    ``script`` is a path relative to the repository root (e.g. ``"trex_ppo_atari.py"``). On a timeout
+    the process is killed and the test fails with the tail of its output, so a hang never eats CI.
+    """
+    cmd = [sys.executable, str(REPO_ROOT / script), *map(str, args)]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env if env is not None else subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout:.0f}s\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_seeds():
+    """Every test starts from the same RNG state."""
+    random.seed(DEFAULT_SEED)
+    np.random.seed(DEFAULT_SEED)
+    torch.manual_seed(DEFAULT_SEED)
+    yield
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run-directory path that does not exist yet, inside pytest's temporary directory."""
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def run_script():
+    """The subprocess helper as a fixture: ``rc, out, err = run_script("x.py", "--flag", "1", timeout=120)``."""
+    return run_script_subprocess
