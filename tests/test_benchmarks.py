@@ -1,0 +1,81 @@
+"""Tests of the throughput harness (benchmarks/throughput.py): the numbers in docs come from it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("throughput", REPO_ROOT / "benchmarks" / "throughput.py")
+throughput = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(throughput)
+
+
+@pytest.mark.parametrize(
+    "env_id, rom",
+    [
+        ("BreakoutNoFrameskip-v4", "breakout"),
+        ("ALE/Breakout-v5", "breakout"),
+        ("MontezumaRevengeNoFrameskip-v4", "montezuma_revenge"),
+        ("ALE/MsPacman-v5", "ms_pacman"),
+        ("SpaceInvadersNoFrameskip-v4", "space_invaders"),
+    ],
+)
+def test_rom_name_maps_gym_ids_to_ale_roms(env_id, rom):
+    from ale_py.roms import get_all_rom_ids
+
+    assert throughput.rom_name(env_id) == rom
+    assert rom in get_all_rom_ids()
+
+
+def test_after_warmup_median_drops_the_leading_fraction():
+    # 10 values, skip 20 % -> median of [3..10] = 6.5; the slow warm-up values 1, 2 are ignored.
+    assert throughput.after_warmup_median([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.2) == 6.5
+    # A single value is always kept.
+    assert throughput.after_warmup_median([42.0], 0.9) == 42.0
+    with pytest.raises(ValueError):
+        throughput.after_warmup_median([], 0.2)
+
+
+def test_raw_env_measurements_are_positive():
+    assert throughput.raw_atari_sps("BreakoutNoFrameskip-v4", num_envs=2, seconds=0.5) > 0
+    assert throughput.raw_mujoco_sps("InvertedPendulum-v5", num_envs=1, seconds=0.3) > 0
+
+
+FAKE_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from torch.utils.tensorboard import SummaryWriter
+    run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
+    writer = SummaryWriter(run_dir)
+    for step, sps in enumerate([10.0, 100.0, 200.0, 200.0, 300.0]):
+        writer.add_scalar("charts/SPS", sps, step)
+    writer.close()
+    """
+)
+
+
+def test_harness_end_to_end_reads_the_scripts_sps_and_records_it(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fake_script.py"
+    script.write_text(FAKE_SCRIPT)
+    results = tmp_path / "throughput.jsonl"
+    monkeypatch.setattr(throughput, "RESULTS", results)
+    rc = throughput.main(
+        ["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--label", "fake", "--", sys.executable, str(script)]
+    )
+    assert rc == 0
+    record = json.loads(results.read_text().splitlines()[-1])
+    # 5 values, skip 20 % -> median of [100, 200, 200, 300] = 200.
+    assert record["train_sps"] == 200.0
+    assert record["ratio"] == pytest.approx(200.0 / record["raw_env_sps"], abs=1e-4)
+    assert record["label"] == "fake" and record["sps_points"] == 5
+    assert record["hardware"]["cores"] >= 1 and record["command"].endswith("fake_script.py")
+
+
+def test_harness_without_a_command_exits_2(capsys):
+    assert throughput.main(["atari", "--env-id", "BreakoutNoFrameskip-v4"]) == 2
