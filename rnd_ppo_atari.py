@@ -859,10 +859,17 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
 
     # Observation normaliser from a random agent (skipped on resume: the snapshot holds the statistics).
     if not ckpt:
+        t0 = time.perf_counter()
         if not init_obs_normalization(envs, obs_rms, args, world, stop, show):
             print("interrupted during the observation-normalisation warm-up; nothing to save", file=sys.stderr)
             envs.close()
             return
+        warmup_s = time.perf_counter() - t0
+        warmup_steps = args.num_iterations_obs_norm_init * args.num_steps * args.num_envs * world.size
+        if writer is not None:
+            writer.add_scalar("charts/obs_norm_warmup_seconds", warmup_s, 0)
+            print(f"obs-norm warm-up: {warmup_steps} random steps in {warmup_s:.1f} s "
+                  f"({warmup_steps / max(warmup_s, 1e-9):.0f} steps/s)", flush=True)
 
     T, N = args.num_steps, args.num_envs
     obs_buf = torch.zeros((T, N, 4, 84, 84), dtype=torch.uint8, device=device)
@@ -929,7 +936,7 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
         with torch.no_grad():
             raw_int = torch.cat([rnd.errors(chunk) for chunk in rnd_inputs.view(T * N, 1, 84, 84).split(4096)]).view(T, N)
             filtered, filter_state = discounted_reward_filter(raw_int, filter_state, args.int_gamma)
-            reward_rms.update(filtered.reshape(-1, 1).squeeze(1), world)
+            reward_rms.update(filtered.reshape(-1), world)  # all T*N values
             int_rewards = raw_int / torch.sqrt(reward_rms.var.float())
             _, next_v_ext, next_v_int, _ = agent(next_obs[None], state, next_first[None])
             ext_adv, ext_ret = compute_gae(ext_rewards, v_ext_buf, firsts, next_v_ext, next_first, args.gamma, args.gae_lambda)
