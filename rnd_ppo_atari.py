@@ -116,7 +116,8 @@ class Args:
     ext_coef: float = 2.0
     """coefficient of the EXTRINSIC advantage"""
     int_coef: float = 1.0
-    """coefficient of the INTRINSIC advantage (0 = plain PPO; the RND networks still run so costs can be compared)"""
+    """coefficient of the INTRINSIC advantage. 0 = plain PPO: the bonus is not computed and the predictor not trained
+    (the intrinsic head then learns a zero return), so SPS with 0 vs 1 measures the RND networks' cost"""
     update_proportion: float = 0.25
     """fraction of each minibatch the predictor trains on (paper App. A.4: 0.25 at 128 envs, 0.03125 at 1024)"""
     num_iterations_obs_norm_init: int = 50
@@ -593,6 +594,10 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+# Settings a snapshot cannot be resumed under with different values (network shapes, game).
+ARCHITECTURE_ARGS = ("env_id", "rnn_hidden_layers", "rnn_hidden_size")
+
+
 def prepare_run(args: Args, world: World) -> tuple[Path, dict | None]:
     """Rank 0 decides the run dir and whether it resumes, before anything is written. UsageError on bad input."""
     run_dir = Path(args.run_dir or f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -603,6 +608,11 @@ def prepare_run(args: Args, world: World) -> tuple[Path, dict | None]:
         paths = checkpoint_paths(run_dir)
         if paths:
             ckpt = load_checkpoint(paths[-1])
+            saved = ckpt.get("args", {})
+            changed = [k for k in ARCHITECTURE_ARGS if k in saved and saved[k] != getattr(args, k) and not args.eval_only]
+            if changed:
+                was = " ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in changed)
+                raise UsageError(f"{run_dir} was trained with {was}: resume with the same values or pass a new --run-dir")
     if args.eval_only and ckpt is None:
         raise UsageError(f"--eval-only needs a snapshot in {run_dir}/checkpoints: pass the --run-dir of a trained run")
     return run_dir, ckpt
@@ -758,8 +768,11 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, derived: dict, wo
             )
             entropy = dist_.entropy().mean()
             frames = batch["rnd_inputs"][:, envs_idx].reshape(-1, 1, 84, 84)
-            keep = predictor_subsample(frames.shape[0], args.update_proportion, device)
-            pred_loss = rnd.errors(frames[keep]).mean()
+            if args.int_coef != 0:
+                keep = predictor_subsample(frames.shape[0], args.update_proportion, device)
+                pred_loss = rnd.errors(frames[keep]).mean()
+            else:  # plain PPO: the RND networks are not run at all
+                pred_loss = torch.zeros((), device=device)
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss + pred_loss
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
@@ -934,10 +947,13 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
         mean32, var32 = obs_rms.mean.float(), obs_rms.var.float()
         rnd_inputs = normalize_frames(next_frames, mean32, var32, args.obs_clip)  # (T, N, 1, 84, 84)
         with torch.no_grad():
-            raw_int = torch.cat([rnd.errors(chunk) for chunk in rnd_inputs.view(T * N, 1, 84, 84).split(4096)]).view(T, N)
+            if args.int_coef != 0:
+                raw_int = torch.cat([rnd.errors(c) for c in rnd_inputs.view(T * N, 1, 84, 84).split(4096)]).view(T, N)
+            else:
+                raw_int = torch.zeros_like(ext_rewards)
             filtered, filter_state = discounted_reward_filter(raw_int, filter_state, args.int_gamma)
             reward_rms.update(filtered.reshape(-1), world)  # all T*N values
-            int_rewards = raw_int / torch.sqrt(reward_rms.var.float())
+            int_rewards = raw_int / torch.sqrt(reward_rms.var.float()).clamp_min(1e-8)  # no mean subtraction
             _, next_v_ext, next_v_int, _ = agent(next_obs[None], state, next_first[None])
             ext_adv, ext_ret = compute_gae(ext_rewards, v_ext_buf, firsts, next_v_ext, next_first, args.gamma, args.gae_lambda)
             zeros = torch.zeros_like(firsts)
@@ -1064,6 +1080,8 @@ def finish(args, run_dir, writer, agent, result, history, rooms_seen, recent_ret
 
 
 def eval_only(args: Args, device: torch.device, run_dir: Path, ckpt: dict) -> None:
+    saved = ckpt["args"]  # the game, network and env settings the snapshot was trained with
+    args = dataclasses.replace(args, **{k: saved[k] for k in (*ARCHITECTURE_ARGS, "sticky_action_prob", "max_episode_frames")})
     n_actions = make_eval_env(args, args.seed).action_space.n
     agent = Agent(n_actions, args.rnn_hidden_layers, args.rnn_hidden_size).to(device)
     agent.load_state_dict(ckpt["agent"])

@@ -260,13 +260,16 @@ def test_resume_after_sigterm_continues_from_saved_iteration(run_dir):
 
 
 @pytest.mark.slow
-def test_target_score_stops_training_early(run_script, run_dir):
+def test_target_score_stops_plain_ppo_early(run_script, run_dir):
+    # --int-coef 0 is the paper's PPO baseline: no bonus, no predictor training
     rc, out, err = run_script(SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--max-episode-frames", "40",
                               "--target-score", "-1", "--target-score-window", "1", "--eval-episodes", "0",
-                              "--total-timesteps", "6400", "--run-dir", run_dir, timeout=120)
+                              "--int-coef", "0", "--total-timesteps", "6400", "--run-dir", run_dir, timeout=120)
     assert rc == 0, err[-3000:]
     res = json.loads((run_dir / "results.json").read_text())
-    assert res["stop_reason"] == "target_score" and res["iterations"] == 1
+    assert res["stop_reason"] == "target_score" and res["iterations"] == 1 and res["train_episodes_in_mean"] == 1
+    tags = scalars(run_dir)
+    assert [v for _, v in tags["rnd/predictor_loss"]] == [0.0] and [v for _, v in tags["rnd/intrinsic_reward"]] == [0.0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -296,3 +299,14 @@ def test_corrupt_snapshot_exits_2_and_names_the_file(run_script, run_dir):
                               "--run-dir", run_dir, timeout=60)
     assert rc == 2 and str(bad) in err and "delete it" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in run_dir.rglob("*")) == ["checkpoints", "ckpt_00000002.pt"]
+
+
+def test_resume_with_a_different_network_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    saved = {"env_id": "MontezumaRevengeNoFrameskip-v4", "rnn_hidden_layers": 0, "rnn_hidden_size": 256}
+    torch.save({"agent": {}, "iteration": 3, "args": saved}, run_dir / "checkpoints" / "ckpt_00000003.pt")
+    ok = rnd.Args(run_dir=str(run_dir))
+    assert rnd.prepare_run(ok, rnd.World())[1]["iteration"] == 3
+    with pytest.raises(rnd.UsageError, match="--rnn-hidden-layers 0: resume with the same values"):
+        rnd.prepare_run(rnd.Args(run_dir=str(run_dir), rnn_hidden_layers=1), rnd.World())
