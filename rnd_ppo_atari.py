@@ -434,10 +434,13 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update_from_sums(self, total: torch.Tensor, total_sq: torch.Tensor, count: float, world: "World"):
-        """Fold in a batch given by its sum, sum of squares and count (summed over ranks first)."""
-        packed = torch.cat([total.reshape(-1), total_sq.reshape(-1), total.new_tensor([count])]).double()
+        """Fold in a batch given by its sum, sum of squares and count (summed over ranks first).
+
+        Every rank contributes the same count, so the global count is known on the host: no device sync.
+        """
+        packed = torch.cat([total.reshape(-1), total_sq.reshape(-1)]).double()
         world.all_reduce_sum(packed)
-        n = packed[-1].item()
+        n = count * world.size
         size = total.numel()
         mean = packed[:size].view_as(self.mean) / n
         var = (packed[size : 2 * size].view_as(self.mean) / n - mean.pow(2)).clamp_min(0.0)
@@ -1035,14 +1038,15 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
     # Every rank must end with the same weights: gather a checksum of each rank's parameters.
     checksums = world.all_gather_object(float(sum(p.double().sum().item() for p in agent.state_dict().values())))
     obs_sums = world.all_gather_object(int(next_obs.sum().item()))
+    norm_sums = world.all_gather_object(float(obs_rms.mean.sum().item() + obs_rms.var.sum().item() + reward_rms.var.item()))
     if is_main:
         result = run_eval(iteration, args.eval_episodes)
         finish(args, run_dir, writer, agent, result, history, rooms_seen, recent_returns, global_step, iteration,
-               sps if sps_start else float("nan"), stop_reason, derived, checksums, obs_sums)
+               sps if sps_start else float("nan"), stop_reason, derived, checksums, obs_sums, norm_sums)
 
 
 def finish(args, run_dir, writer, agent, result, history, rooms_seen, recent_returns, global_step, iteration, sps,
-           stop_reason, derived, checksums, obs_sums):
+           stop_reason, derived, checksums, obs_sums, norm_sums):
     returns = result["returns"]
     if args.save_model:
         torch.save(agent.state_dict(), run_dir / f"{args.exp_name}.cleanrl_model")
@@ -1070,6 +1074,7 @@ def finish(args, run_dir, writer, agent, result, history, rooms_seen, recent_ret
         "sps": sps,
         "rank_param_checksums": checksums,
         "rank_obs_checksums": obs_sums,
+        "rank_normaliser_checksums": norm_sums,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
     if writer is not None:

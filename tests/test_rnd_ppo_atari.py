@@ -230,6 +230,8 @@ def test_torchrun_two_ranks_end_with_identical_weights(run_dir):
     sums = res["rank_param_checksums"]
     assert len(sums) == 2 and sums[0] == sums[1]  # gradients all-reduced: same weights on both ranks
     assert res["rank_obs_checksums"][0] != res["rank_obs_checksums"][1]  # ...from different envs/seeds
+    norms = res["rank_normaliser_checksums"]
+    assert len(norms) == 2 and norms[0] == norms[1]  # observation and reward statistics merged across ranks
 
 
 @pytest.mark.slow
