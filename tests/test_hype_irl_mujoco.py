@@ -1,0 +1,397 @@
+"""Tests of hype_irl_mujoco.py: the hybrid sampler's exact expert fraction, the rho schedules, the discriminator math,
+relabelling and the NaN-reward canary, exact expert-state restores, a behavioural imitation test of the HyPE learning
+rule, a slow InvertedPendulum-v5 run, a smoke run of the real command, resume, and every documented bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hype_irl_mujoco as hy
+from conftest import REPO_ROOT, subprocess_env
+
+SCRIPT = "hype_irl_mujoco.py"
+PENDULUM = "InvertedPendulum-v5"
+PD_GAINS = np.array([0.5, 5.0, 0.5, 0.5])  # balances InvertedPendulum-v5 for the full 1000 steps
+TINY = ["--hidden-dim", "32", "--batch-size", "32", "--disc-batch-size", "64", "--eval-episodes", "1", "--p-tremble", "0"]
+
+
+def pd_expert(obs: np.ndarray) -> np.ndarray:
+    return np.array([PD_GAINS @ obs])
+
+
+@pytest.fixture(scope="module")
+def pendulum_demos() -> dict:
+    return hy.collect_demos(PENDULUM, pd_expert, 2, max_episode_steps=200)
+
+
+@pytest.fixture
+def experts_dir(tmp_path, pendulum_demos) -> Path:
+    """An experts cache holding the PD controller's demos (no expert training needed)."""
+    hy.save_expert_cache(tmp_path / "experts" / PENDULUM, pendulum_demos, None, {"env_id": PENDULUM})
+    return tmp_path / "experts"
+
+
+def save_npz(path: Path, demos: dict) -> Path:
+    np.savez_compressed(path, **demos)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ hybrid sampler
+@pytest.mark.parametrize("batch_size, rho, expected", [(256, 0.2, 51), (256, 0.1, 26), (256, 0.01, 3), (100, 0.25, 25),
+                                                       (7, 0.5, 4), (256, 0.0, 0), (256, 1.0, 256)])
+def test_hybrid_sampler_returns_exact_expert_fraction_every_batch(batch_size, rho, expected):
+    num_expert, num_learner = 1000, 37
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        idx = hy.hybrid_indices(batch_size, rho, num_expert, num_learner, gen)
+        assert idx.shape == (batch_size,)
+        assert int((idx < num_expert).sum()) == expected  # exactly round(rho * B) expert rows, every batch
+        assert int(idx.min()) >= 0 and int(idx.max()) < num_expert + num_learner
+
+
+def test_hybrid_sampler_is_uniform_within_each_part_and_handles_empty_replay():
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.cat([hy.hybrid_indices(100, 0.5, 4, 6, gen) for _ in range(400)])
+    expert_counts = torch.bincount(idx[idx < 4], minlength=4).float()
+    learner_counts = torch.bincount(idx[idx >= 4] - 4, minlength=6).float()
+    for counts in (expert_counts, learner_counts):
+        expected = counts.sum() / len(counts)
+        assert (((counts - expected) ** 2) / expected).sum() < 25  # chi-square, <= 5 dof, p ~ 1e-4
+    assert bool((hy.hybrid_indices(64, 0.2, 10, 0, gen) < 10).all())  # no learner data yet: expert rows only
+
+
+def test_storage_sample_mixes_marked_expert_and_learner_rows():
+    obs_dim, act_dim = 3, 2
+    width = 2 * obs_dim + act_dim + 2
+    expert = torch.full((50, width), -1.0)
+    storage = hy.Storage(obs_dim, act_dim, 20, torch.device("cpu"), expert)
+    for i in range(30):  # wraps around the 20-row ring
+        storage.add(np.full(width, float(i), dtype=np.float32))
+    obs, act, next_obs, done, reward = storage.sample(40, 0.25, torch.Generator().manual_seed(0))
+    assert obs.shape == (40, obs_dim) and act.shape == (40, act_dim) and done.shape == (40,) and reward.shape == (40,)
+    assert int((obs[:, 0] == -1).sum()) == 10  # 25 % expert rows
+    assert set(obs[obs[:, 0] >= 0, 0].tolist()) <= set(map(float, range(10, 30)))  # only the 20 newest learner rows
+    rows = storage.learner_rows()
+    assert rows[:, 0].tolist() == list(map(float, range(10, 30)))  # oldest first, for checkpoints
+
+
+# ------------------------------------------------------------------------------------------------ rho schedules
+def test_rho_schedule_values_at_chosen_steps():
+    hopper = hy.parse_rho_schedule(hy.RHO_SCHEDULES["Hopper"])
+    assert hopper == [(0.2, 0.1, 200_000), (0.1, 0.01, 1_000_000)]
+    steps = [0, 100_000, 200_000, 600_000, 1_000_000, 5_000_000]
+    assert [hy.rho_at(s, hopper) for s in steps] == pytest.approx([0.2, 0.15, 0.1, 0.055, 0.01, 0.01])
+    walker = hy.parse_rho_schedule(hy.RHO_SCHEDULES["Walker2d"])
+    assert [hy.rho_at(s, walker) for s in [0, 150_000, 300_000, 650_000, 1_000_000, 2_000_000]] == pytest.approx(
+        [0.2, 0.2, 0.2, 0.15, 0.1, 0.1])
+    assert hy.rho_at(12345, hy.parse_rho_schedule("0.3")) == pytest.approx(0.3)
+    assert hy.RHO_SCHEDULES["Humanoid"] == hy.RHO_SCHEDULES["Hopper"] and hy.RHO_SCHEDULES["Ant"] == hy.RHO_SCHEDULES["Walker2d"]
+
+
+@pytest.mark.parametrize("spec", ["abc", "0.2,0.1", "1.5", "0.2,0.1,100;0.1,0.0,50", "0.2,0.1,0"])
+def test_rho_schedule_rejects_bad_specs(spec):
+    with pytest.raises(ValueError):
+        hy.parse_rho_schedule(spec)
+
+
+# ------------------------------------------------------------------------------------------------ discriminator math
+def test_gradient_penalty_on_linear_function_with_known_gradient():
+    w = torch.tensor([1.2, -0.5])  # ||grad|| = 1.3 everywhere
+    xe, xl = torch.randn(16, 2), torch.randn(16, 2)
+    gp = hy.gradient_penalty(lambda x: x @ w, xe, xl, target=0.4)
+    assert gp.item() == pytest.approx((1.3 - 0.4) ** 2, rel=1e-6)
+
+
+def test_gradient_penalty_evaluates_at_the_interpolates():
+    # f(x) = ||x||^2 / 2: grad = x_hat; alpha = 0.5 -> x_hat = midpoint
+    xe, xl = torch.tensor([[3.0, 4.0], [0.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    gp = hy.gradient_penalty(lambda x: 0.5 * (x**2).sum(-1), xe, xl, 0.4, alpha=torch.full((2, 1), 0.5))
+    norms = [math.hypot(2.0, 2.0), 1.0]
+    assert gp.item() == pytest.approx(np.mean([(n - 0.4) ** 2 for n in norms]), rel=1e-6)
+
+
+def test_discriminator_loss_is_ipm_plus_weighted_penalty():
+    f = lambda x: x.sum(-1)  # noqa: E731 - gradient (1, 1): norm sqrt(2)
+    xe, xl = torch.full((4, 2), 1.0), torch.full((4, 2), 2.5)
+    loss, ipm, gp = hy.discriminator_loss(f, xe, xl, gp_weight=10.0, gp_target=0.4)
+    assert ipm.item() == pytest.approx(2.0 - 5.0)
+    assert gp.item() == pytest.approx((math.sqrt(2) - 0.4) ** 2, rel=1e-6)
+    assert loss.item() == pytest.approx(-3.0 + 10 * (math.sqrt(2) - 0.4) ** 2, rel=1e-6)
+
+
+def test_discriminator_lr_is_harmonic_and_soft_q_target_hand_values():
+    assert [hy.disc_lr_at(k, 8e-4) for k in (0, 1, 2, 4, 200)] == pytest.approx([8e-4, 8e-4, 4e-4, 2e-4, 4e-6])
+    r, d = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0])
+    nq, nlp, alpha = torch.tensor([11.0, 7.0]), torch.tensor([1.0, 3.0]), torch.tensor(0.5)
+    plain = hy.soft_q_target(r, d, nq, nlp, alpha, 0.9)
+    assert plain.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0])
+    absorbing = hy.soft_q_target(r, d, nq, nlp, alpha, 0.9, torch.tensor(-3.0))
+    assert absorbing.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0 + 0.9 * -3.0 / 0.1])
+
+
+def test_tremble_replaces_whole_action_with_probability_p():
+    rng, a = np.random.default_rng(0), np.zeros(3, np.float32)
+    low, high = -np.ones(3, np.float32), np.ones(3, np.float32)
+    assert all((hy.tremble(a, rng, 0.0, low, high) == a).all() for _ in range(100))
+    replaced = [not (hy.tremble(a, rng, 0.2, low, high) == a).all() for _ in range(5000)]
+    assert abs(np.mean(replaced) - 0.2) < 4 * math.sqrt(0.2 * 0.8 / 5000)
+
+
+# ------------------------------------------------------------------------------------------------ relabelling
+def test_relabelling_uses_the_current_discriminator_and_stored_rewards_are_nan():
+    disc = hy.Discriminator(5, 8)
+    obs, act = torch.randn(6, 4), torch.randn(6, 1)
+    with torch.no_grad():
+        for layer in disc.net:
+            if isinstance(layer, torch.nn.Linear):
+                layer.weight.zero_()
+                layer.bias.zero_()
+        disc.net[-1].bias.fill_(-2.0)
+    torch.testing.assert_close(hy.relabel_rewards(disc, obs, act), torch.full((6,), 2.0))
+    with torch.no_grad():
+        disc.net[-1].bias.fill_(3.0)  # the discriminator changes: so do the rewards of the same transitions
+    torch.testing.assert_close(hy.relabel_rewards(disc, obs, act), torch.full((6,), -3.0))
+
+    args = hy.Args(env_id=PENDULUM, hidden_dim=16, batch_size=8)
+    sac = hy.SAC(4, 1, np.array([-3.0], np.float32), np.array([3.0], np.float32), args, torch.device("cpu"))
+    nan_rows = torch.from_numpy(hy.Storage.rows(np.zeros((4, 4)), np.zeros((4, 1)), np.zeros((4, 4)), np.zeros((4, 1)),
+                                                np.full((4, 1), np.nan)))
+    storage = hy.Storage(4, 1, 16, torch.device("cpu"), nan_rows)
+    for _ in range(8):
+        storage.add(hy.Storage.rows(np.random.randn(4), np.random.randn(1), np.random.randn(4), 0.0, float("nan")))
+    o, a, no, d, stored = storage.sample(8, 0.5)
+    assert torch.isnan(stored).all()  # neither expert nor learner rows carry an env reward
+    out = sac.update(o, a, no, d, hy.relabel_rewards(disc, o, a), absorbing=True)
+    assert math.isfinite(out["qf_loss"].item()) and out["relabelled_reward"].item() == pytest.approx(-3.0)
+    assert not math.isfinite(sac.update(o, a, no, d, stored)["qf_loss"].item())  # the canary: reading it poisons the loss
+
+
+# ------------------------------------------------------------------------------------------------ expert data
+def test_collect_demos_format_and_exact_restore_replays_expert_next_states():
+    rng = np.random.default_rng(0)
+    demos = hy.collect_demos("Hopper-v5", lambda o: rng.uniform(-1, 1, 3), 2)  # falls: contacts and terminals
+    n = len(demos["observations"])
+    assert set(hy.REQUIRED_DEMO_KEYS) | set(hy.STATE_KEYS) | {"seeds", "timesteps"} <= set(demos)
+    assert demos["observations"].dtype == np.float32 and demos["qpos"].dtype == np.float64 and demos["terminals"].dtype == bool
+    assert demos["episode_starts"].sum() == 2 and demos["terminals"].sum() == 2 and demos["seeds"].tolist() == [0, 1]
+    assert demos["returns"] == pytest.approx([demos["rewards"][demos["episode_ids"] == e].sum() for e in (0, 1)], rel=1e-5)
+    env, _ = hy.make_env("Hopper-v5")
+    env.reset(seed=123)
+    for i in range(n):
+        obs = hy.restore_state(env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i])
+        np.testing.assert_array_equal(obs.astype(np.float32), demos["observations"][i])
+        next_obs = env.step(demos["actions"][i])[0]
+        np.testing.assert_array_equal(next_obs.astype(np.float32), demos["next_observations"][i])
+
+
+def test_load_demos_derives_timesteps_and_refuses_resets_without_state(tmp_path, pendulum_demos):
+    partial = {k: v for k, v in pendulum_demos.items() if k not in ("timesteps", "qpos", "qvel", "qacc_warmstart")}
+    path = save_npz(tmp_path / "partial.npz", partial)
+    loaded = hy.load_demos(path, PENDULUM, 4, 1, need_states=False)
+    np.testing.assert_array_equal(loaded["timesteps"], pendulum_demos["timesteps"])
+    with pytest.raises(SystemExit) as exc:
+        hy.load_demos(path, PENDULUM, 4, 1, need_states=True)
+    assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------------------------------------ behaviour
+def test_hype_learning_rule_imitates_expert_actions_without_any_env_reward():
+    """One-step contextual imitation: states s ~ U(-1, 1)^2, expert action a* = 0.8 * (s0 - s1) / 2 in [-0.8, 0.8]. The
+    loop is HyPE's: discriminator steps (IPM + GP, lr0 / k) on expert vs fresh learner pairs, SAC updates on hybrid
+    minibatches (rho = 0.5) relabelled with the current discriminator; no reward exists anywhere. The learner's
+    actions must approach the expert's; with the relabelled reward's sign flipped (a wrong discriminator) they must not."""
+
+    def run(sign: float) -> float:
+        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(0)
+        args = hy.Args(hidden_dim=64, batch_size=128, policy_frequency=1, q_lr=3e-3, policy_lr=1e-3)
+        sac = hy.SAC(2, 1, np.array([-1.0], np.float32), np.array([1.0], np.float32), args, torch.device("cpu"))
+        disc = hy.Discriminator(3, 64)
+        expert_s = torch.rand(2000, 2, generator=gen) * 2 - 1
+        expert_a = (0.4 * (expert_s[:, 0] - expert_s[:, 1]))[:, None]
+        ones = torch.ones(2000, 1)
+        storage = hy.Storage(2, 1, 4000, torch.device("cpu"), torch.cat([expert_s, expert_a, expert_s, ones, ones * np.nan], 1))
+        for k in range(12):
+            s = torch.rand(256, 2, generator=gen) * 2 - 1
+            with torch.no_grad():
+                a = sac.actor.get_action(s)[0]
+            for row in torch.cat([s, a, s, torch.ones(256, 1), torch.full((256, 1), np.nan)], 1):
+                storage.add(row.numpy())
+            opt = torch.optim.Adam(disc.parameters(), lr=hy.disc_lr_at(k, 5e-3))
+            for _ in range(20):
+                loss, _, _ = hy.discriminator_loss(disc, torch.cat([expert_s, expert_a], 1)[:256], torch.cat([s, a], 1))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            for _ in range(60):
+                o, act, no, d, _ = storage.sample(args.batch_size, 0.5, gen)
+                sac.update(o, act, no, d, sign * hy.relabel_rewards(disc, o, act))
+        test_s = torch.rand(500, 2, generator=gen) * 2 - 1
+        with torch.no_grad():
+            pred = sac.actor.get_action(test_s)[2]
+        return float(((pred[:, 0] - 0.4 * (test_s[:, 0] - test_s[:, 1])) ** 2).mean())
+
+    baseline = float(((0.4 * (torch.rand(500) * 2 - 1 - (torch.rand(500) * 2 - 1))) ** 2).mean())  # always acting 0
+    good, flipped = run(1.0), run(-1.0)
+    assert good < 0.25 * baseline, (good, baseline)
+    assert flipped > 2 * good, (good, flipped)
+
+
+@pytest.mark.slow
+def test_hype_on_inverted_pendulum_learns_to_balance_from_demos_alone(run_script, run_dir, experts_dir):
+    """The real command on InvertedPendulum-v5 (horizon 200, PD-controller demos): within 3,000 policy steps the
+    learner, which never sees the env reward (NaN in its replay), balances far longer than a random policy (~5 steps)
+    and its discriminator ranks expert pairs above the learner's."""
+    rc, out, err = run_script(SCRIPT, "--env-id", PENDULUM, "--experts-dir", experts_dir, "--run-dir", run_dir,
+                              "--max-episode-steps", 200, "--total-timesteps", 3000, "--learning-starts", 500,
+                              "--train-every", 500, "--eval-frequency", 1000, "--eval-episodes", 3, "--hidden-dim", 64,
+                              "--batch-size", 128, "--disc-batch-size", 1024, "--p-tremble", 0, timeout=240)
+    assert rc == 0, err[-2000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["expert_return"] == 200.0
+    assert max(h["mean"] for h in res["history"]) >= 0.35 * res["expert_return"], res["history"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir))
+    ea.Reload()
+    gap = [e.value - l.value for e, l in zip(ea.Scalars("irl/reward_expert"), ea.Scalars("irl/reward_learner"))]
+    assert gap[-1] > 0, gap
+
+
+# ------------------------------------------------------------------------------------------------ the real command
+def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_dir, tmp_path):
+    experts = tmp_path / "experts"
+    rc, out, err = run_script(SCRIPT, "--env-id", PENDULUM, "--experts-dir", experts, "--expert-timesteps", 300,
+                              "--num-demos", 2, "--learning-starts", 100, "--total-timesteps", 300, "--train-every", 100,
+                              "--eval-frequency", 150, "--log-frequency", 50, "--checkpoint-frequency", 100,
+                              "--run-dir", run_dir, *TINY, timeout=120)
+    assert rc == 0, err[-2000:]
+    cache = experts / PENDULUM
+    for name in ("demos.npz", "expert_actor.pt", "expert_meta.json"):
+        assert (cache / name).is_file(), name
+    meta = json.loads((cache / "expert_meta.json").read_text())
+    assert meta["num_demos"] == 2 and meta["env_id"] == PENDULUM and meta["script"] == SCRIPT
+    actor = torch.load(cache / "expert_actor.pt", weights_only=False)
+    assert {"actor", "obs_dim", "act_dim", "hidden", "env_id", "total_timesteps", "mean_return"} <= set(actor)
+    assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "args.json").is_file()
+    assert (run_dir / "checkpoints" / "irl.pt").is_file() and (run_dir / "checkpoints" / "expert.pt").is_file()
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000
+    res = json.loads((run_dir / "results.json").read_text())
+    for key in ("eval_mean", "eval_std", "expert_return", "normalized_return", "SPS", "final_rho", "wall_time_s"):
+        assert math.isfinite(res[key]), key
+    assert res["policy_env_steps"] == 300 and res["disc_env_steps"] > 0 and res["outer_iterations"] == 3
+    assert res["method"] == "HyPE" and [h["step"] for h in res["history"]] == [150, 300]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"charts/SPS", "charts/episodic_return", "eval/episodic_return", "losses/qf_loss", "irl/disc_loss", "irl/rho",
+            "irl/relabelled_reward", "expert/SPS"} <= tags
+    assert all(math.isfinite(e.value) for e in ea.Scalars("losses/qf_loss"))  # NaN env rewards never reached the loss
+    rc, out, err = run_script(SCRIPT, "--env-id", PENDULUM, "--eval-only", run_dir, *TINY, timeout=60)
+    assert rc == 0 and json.loads(out.strip().splitlines()[-1])["run_dir"] == str(run_dir), err[-2000:]
+
+
+def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
+    args = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", PENDULUM, "--experts-dir", str(experts_dir),
+            "--run-dir", str(run_dir), "--total-timesteps", "700", "--learning-starts", "100", "--train-every", "100",
+            "--eval-frequency", "100000", "--checkpoint-frequency", "100", "--reset-prob", "0.5", *map(str, TINY)]
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = run_dir / "checkpoints" / "irl.pt"
+    deadline = time.time() + 90
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "interrupted" in out, err[-2000:]
+    step = torch.load(ckpt, weights_only=False)["counters"]["step"]
+    assert 100 <= step < 700 and not (run_dir / "results.json").exists()
+    done = subprocess.run(args, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resuming from step {step}" in done.stdout
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["resumed_from_step"] == step and res["policy_env_steps"] == 700 and res["method"] == "HyPE+FILTER"
+    assert res["outer_iterations"] == 7  # one discriminator update per 100 steps, none repeated or skipped
+
+
+def _bad_demos(tmp_path: Path, demos: dict, drop=(), **replace) -> Path:
+    d = {k: v for k, v in demos.items() if k not in drop}
+    d.update(replace)
+    return save_npz(tmp_path / "bad.npz", d)
+
+
+BAD_INPUTS = {
+    "unknown env": (lambda t, d: ["--env-id", "Hoper-v5"], "did you mean Hopper-v5"),
+    "not mujoco": (lambda t, d: ["--env-id", "CartPole-v1"], "not a continuous-action MuJoCo env"),
+    "missing keys": (lambda t, d: ["--expert-path", _bad_demos(t, d, drop=("actions", "terminals"))],
+                     "lacks keys actions, terminals"),
+    "obs size": (lambda t, d: ["--expert-path", _bad_demos(t, d, observations=d["observations"][:, :3])],
+                 "observation size (3,) does not match"),
+    "act size": (lambda t, d: ["--expert-path", _bad_demos(t, d, actions=np.zeros((len(d["actions"]), 2), np.float32))],
+                 "action size (2,) does not match"),
+    "other env's demos": (lambda t, d: ["--expert-path", _bad_demos(t, d, env_id=np.array("Hopper-v5"))],
+                          "holds demos of Hopper-v5"),
+    "no episode": (lambda t, d: ["--expert-path", _bad_demos(t, d, returns=np.zeros(0))], "holds no expert episode"),
+    "resets without state": (lambda t, d: ["--reset-prob", 0.5, "--expert-path", _bad_demos(t, d, drop=("qpos",))],
+                             "expert-state resets are impossible"),
+    "missing expert path": (lambda t, d: ["--expert-path", t / "nope.npz"], "does not exist"),
+    "bad rho": (lambda t, d: ["--rho-schedule", "0.2,0.1"], "--rho-schedule"),
+    "bad reset prob": (lambda t, d: ["--reset-prob", 1.5], "--reset-prob must lie in [0, 1]"),
+    "bad budget": (lambda t, d: ["--total-timesteps", 0], "--total-timesteps must be >= 1"),
+}
+
+
+def bad_args(tmp_path: Path, run_dir: Path, demos: dict, case: str) -> list[str]:
+    make_args, _ = BAD_INPUTS[case]
+    args = ["--env-id", PENDULUM, "--experts-dir", tmp_path / "empty", "--run-dir", run_dir] + make_args(tmp_path, demos)
+    return [str(a) for a in (args[2:] if args.count("--env-id") == 2 else args)]
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(run_dir, tmp_path, pendulum_demos, case, capsys, monkeypatch):
+    """In-process (fast): the same `main` as the command line, parsed by tyro."""
+    import tyro
+
+    monkeypatch.setattr(sys, "argv", [SCRIPT, *bad_args(tmp_path, run_dir, pendulum_demos, case)])
+    with pytest.raises(SystemExit) as exc:
+        hy.main(tyro.cli(hy.Args))
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 2 and len(lines) == 1 and BAD_INPUTS[case][1] in lines[0], err
+    assert not run_dir.exists() and not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize("case", ["missing keys", "unknown env"])
+def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir, tmp_path, pendulum_demos, case):
+    rc, out, err = run_script(SCRIPT, *bad_args(tmp_path, run_dir, pendulum_demos, case), timeout=60)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and BAD_INPUTS[case][1] in lines[0] and "Traceback" not in err, err
+    assert not run_dir.exists()
+
+
+def test_finished_or_foreign_run_dir_is_refused_and_left_untouched(run_dir, experts_dir, capsys):
+    def refused() -> str:
+        with pytest.raises(SystemExit) as exc:
+            hy.main(hy.Args(env_id=PENDULUM, experts_dir=str(experts_dir), run_dir=str(run_dir)))
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        return err
+
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"env_id": "Hopper-v5"}))
+    assert "holds a Hopper-v5 run" in refused()
+    (run_dir / "results.json").write_text('{"eval_mean": 1.0}')
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert "already holds a finished run" in refused()
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
