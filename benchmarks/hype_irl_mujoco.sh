@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Every number in docs/hype_irl_mujoco.md and benchmarks/results/hype_irl_mujoco.md comes from these commands.
+# Run from the repository root with the venv active. On the shared 2-core machine everything ran under `nice -n 15`.
+set -euo pipefail
+
+OUT=runs/hype_evidence
+FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_mujoco.sh (same demos, flags, seed)
+# The same protocol as benchmarks/filter_irl_mujoco.sh `irl`: equal budget of 30,000 policy env steps, one
+# discriminator update per 1,000 steps, evaluation every 5,000 steps (5 deterministic episodes), 2,000 random steps.
+IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 30000 --train-every 1000 --eval-frequency 5000
+           --eval-episodes 5 --learning-starts 2000)
+
+# 1. Expert data: the shared cache experts/Hopper-v5/ written by `bash benchmarks/filter_irl_mujoco.sh expert`
+#    (SAC expert, 20,000 steps on this machine, 64 deterministic demos). Either script writes the same format.
+test -f experts/Hopper-v5/demos.npz
+
+# 2. HyPE on the same demos (FILTER and MM: `bash benchmarks/filter_irl_mujoco.sh irl`, run at the same time).
+mkdir -p $OUT
+nice -n 15 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --run-dir $OUT/hopper_hype > $OUT/hopper_hype.log 2>&1
+
+# 3. Table and plot from the runs' TensorBoard events (eval/episodic_return at equal policy steps).
+python - <<'EOF'
+import json
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+meta = json.loads(Path("experts/Hopper-v5/expert_meta.json").read_text())
+expert = meta.get("return_mean")
+curves = {}
+runs = {"HyPE (rho 0.2->0.19)": "runs/hype_evidence/hopper_hype", "FILTER (reset 0.5)": "runs/filter_evidence/hopper_filter",
+        "MM (reset 0)": "runs/filter_evidence/hopper_mm"}
+for label, run in runs.items():
+    ea = EventAccumulator(run); ea.Reload()
+    curves[label] = [(e.step, e.value) for e in ea.Scalars("eval/episodic_return")]
+fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
+for label, pts in curves.items():
+    ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=label)
+ax.axhline(expert, color="k", ls=":", label=f"expert demos ({expert:.0f})")
+ax.set_xlabel("policy env steps"); ax.set_ylabel("true return (5 deterministic episodes)")
+ax.set_title("Hopper-v5, equal budgets, seed 1"); ax.legend(fontsize=8); fig.tight_layout()
+Path("docs/assets/hype_irl_mujoco").mkdir(parents=True, exist_ok=True)
+fig.savefig("docs/assets/hype_irl_mujoco/hopper_hype_filter_mm.png")
+steps = sorted({s for pts in curves.values() for s, _ in pts})
+print("| policy env steps | " + " | ".join(curves) + " |")
+print("|---" * (len(curves) + 1) + "|")
+for s in steps:
+    print(f"| {s:,} | " + " | ".join(next((f"{v:.0f}" for t, v in pts if t == s), "–") for pts in curves.values()) + " |")
+for label, run in runs.items():
+    res = Path(run) / "results.json"
+    if res.exists():
+        r = json.loads(res.read_text())
+        print(label, {k: r.get(k) for k in ("eval_mean", "eval_std", "policy_env_steps", "disc_env_steps", "SPS")})
+EOF
+
+# 4. Throughput (IRL phase) with the foundation's harness. The recorded run used a throwaway cache of 64
+#    random-policy Hopper episodes (the speed does not depend on the demos' quality; the real demos were not ready).
+python -c '
+import numpy as np, hype_irl_mujoco as h
+from pathlib import Path
+rng = np.random.default_rng(0)
+demos = h.collect_demos("Hopper-v5", lambda o: rng.uniform(-1, 1, 3), 64)
+h.save_expert_cache(Path("/tmp/hx/hexp/Hopper-v5"), demos, None, {"env_id": "Hopper-v5"})'
+nice -n 15 python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds 180 --label hype-irl \
+    -- python hype_irl_mujoco.py --env-id Hopper-v5 --experts-dir /tmp/hx/hexp --learning-starts 1000 --log-frequency 100
+
+# 5. Test-suite runtime of this script's tests.
+time python -m pytest tests/test_hype_irl_mujoco.py -q -p no:cacheprovider
