@@ -500,13 +500,15 @@ def pair_returns(net, frames, offsets, pairs, stride):
     return sums[: len(label)], sums[len(label) :], torch.as_tensor(label, device=r.device)
 
 
-def demo_returns(net, frames, offsets, lengths, chunk: int = 2048):
-    """Predicted return (sum of r̂ over every observation) of each demo."""
+def demo_returns(net, frames, offsets, lengths, transform=None, chunk: int = 512):
+    """Predicted return of each demo: the sum of r̂ (or of transform(r̂)) over all its observations."""
+    transform = transform or (lambda r: r)
     out = []
     with torch.no_grad():
         for o, n in zip(offsets, lengths):
             idx = np.arange(o, o + n)
-            out.append(sum(float(net(gather_stacks(frames, idx[k : k + chunk])).sum()) for k in range(0, n, chunk)))
+            out.append(sum(float(transform(net(gather_stacks(frames, idx[k : k + chunk]))).sum())
+                           for k in range(0, n, chunk)))
     return np.array(out)
 
 
@@ -859,7 +861,7 @@ def collect_demos(args: Args, ctx: dict) -> dict:
 
 def demo_stats(returns) -> dict:
     r = np.asarray(returns, dtype=np.float64)
-    if not np.isfinite(r).all():
+    if r.size == 0 or not np.isfinite(r).all():  # no demos (--reward-model alone) or ranks without returns
         return {"best": None, "average": None, "worst": None, "num_demos": len(r)}
     return {"best": float(r.max()), "average": float(r.mean()), "worst": float(r.min()), "num_demos": len(r)}
 
@@ -898,7 +900,7 @@ def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
         steps_per_epoch = math.ceil(args.reward_num_pairs / args.reward_batch_size)
         total_steps = args.reward_epochs * steps_per_epoch
 
-    def accuracy(pairs, batch=64):
+    def accuracy(pairs, batch=16):  # 16 pairs = up to 3,200 stacked frames (~360 MB as float)
         correct = 0
         with torch.no_grad():
             for k in range(0, len(pairs[0]), batch):
@@ -946,13 +948,16 @@ def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
     bar.close()
     net.load_state_dict(best["state"])
     predicted = demo_returns(net, frames, offsets, lengths)
+    predicted_sigmoid = demo_returns(net, frames, offsets, lengths, torch.sigmoid)  # what the policy will collect
     info = {"val_accuracy": best["acc"], "best_step": best["step"], "steps_run": step + 1,
-            "num_val_pairs": n_val, "peak_rss_mb": peak_rss_mb(), **correlations(predicted, scores)}
+            "num_val_pairs": n_val, "peak_rss_mb": peak_rss_mb(), **correlations(predicted, scores),
+            **{f"{k}_sigmoid": v for k, v in correlations(predicted_sigmoid, scores).items()}}
     save_atomic({"state_dict": net.state_dict(), "mask_top": top, "mask_bottom": bottom, "env_id": args.env_id,
                  "info": info}, ctx["run_dir"] / "reward_model.pt")
-    plot_pred_vs_true(predicted, demos["returns"] if np.isfinite(demos["returns"]).all() else scores,
+    plot_pred_vs_true(predicted, predicted_sigmoid, demos["returns"] if np.isfinite(demos["returns"]).all() else scores,
                       info, ctx["run_dir"] / "reward_pred_vs_true.png", args.env_id)
-    print(f"[reward] val accuracy {best['acc']:.3f}, Spearman {info['spearman']:.3f}, Pearson {info['pearson']:.3f}")
+    print(f"[reward] val accuracy {best['acc']:.3f}; predicted vs true demo return: Spearman {info['spearman']:.3f}, "
+          f"Pearson {info['pearson']:.3f} (sum of r̂), Spearman {info['spearman_sigmoid']:.3f} (sum of sigmoid(r̂))")
     return info
 
 
@@ -968,17 +973,20 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def plot_pred_vs_true(predicted, true, info, path: Path, env_id: str):
+def plot_pred_vs_true(predicted, predicted_sigmoid, true, info, path: Path, env_id: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(4.5, 3.6), dpi=100)
-    ax.scatter(true, predicted, s=18)
-    ax.set_xlabel("true return of the demo")
-    ax.set_ylabel("predicted return (sum of r̂)")
-    ax.set_title(f"{env_id}: Spearman {info['spearman']:.2f}, Pearson {info['pearson']:.2f}", fontsize=9)
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), dpi=100)
+    for ax, pred, name, key in ((axes[0], predicted, "sum of r̂ (paper's plot)", ""),
+                                (axes[1], predicted_sigmoid, "sum of sigmoid(r̂) (policy reward)", "_sigmoid")):
+        ax.scatter(true, pred, s=18)
+        ax.set_xlabel("true return of the demo")
+        ax.set_ylabel(name, fontsize=8)
+        ax.set_title(f"Spearman {info['spearman' + key]:.2f}, Pearson {info['pearson' + key]:.2f}", fontsize=9)
+    fig.suptitle(f"{env_id}: learned vs true return of every demo", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

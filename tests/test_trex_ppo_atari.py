@@ -236,7 +236,8 @@ def test_whole_pipeline_smoke(run_dir, run_script):
     res = json.loads((run_dir / "results.json").read_text())
     assert len(res["eval"]["per_seed"]) == 3 and all(len(p["returns"]) == 2 for p in res["eval"]["per_seed"])
     for v in (res["trex_score"], res["demos"]["best"], res["demos"]["average"], res["reward"]["val_accuracy"],
-              res["reward"]["spearman"], res["reward"]["pearson"], res["policy"]["sps"]):
+              res["reward"]["spearman"], res["reward"]["pearson"], res["reward"]["spearman_sigmoid"],
+              res["policy"]["sps"]):
         assert math.isfinite(v)
     assert res["trex_score"] == max(p["mean"] for p in res["eval"]["per_seed"])
     assert res["policy"]["global_step"] == 256
@@ -249,6 +250,13 @@ def test_whole_pipeline_smoke(run_dir, run_script):
     rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, timeout=60)
     assert rc == 2 and "finished result" in err and len(err.strip().splitlines()) == 1
     assert (run_dir / "results.json").read_bytes() == before
+    # --reward-model alone skips phases 1-3 (the benchmark's policy-phase command)
+    other = run_dir.parent / "policy_only"
+    rc, out, err = run_script(SCRIPT, "--run-dir", other, *TINY, "--reward-model", run_dir / "reward_model.pt",
+                              "--policy-total-timesteps", "128", "--stop-after", "policy", timeout=120)
+    assert rc == 0, err[-3000:]
+    assert not (other / "demonstrator").exists() and not (other / "demos.npz").exists()
+    assert torch.load(other / "checkpoints" / "policy.pt", weights_only=False)["state"]["global_step"] == 128
 
 
 def write_random_demos(path: Path, returns, length=40, seed=0):
