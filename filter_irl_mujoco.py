@@ -67,7 +67,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -174,7 +174,7 @@ class Args:
     """target gradient norm of the penalty"""
     disc_reset: bool = False
     """also reset the discriminator's learner trajectories to expert states (garage does; FILTER's intent is not)"""
-    terminal_reward: str = "min"
+    terminal_reward: Literal["min", "none"] = "min"
     """'min': a terminal transition enters an absorbing state earning the batch's lowest relabelled reward forever;
     'none': the episode just ends (reference behaviour)"""
 
@@ -187,6 +187,8 @@ class Args:
     """evaluate every this many learner env steps"""
     eval_episodes: int = 10
     """deterministic evaluation episodes"""
+    stop_at_normalized: Optional[float] = None
+    """end the IRL phase early once an evaluation reaches this fraction of the expert's mean return (e.g. 0.9)"""
     log_frequency: int = 100
     """log losses and SPS every this many env steps"""
     checkpoint_frequency: int = 25_000
@@ -762,7 +764,7 @@ def train_expert(args: Args, run_dir: Path, writer, device: torch.device, stop: 
                 values = check_finite(losses, "expert SAC", step)
                 for k, v in values.items():
                     writer.add_scalar(f"expert/{k}", v, step)
-                writer.add_scalar("expert/alpha", float(agent.log_alpha.exp()), step)
+                writer.add_scalar("expert/alpha", float(agent.log_alpha.detach().exp()), step)
                 if (sps := meter.sps(step)) is not None:
                     writer.add_scalar("expert/SPS", sps, step)
         if step % args.checkpoint_frequency == 0:
@@ -784,6 +786,9 @@ def build_expert_data(args: Args, run_dir: Path, writer, device, stop: StopFlag,
     agent = train_expert(args, run_dir, writer, device, stop)
     if agent is None:
         return None
+    if (cache / "demos.npz").exists():  # another run (or hype_irl_mujoco.py) finished first: never overwrite
+        print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
+        return load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
     demos = collect_demos(agent, args.env_id, args.num_demos, device)
     write_expert_cache(cache, demos, agent, args, obs_dim, act_dim)
     print(f"expert: {args.num_demos} demos, return {demos['returns'].mean():.1f} +- {demos['returns'].std():.1f} -> {cache}")
@@ -966,7 +971,7 @@ def train_irl(
                 values = check_finite(losses, "IRL learner", step)
                 for k, v in values.items():
                     writer.add_scalar(f"irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
-                writer.add_scalar("losses/alpha", float(agent.log_alpha.exp()), step)
+                writer.add_scalar("losses/alpha", float(agent.log_alpha.detach().exp()), step)
                 writer.add_scalar("charts/learning_rate", args.policy_lr, step)
                 writer.add_scalar("irl/total_env_steps", step + c["disc_env_steps"], step)
                 if (sps := meter.sps(step)) is not None:
@@ -976,6 +981,8 @@ def train_irl(
             entry = run_eval()
             c["next_eval"] += args.eval_frequency
             tqdm.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
+            if args.stop_at_normalized is not None and entry["normalized"] >= args.stop_at_normalized:
+                break
         if step % args.checkpoint_frequency == 0:
             save()
         pbar.update(1)
@@ -991,6 +998,7 @@ def train_irl(
         "env_id": args.env_id, "method": "FILTER" if args.reset_prob > 0 else "MM", "reset_prob": args.reset_prob,
         "seed": args.seed, "final_eval": final, "eval_mean": final["mean"], "eval_std": final["std"],
         "eval_returns": final["returns"], "normalized_return": final["normalized"], "expert_return": expert_return,
+        "best_eval_mean": max(h["mean"] for h in c["history"]),
         "num_demos": int(len(demos["returns"])), "policy_env_steps": c["step"], "disc_env_steps": c["disc_env_steps"],
         "total_env_steps": c["step"] + c["disc_env_steps"], "outer_iterations": c["k"], "SPS": sps,
         "p_tremble": args.p_tremble, "eval_episodes": args.eval_episodes, "history": c["history"],
@@ -1014,8 +1022,6 @@ def validate(args: Args) -> Path:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0.0 <= args.reset_prob <= 1.0 or not 0.0 <= args.p_tremble <= 1.0:
         raise UsageError("--reset-prob and --p-tremble must be probabilities in [0, 1]")
-    if args.terminal_reward not in ("min", "none"):
-        raise UsageError("--terminal-reward must be 'min' or 'none'")
     check_env_id(args.env_id)
     env = gym.make(args.env_id)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]

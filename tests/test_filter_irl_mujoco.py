@@ -242,16 +242,21 @@ def test_learner_never_reads_env_reward(tmp_path, pendulum_demos):
 # ------------------------------------------------------------------------------------------------ behaviour
 @pytest.mark.slow
 def test_filter_learner_reaches_expert_on_inverted_pendulum_without_env_reward(tmp_path, pendulum_demos):
+    """FILTER on a NaN-reward InvertedPendulum-v5 reaches >= 90 % of the expert's 1000 within 20k learner steps
+    (it stops at the first evaluation that does). SAC uses the reference's rl-zoo settings (gamma 0.98, tau 0.02,
+    lr 7.3e-4) and the discriminator fast_irl's lr0 8e-3, with 5 steps per outer iteration for the short budget."""
     from torch.utils.tensorboard import SummaryWriter
 
     torch.manual_seed(1)
-    args = small_args(seed=1, total_timesteps=3000)
+    args = small_args(seed=1, total_timesteps=20000, learning_starts=1000, eval_frequency=2000, gamma=0.98, tau=0.02,
+                      policy_lr=7.3e-4, q_lr=7.3e-4, disc_lr=8e-3, disc_steps=5, disc_trajectories=2,
+                      stop_at_normalized=0.9, checkpoint_frequency=10**9)  # fmt: skip
     writer = SummaryWriter(str(tmp_path))
     res = fi.train_irl(args, tmp_path, writer, CPU, pendulum_demos, fi.StopFlag(), env_fn=poisoned_env)
     writer.close()
     assert res["expert_return"] == 1000.0
-    assert res["eval_mean"] >= 0.9 * res["expert_return"], res["history"]
-    assert res["disc_env_steps"] > 0 and res["total_env_steps"] == 3000 + res["disc_env_steps"]
+    assert res["eval_mean"] >= 0.9 * res["expert_return"], [(h["policy_steps"], h["mean"]) for h in res["history"]]
+    assert res["disc_env_steps"] > 0 and res["total_env_steps"] == res["policy_env_steps"] + res["disc_env_steps"]
 
 
 # ------------------------------------------------------------------------------------------ the real command
