@@ -226,7 +226,9 @@ def snapshot_state(env: gym.Env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray) -> np.ndarray:
-    """Exact restore: the expert's next states replay bit for bit (warm start included). Returns the observation."""
+    """Exact restore: the expert's next states replay bit for bit (warm start included). Returns the recomputed
+    observation, which equals the recorded one except, on Ant/Humanoid, for the contact/actuator-force entries
+    (gymnasium computes those from the last substep's solver state): the learner's reset uses the recorded one."""
     import mujoco
 
     u = env.unwrapped
@@ -724,7 +726,8 @@ def train_sac(args: Args, phase: str, budget: int, run_dir: Path, writer: Summar
         c["episodes"] += 1
         if reset_prob > 0 and np_rng.random() < reset_prob:
             i = int(np_rng.integers(len(demos["observations"])))
-            return restore_state(e, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i]), int(demos["timesteps"][i])
+            restore_state(e, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i])
+            return demos["observations"][i].astype(np.float64), int(demos["timesteps"][i])
         return obs, 0
 
     def discriminator_update() -> dict[str, float]:

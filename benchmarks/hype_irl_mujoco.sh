@@ -5,10 +5,12 @@ set -euo pipefail
 
 OUT=runs/hype_evidence
 FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_mujoco.sh (same demos, flags, seed)
-# The same protocol as benchmarks/filter_irl_mujoco.sh `irl`: equal budget of 30,000 policy env steps, one
-# discriminator update per 1,000 steps, evaluation every 5,000 steps (5 deterministic episodes), 2,000 random steps.
-IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 30000 --train-every 1000 --eval-frequency 5000
-           --eval-episodes 5 --learning-starts 2000)
+# The same protocol and flags as the FILTER/MM runs of benchmarks/filter_irl_mujoco.sh (runs/filter_evidence/
+# hopper_{filter,mm}): equal budget of 20,000 policy env steps, a discriminator update (5 steps at lr0 8e-3 / k,
+# larger than the reference's 1 step at 8e-4 because the budget is 50x smaller) every 1,000 steps, evaluation every
+# 2,500 steps (5 deterministic episodes), 2,000 random steps first, seed 1.
+IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 20000 --train-every 1000 --eval-frequency 2500
+           --eval-episodes 5 --learning-starts 2000 --disc-lr 8e-3 --disc-steps 5 --checkpoint-frequency 2500)
 
 # 1. Expert data: the shared cache experts/Hopper-v5/ written by `bash benchmarks/filter_irl_mujoco.sh expert`
 #    (SAC expert, 20,000 steps on this machine, 64 deterministic demos). Either script writes the same format.
