@@ -715,12 +715,13 @@ def train_expert(args: Args, run_dir: Path, writer, device: torch.device, stop: 
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
     agent = SAC(obs_dim, act_dim, low, high, args, device)
-    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, args.expert_timesteps), device, with_rewards=True)
     np_rng = np.random.default_rng(args.seed)
     ckpt_path = run_dir / "checkpoints" / "expert.pt"
     step, episodes = 0, 0
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.exists() else None
+    saved = len(ckpt["rb"]["obs"]) if ckpt else 0  # a resumed run may have been given a smaller budget
+    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, max(args.expert_timesteps, saved)), device, with_rewards=True)
+    if ckpt:
         agent.load_state_dict(ckpt["agent"])
         rb.load_state_dict(ckpt["rb"])
         step, episodes = ckpt["step"], ckpt["episodes"]
@@ -888,15 +889,17 @@ def train_irl(
     np_rng = np.random.default_rng(args.seed)
     learner_env = LearnerEnv(env, demos, args.reset_prob, args.p_tremble, np_rng)
     disc_learner_env = LearnerEnv(disc_env, demos, args.reset_prob if args.disc_reset else 0.0, args.p_tremble, np_rng)
+    disc_env.reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; later resets continue it
     agent = SAC(obs_dim, act_dim, low, high, args, device)
     disc = Discriminator(obs_dim, act_dim, args.hidden_dim).to(device)
-    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, args.total_timesteps), device, with_rewards=False)
     expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=device)
     expert_return = float(np.mean(demos["returns"]))
     c = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval_frequency}
     ckpt_path = run_dir / "checkpoints" / "irl.pt"
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.exists() else None
+    saved = len(ckpt["rb"]["obs"]) if ckpt else 0  # a resumed run may have been given a smaller budget
+    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, max(args.total_timesteps, saved)), device, with_rewards=False)
+    if ckpt:
         agent.load_state_dict(ckpt["agent"])
         disc.load_state_dict(ckpt["disc"])
         rb.load_state_dict(ckpt["rb"])
