@@ -770,10 +770,11 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, derived: dict, wo
                 + (v_int - batch["int_returns"][:, envs_idx].reshape(-1)).pow(2).mean()
             )
             entropy = dist_.entropy().mean()
-            frames = batch["rnd_inputs"][:, envs_idx].reshape(-1, 1, 84, 84)
             if args.int_coef != 0:
+                frames = batch["next_frames"][:, envs_idx].reshape(-1, 84, 84)
                 keep = predictor_subsample(frames.shape[0], args.update_proportion, device)
-                pred_loss = rnd.errors(frames[keep]).mean()
+                x = normalize_frames(frames[keep], batch["obs_mean"], batch["obs_var"], args.obs_clip)
+                pred_loss = rnd.errors(x).mean()
             else:  # plain PPO: the RND networks are not run at all
                 pred_loss = torch.zeros((), device=device)
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss + pred_loss
@@ -948,10 +949,11 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
         flat_frames = next_frames.view(T * N, 84, 84)
         obs_rms.update(flat_frames, world)
         mean32, var32 = obs_rms.mean.float(), obs_rms.var.float()
-        rnd_inputs = normalize_frames(next_frames, mean32, var32, args.obs_clip)  # (T, N, 1, 84, 84)
         with torch.no_grad():
-            if args.int_coef != 0:
-                raw_int = torch.cat([rnd.errors(c) for c in rnd_inputs.view(T * N, 1, 84, 84).split(4096)]).view(T, N)
+            if args.int_coef != 0:  # frames stay uint8 in memory and are whitened chunk by chunk
+                raw_int = torch.cat([
+                    rnd.errors(normalize_frames(c, mean32, var32, args.obs_clip)) for c in flat_frames.split(4096)
+                ]).view(T, N)
             else:
                 raw_int = torch.zeros_like(ext_rewards)
             filtered, filter_state = discounted_reward_filter(raw_int, filter_state, args.int_gamma)
@@ -965,7 +967,8 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
 
         batch = {
             "obs": obs_buf, "firsts": firsts, "actions": actions, "logprobs": logprobs, "advantages": advantages,
-            "ext_returns": ext_ret, "int_returns": int_ret, "rnd_inputs": rnd_inputs, "state0": state0,
+            "ext_returns": ext_ret, "int_returns": int_ret, "next_frames": next_frames, "state0": state0,
+            "obs_mean": mean32, "obs_var": var32,
         }
         stats = ppo_update(agent, rnd, optimizer, batch, args, derived, world, params)
 
