@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every number in docs/filter_irl_mujoco.md and benchmarks/results/filter_irl_mujoco.md comes from one of these commands.
 # Run from the repository root with the venv active. CPU numbers depend on the machine's load (recorded by the harness).
-# Usage: bash benchmarks/filter_irl_mujoco.sh {expert|irl|curves|throughput-expert|throughput-irl|tests}
+# Usage: bash benchmarks/filter_irl_mujoco.sh {expert|irl|curves|throughput-expert|throughput-irl|profile|tests}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVID=runs/filter_evidence
@@ -51,8 +51,27 @@ EOF
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds 150 \
       --label filter-irl -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000
     ;;
+  profile)  # ms per SAC critic / actor update (batch 256, Hopper sizes) at THREADS torch threads (docs: detail 9)
+    THREADS=${THREADS:-1} python - <<'PY'
+import os, time, numpy as np, torch
+torch.set_num_threads(int(os.environ["THREADS"]))
+import filter_irl_mujoco as m
+dev = torch.device("cpu")
+agent = m.SAC(11, 3, -np.ones(3), np.ones(3), m.Args(), dev)
+rb = m.ReplayBuffer(11, 3, 10000, dev, True)
+for _ in range(3000):
+    rb.add(np.random.randn(11), np.random.randn(3), np.random.randn(11), False, 1.0)
+b = rb.sample(256)
+def ms(f, n=100):
+    f(); t = time.perf_counter()
+    for _ in range(n): f()
+    return (time.perf_counter() - t) / n * 1e3
+print(f"threads {torch.get_num_threads()}: critic {ms(lambda: agent.update_critic(*b[:4], b[4], False)):.1f} ms, "
+      f"actor {ms(lambda: agent.update_actor(b[0])):.1f} ms, load {os.getloadavg()[0]:.1f}")
+PY
+    ;;
   tests)
     /usr/bin/time -f "%e s wall" python -m pytest tests/test_filter_irl_mujoco.py -q -p no:cacheprovider
     ;;
-  *) echo "usage: $0 {expert|irl|curves|throughput-expert|throughput-irl|tests}" >&2; exit 2 ;;
+  *) echo "usage: $0 {expert|irl|curves|throughput-expert|throughput-irl|profile|tests}" >&2; exit 2 ;;
 esac
