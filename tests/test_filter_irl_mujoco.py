@@ -215,20 +215,25 @@ def poisoned_env(env_id: str, seed: int) -> gym.Env:
 
 
 def test_learner_never_reads_env_reward(tmp_path, pendulum_demos):
-    """NaN env rewards: any arithmetic use for learning would make a loss non-finite and stop the run (the
-    canary below shows that it does); the FILTER learner trains to the end with finite parameters."""
+    """The same FILTER run with the true env reward and with NaN env rewards ends with bit-identical learner and
+    discriminator weights (and NaN never reaches a loss); a NaN reward that DOES reach an update trips the check."""
     from torch.utils.tensorboard import SummaryWriter
 
     args = small_args(total_timesteps=300, learning_starts=100, train_every=100, batch_size=16, hidden_dim=16,
                       disc_batch_size=64, eval_episodes=1, checkpoint_frequency=10**9)  # fmt: skip
-    writer = SummaryWriter(str(tmp_path))
-    res = fi.train_irl(args, tmp_path, writer, CPU, pendulum_demos, fi.StopFlag(), env_fn=poisoned_env)
-    writer.close()
-    assert res is not None and res["policy_env_steps"] == 300 and math.isfinite(res["eval_mean"])
-    state = torch.load(tmp_path / "checkpoints" / "irl.pt", weights_only=False)
-    for module in ("actor", "qf"):
-        assert all(torch.isfinite(v).all() for v in state["agent"][module].values())
-    assert all(torch.isfinite(v).all() for v in state["disc"].values())
+    states = []
+    for name, env_fn in (("real", fi.make_env), ("nan", poisoned_env)):
+        torch.manual_seed(3)
+        writer = SummaryWriter(str(tmp_path / name))
+        res = fi.train_irl(args, tmp_path / name, writer, CPU, pendulum_demos, fi.StopFlag(), env_fn=env_fn)
+        writer.close()
+        assert res is not None and res["policy_env_steps"] == 300 and math.isfinite(res["eval_mean"])
+        states.append(torch.load(tmp_path / name / "checkpoints" / "irl.pt", weights_only=False))
+    for part in ("actor", "qf"):
+        for k, v in states[0]["agent"][part].items():
+            torch.testing.assert_close(v, states[1]["agent"][part][k], rtol=0, atol=0)
+    for k, v in states[0]["disc"].items():
+        torch.testing.assert_close(v, states[1]["disc"][k], rtol=0, atol=0)
     # canary: a NaN reward that does reach the update makes the loss non-finite
     agent = fi.SAC(4, 1, -3 * np.ones(1), 3 * np.ones(1), args, CPU)
     rb = fi.ReplayBuffer(4, 1, 50, CPU, with_rewards=False)
