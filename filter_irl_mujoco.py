@@ -582,6 +582,19 @@ def set_rng_state(state: dict, np_rng: np.random.Generator, envs: list[gym.Env])
         env.unwrapped.np_random.bit_generator.state = s
 
 
+def open_checkpoint(
+    path: Path, device: torch.device, obs_dim: int, act_dim: int, budget: int, buffer_size: int, with_rewards: bool
+) -> tuple[Optional[dict], ReplayBuffer]:
+    """A phase's checkpoint (None when starting fresh) and its replay buffer, restored and large enough for the
+    saved content (a resumed run may have been given a smaller budget)."""
+    ckpt = torch.load(path, map_location=device, weights_only=False) if path.exists() else None
+    saved = len(ckpt["rb"]["obs"]) if ckpt else 0
+    rb = ReplayBuffer(obs_dim, act_dim, min(buffer_size, max(budget, saved)), device, with_rewards)
+    if ckpt:
+        rb.load_state_dict(ckpt["rb"])
+    return ckpt, rb
+
+
 def check_finite(losses: dict[str, torch.Tensor], phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
@@ -718,12 +731,9 @@ def train_expert(args: Args, run_dir: Path, writer, device: torch.device, stop: 
     np_rng = np.random.default_rng(args.seed)
     ckpt_path = run_dir / "checkpoints" / "expert.pt"
     step, episodes = 0, 0
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.exists() else None
-    saved = len(ckpt["rb"]["obs"]) if ckpt else 0  # a resumed run may have been given a smaller budget
-    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, max(args.expert_timesteps, saved)), device, with_rewards=True)
+    ckpt, rb = open_checkpoint(ckpt_path, device, obs_dim, act_dim, args.expert_timesteps, args.buffer_size, True)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
-        rb.load_state_dict(ckpt["rb"])
         step, episodes = ckpt["step"], ckpt["episodes"]
         set_rng_state(ckpt["rng"], np_rng, [env])
         print(f"expert phase: resuming at step {step}", file=sys.stderr)
@@ -896,13 +906,11 @@ def train_irl(
     expert_return = float(np.mean(demos["returns"]))
     c = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval_frequency}
     ckpt_path = run_dir / "checkpoints" / "irl.pt"
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=False) if ckpt_path.exists() else None
-    saved = len(ckpt["rb"]["obs"]) if ckpt else 0  # a resumed run may have been given a smaller budget
-    rb = ReplayBuffer(obs_dim, act_dim, min(args.buffer_size, max(args.total_timesteps, saved)), device, with_rewards=False)
+    # the learner's buffer has NO reward storage: its rewards can only come from the discriminator
+    ckpt, rb = open_checkpoint(ckpt_path, device, obs_dim, act_dim, args.total_timesteps, args.buffer_size, False)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         disc.load_state_dict(ckpt["disc"])
-        rb.load_state_dict(ckpt["rb"])
         c = ckpt["counters"]
         set_rng_state(ckpt["rng"], np_rng, [env, disc_env])
         print(f"IRL phase: resuming at step {c['step']} (outer iteration {c['k']})", file=sys.stderr)
