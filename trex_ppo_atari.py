@@ -16,8 +16,8 @@ observation (not the auto-reset frame), and demos store every frame once.
 Usage:
     python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4            # full pipeline, paper budgets
     python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \\
-        --demo-total-timesteps 16384 --policy-total-timesteps 16384 \\
-        --reward-num-pairs 300 --reward-epochs 1 --eval-episodes 2 --max-episode-frames 4000   # laptop CPU, minutes
+        --demo-total-timesteps 8192 --policy-total-timesteps 8192 --reward-num-pairs 300 \\
+        --reward-epochs 1 --eval-episodes 2 --max-episode-frames 4000   # all 5 phases, minutes on a laptop CPU
     python trex_ppo_atari.py ... --run-dir runs/X        # re-run with the same run dir: resumes phase + checkpoint
     python trex_ppo_atari.py --demos my_demos.npz        # own demos (skips phases 1-2), format: see load_demos
     python trex_ppo_atari.py --reward-model runs/X/reward_model.pt   # skips phase 3
@@ -199,9 +199,11 @@ class Args:
     eval_num_envs: int = 8
     """parallel environments for evaluation and nothing else"""
 
-    # derived after parsing
+    # to be filled in runtime
     batch_size: int = 0
+    """computed at runtime: num_envs * num_steps"""
     minibatch_size: int = 0
+    """computed at runtime: batch_size // num_minibatches"""
 
 
 PAPER_BREAKOUT = {"best_demo": 32.0, "average_demo": 14.5, "trex": 221.3}

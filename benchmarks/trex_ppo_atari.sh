@@ -9,11 +9,27 @@ cd "$(dirname "$0")/.."
     --policy-total-timesteps 8192 --reward-num-pairs 300 --reward-epochs 1 --eval-episodes 2 \
     --max-episode-frames 4000 --run-dir runs/trex_quick
 
-# 2. Evidence run on Breakout at the budget that fit on a shared 2-core CPU (~100K agent steps per PPO phase,
-#    i.e. 0.4M frames each, instead of the paper's 50M frames); niced because other jobs shared the machine.
+# 2. Evidence run on Breakout at the budget that fit on a shared 2-core CPU, niced because four other agents
+#    used the machine. It was started with 102,400 agent steps per PPO phase, SIGTERMed in the demonstrator at
+#    iteration 20 when it ran at ~25 SPS, resumed with 40,960 steps per phase (0.16M frames each, instead of the
+#    paper's 50M frames), SIGTERMed again early in reward learning (500 of 6,000 steps after 3 min) and resumed
+#    with 1,500 pairs; when the machine got quieter the policy phase (iteration 4 of 40) was SIGTERMed and resumed
+#    with 102,400 policy steps (0.41M frames). The commands in order (the sleeps stand for when it was stopped by hand):
 nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
     --demo-total-timesteps 102400 --policy-total-timesteps 102400 --reward-epochs 1 --checkpoint-every 5 \
-    --run-dir runs/trex_evidence_breakout_s1
+    --run-dir runs/trex_evidence_breakout_s1 &
+sleep 840; kill -TERM $!; wait || true   # stopped at demonstrator iteration 20 (20,480 steps)
+nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
+    --demo-total-timesteps 40960 --policy-total-timesteps 40960 --reward-epochs 1 --checkpoint-every 5 \
+    --run-dir runs/trex_evidence_breakout_s1 &
+sleep 1080; kill -TERM $!; wait || true   # demonstrator and demos done, stopped inside reward learning
+nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
+    --demo-total-timesteps 40960 --policy-total-timesteps 40960 --reward-num-pairs 1500 --reward-epochs 1 \
+    --reward-eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1 &
+sleep 300; kill -TERM $!; wait || true   # reward model done, stopped at policy iteration 4
+nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
+    --demo-total-timesteps 40960 --policy-total-timesteps 102400 --reward-num-pairs 1500 --reward-epochs 1 \
+    --reward-eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1
 
 # 3. Policy-phase throughput with the default settings (8 envs x 128 steps), phases 1-3 skipped by
 #    --reward-model; the harness SIGTERMs the run after --train-seconds and reads charts/SPS.

@@ -219,7 +219,7 @@ def read_tags(run_dir: Path) -> set[str]:
 def test_whole_pipeline_smoke(run_dir, run_script):
     rc, out, err = run_script(
         SCRIPT, "--run-dir", run_dir, *TINY, "--demo-total-timesteps", "512", "--policy-total-timesteps", "256",
-        "--reward-num-pairs", "40", "--reward-batch-size", "4", "--reward-eval-every", "5",
+        "--reward-num-pairs", "40", "--reward-batch-size", "4", "--reward-eval-every", "5", "--reward-epochs", "2",
         "--eval-episodes", "2", "--eval-seeds", "1", "2", "3", "--capture-video", timeout=400)
     assert rc == 0, err[-3000:]
     snapshots = sorted((run_dir / "demonstrator").glob("ckpt_*.pt"))
@@ -274,7 +274,7 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     write_random_demos(demos, [0, 1, 2, 3])
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(run_dir), "--demos", str(demos), *TINY,
            "--reward-num-pairs", "20", "--reward-batch-size", "4", "--reward-min-len", "10", "--reward-max-len", "20",
-           "--policy-total-timesteps", "3200", "--checkpoint-every", "1", "--stop-after", "policy"]
+           "--policy-total-timesteps", "1920", "--checkpoint-every", "1", "--stop-after", "policy"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     ckpt = run_dir / "checkpoints" / "policy.pt"
@@ -287,15 +287,15 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     assert "resume" in err
     state = torch.load(ckpt, weights_only=False)["state"]
     k = state["iteration"]
-    assert 1 <= k < 50 and not state["done"] and state["global_step"] == k * 64
+    assert 1 <= k < 30 and not state["done"] and state["global_step"] == k * 64
     reward_mtime = (run_dir / "reward_model.pt").stat().st_mtime_ns
 
     rc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert rc.returncode == 0, rc.stderr[-2000:]
-    assert f"resuming at iteration {k} / 50" in rc.stdout
+    assert f"resuming at iteration {k} / 30" in rc.stdout
     assert (run_dir / "reward_model.pt").stat().st_mtime_ns == reward_mtime  # phase 3 was not redone
     final = torch.load(ckpt, weights_only=False)["state"]
-    assert final["done"] and final["iteration"] == 50 and final["global_step"] == 3200
+    assert final["done"] and final["iteration"] == 30 and final["global_step"] == 1920
     assert not (run_dir / "results.json").exists()  # --stop-after policy
 
 
