@@ -57,6 +57,27 @@ for label, run in runs.items():
         print(label, {k: r.get(k) for k in ("eval_mean", "eval_std", "policy_env_steps", "disc_env_steps", "SPS")})
 EOF
 
+# 3b. What the final policies do: episode length, return and forward displacement (2 episodes, no trembling hand).
+python -c '
+import numpy as np, torch, hype_irl_mujoco as h
+env, H = h.make_env("Hopper-v5")
+actors = {"MM": torch.load("runs/filter_evidence/hopper_mm/actor.pt", weights_only=False)["actor"],
+          "FILTER": torch.load("runs/filter_evidence/hopper_filter/actor.pt", weights_only=False)["actor"],
+          "HyPE": torch.load("runs/hype_evidence/hopper_hype/hype_irl_mujoco.cleanrl_model", weights_only=False)}
+for name, sd in actors.items():
+    a = h.Actor(11, 3, env.action_space.low, env.action_space.high); a.load_state_dict(sd)
+    for ep in range(2):
+        o, _ = env.reset(seed=10001 + ep); x0 = env.unwrapped.data.qpos[0]; R = 0.0
+        for t in range(H):
+            with torch.no_grad():
+                o, r, te, _, _ = env.step(a.get_action(torch.tensor(o, dtype=torch.float32)[None])[2][0].numpy())
+            R += r
+            if te:
+                break
+        print(name, "len", t + 1, "return", round(R, 1), "x displacement", round(env.unwrapped.data.qpos[0] - x0, 2))
+d = np.load("experts/Hopper-v5/demos.npz")
+print("demos x displacement", [round(float(d["qpos"][d["episode_ids"] == e][-1, 0] - d["qpos"][d["episode_ids"] == e][0, 0]), 2) for e in range(3)])'
+
 # 4. Throughput (IRL phase) with the foundation's harness. The recorded run used a throwaway cache of 64
 #    random-policy Hopper episodes (the speed does not depend on the demos' quality; the real demos were not ready).
 python -c '
