@@ -155,7 +155,7 @@ class Args:
     hidden_dim: int = 256
     """width of the two hidden layers of actor, critics and discriminator"""
     threads: int = 1
-    """torch CPU threads: batch-256 MLPs are latency-bound, and on a shared CPU 2 threads ran 10x slower than 1"""
+    """torch CPU threads: on the shared 2-core test machine 2 threads made each update ~40x slower than 1"""
 
     # Discriminator (IPM + gradient penalty)
     disc_lr: float = 8e-4
