@@ -77,7 +77,7 @@ class Args:
     """record the first evaluation episode (the agent's 84x84 view, upscaled) to run_dir/videos/"""
     torch_threads: int = 1
     """CPU threads for torch (0 = torch's default). 1 is fastest on a small or shared CPU: the env runs its own
-    C++ threads, and oversubscribed OpenMP threads slowed the CNN 30x on our busy 2-core machine"""
+    C++ threads, and oversubscribed OpenMP threads made the CNN ~38x slower on our busy 2-core machine"""
 
     # Pipeline
     env_id: str = "BreakoutNoFrameskip-v4"
