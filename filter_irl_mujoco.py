@@ -111,7 +111,8 @@ class Args:
 
     # Environment
     env_id: str = "Hopper-v5"
-    """MuJoCo env id (tested: Hopper/Walker2d/HalfCheetah/Ant/Humanoid-v5, InvertedPendulum-v5)"""
+    """MuJoCo env id: Hopper/Walker2d/HalfCheetah/Ant/Humanoid-v5 (exact resets checked on all five; learning
+    runs only on Hopper-v5 and InvertedPendulum-v5)"""
     p_tremble: float = 0.01
     """trembling hand: probability of replacing the learner's action by a uniform one (training and evaluation)"""
 
@@ -823,7 +824,11 @@ class LearnerEnv:
         self.from_expert = i >= 0
         if self.from_expert:
             d = self.demos
-            obs = restore_state(self.env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["timesteps"][i])
+            restore_state(self.env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["timesteps"][i])
+            # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
+            # forces/inertias that gymnasium reads after mj_step, i.e. computed at the PREVIOUS state; the physics
+            # state, and so every later observation, is exact.
+            obs = d["observations"][i].astype(np.float64)
         return obs
 
     def step(self, action: np.ndarray):
