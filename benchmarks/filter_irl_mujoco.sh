@@ -43,13 +43,13 @@ fig.savefig("docs/assets/filter_irl_mujoco/hopper_filter_vs_mm.png")
 EOF
     ;;
   throughput-expert)  # expert SAC phase: raw Hopper-v5 steps/s vs expert/SPS (empty experts dir -> expert phase)
-    python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds 150 --tag expert/SPS \
-      --label filter-expert -- python filter_irl_mujoco.py --env-id Hopper-v5 --experts-dir "$(mktemp -d)" \
-      --expert-only --learning-starts 1000
+    python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" --tag expert/SPS \
+      --label "filter-expert-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --experts-dir "$(mktemp -d)" \
+      --expert-only --learning-starts 1000 --threads "${THREADS:-1}"
     ;;
   throughput-irl)  # IRL phase (relabelling, discriminator rollouts and updates) on the cached demos
-    python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds 150 \
-      --label filter-irl -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000
+    python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" \
+      --label "filter-irl-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000 --threads "${THREADS:-1}"
     ;;
   profile)  # ms per SAC critic / actor update (batch 256, Hopper sizes) at THREADS torch threads (docs: detail 9)
     THREADS=${THREADS:-1} python - <<'PY'
