@@ -75,9 +75,10 @@ class Args:
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """record the first evaluation episode (the agent's 84x84 view, upscaled) to run_dir/videos/"""
-    torch_threads: int = 1
-    """CPU threads for torch (0 = torch's default). 1 is fastest on a small or shared CPU: the env runs its own
-    C++ threads, and oversubscribed OpenMP threads made the CNN ~38x slower on our busy 2-core machine"""
+    torch_threads: int = 0
+    """CPU threads for torch (0 = torch's default: all cores, or OMP_NUM_THREADS). On a quiet 2-core CPU the
+    default ran the policy phase at 252 SPS vs 150 with 1 thread; on a CPU shared with other jobs use 1:
+    oversubscribed OpenMP threads made the CNN ~38x slower on our busy 2-core machine"""
 
     # Pipeline
     env_id: str = "BreakoutNoFrameskip-v4"
