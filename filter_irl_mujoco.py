@@ -53,7 +53,6 @@ BEFORE the transition, so restoring it (plus ``mj_forward``) and replaying ``act
 timesteps (without the first three, ``--reset-prob`` must be 0).
 """
 
-from __future__ import annotations
 
 import dataclasses
 import datetime as dt

@@ -50,7 +50,6 @@ and timesteps are optional in a user's file (timesteps is derived from episode_s
 env_id, or zero episodes exit with code 2 and a one-line message.
 """
 
-from __future__ import annotations
 
 import datetime as dt
 import difflib

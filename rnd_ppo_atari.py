@@ -30,7 +30,6 @@ normalisers, reward filter, RNG states, counters), results.json (final evaluatio
 curves.png, videos/ (with --capture-video) and {exp_name}.cleanrl_model (with --save-model).
 """
 
-from __future__ import annotations
 
 import dataclasses
 import difflib

@@ -29,7 +29,6 @@ reward_model.pt + reward_pred_vs_true.png, checkpoints/{demonstrator,policy}.pt 
 learning_curve.png, videos/ (--capture-video), results.json (demo stats, reward correlations, evaluation).
 """
 
-from __future__ import annotations
 
 import difflib
 import json
