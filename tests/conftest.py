@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # Force the CPU and small thread counts before torch is imported anywhere, so results do not
@@ -92,3 +94,17 @@ def run_dir(tmp_path: Path) -> Path:
 def run_script():
     """The subprocess helper as a fixture: ``rc, out, err = run_script("x.py", "--flag", "1", timeout=120)``."""
     return run_script_subprocess
+
+
+def interrupt_when_exists(cmd: list[str], path: Path, wait_s: float = 180.0, exit_s: float = 120.0):
+    """Start ``cmd`` (CPU only, from the repository root), SIGTERM it once ``path`` exists (a checkpoint, say),
+    and return (returncode, stdout, stderr): the pattern of every script's resume test."""
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + wait_s
+    while not path.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=exit_s)
+    return proc.returncode, out, err

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -18,7 +15,7 @@ import pytest
 import torch
 
 import filter_irl_mujoco as fi
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, interrupt_when_exists
 
 SCRIPT = "filter_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
@@ -304,14 +301,9 @@ def test_resume_continues_from_saved_step(run_dir, demos_file):
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", PENDULUM, "--expert-path", str(demos_file),
            "--total-timesteps", "100000", "--learning-starts", "50", "--train-every", "100", "--checkpoint-frequency",
            "100", "--eval-frequency", "100000", "--run-dir", str(run_dir), *map(str, TINY)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpt = run_dir / "checkpoints" / "irl.pt"
-    deadline = time.time() + 180
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "interrupted" in err, err[-2000:]
+    rc, _, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
+    assert rc == 0 and "interrupted" in err, err[-2000:]
     step = torch.load(ckpt, weights_only=False)["counters"]["step"]
     assert step >= 100 and not (run_dir / "results.json").exists()
     from conftest import run_script_subprocess

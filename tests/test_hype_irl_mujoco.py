@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 import hype_irl_mujoco as hy
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, interrupt_when_exists, subprocess_env
 
 SCRIPT = "hype_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
@@ -307,14 +305,9 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     args = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", PENDULUM, "--experts-dir", str(experts_dir),
             "--run-dir", str(run_dir), "--total-timesteps", "700", "--learning-starts", "100", "--train-every", "100",
             "--eval-frequency", "100000", "--checkpoint-frequency", "100", "--reset-prob", "0.5", *map(str, TINY)]
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpt = run_dir / "checkpoints" / "irl.pt"
-    deadline = time.time() + 90
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "interrupted" in out, err[-2000:]
+    rc, out, err = interrupt_when_exists(args, ckpt, wait_s=90, exit_s=60)
+    assert rc == 0 and "interrupted" in out, err[-2000:]
     step = torch.load(ckpt, weights_only=False)["counters"]["step"]
     assert 100 <= step < 700 and not (run_dir / "results.json").exists()
     done = subprocess.run(args, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)

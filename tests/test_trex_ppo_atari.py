@@ -7,7 +7,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 import trex_ppo_atari as trex
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, interrupt_when_exists, subprocess_env
 
 SCRIPT = "trex_ppo_atari.py"
 # Tiny PPO settings shared by the subprocess runs: 2 envs x 32 steps per iteration, short games.
@@ -275,15 +274,9 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(run_dir), "--demos", str(demos), *TINY,
            "--reward-num-pairs", "20", "--reward-batch-size", "4", "--reward-min-len", "10", "--reward-max-len", "20",
            "--policy-total-timesteps", "1920", "--checkpoint-every", "1", "--stop-after", "policy"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     ckpt = run_dir / "checkpoints" / "policy.pt"
-    deadline = time.time() + 240
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=240)
+    assert rc == 128 + signal.SIGTERM, err[-2000:]
     assert "resume" in err
     state = torch.load(ckpt, weights_only=False)["state"]
     k = state["iteration"]
