@@ -321,7 +321,8 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """Nature-CNN actor-critic (CleanRL ppo_atari.py); takes uint8 (N, 4, 84, 84)."""
+    """Nature-CNN actor-critic (CleanRL ppo_atari.py); takes uint8 (N, 4, 84, 84). Weights and activations are
+    channels-last (NHWC): oneDNN's CPU convolutions ran the PPO update 1.4x faster that way (benchmarks/)."""
 
     def __init__(self, num_actions: int):
         super().__init__()
@@ -333,10 +334,16 @@ class Agent(nn.Module):
         )
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
+        self.to(memory_format=torch.channels_last)
 
     def forward(self, obs):
-        hidden = self.network(obs.float() / 255.0)
+        hidden = self.network(to_channels_last(obs).float() / 255.0)
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+
+def to_channels_last(obs):
+    """The uint8 frames in NHWC layout (converted before the float cast: a quarter of the memory traffic)."""
+    return obs.contiguous(memory_format=torch.channels_last)
 
 
 def sample_action(logits):
@@ -371,9 +378,10 @@ class RewardNet(nn.Module):
             nn.Conv2d(16, 16, 3, stride=1), nn.LeakyReLU(),
             nn.Flatten(), nn.Linear(784, 64), nn.LeakyReLU(), nn.Linear(64, 1),
         )
+        self.to(memory_format=torch.channels_last)  # as Agent: faster CPU convolutions
 
     def forward(self, obs):
-        return self.body(obs.float() * (self.keep_rows / 255.0)).squeeze(-1)
+        return self.body(to_channels_last(obs).float() * (self.keep_rows / 255.0)).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -391,6 +399,32 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
         last = delta + gamma * gae_lambda * nonterminal * last
         advantages[t] = last
     return advantages, advantages + values
+
+
+def next_frame_reward_hat(reward_net, frames, next_obs, final_frames: dict, chunk: int):
+    """r̂(s_{t+1}) for every step of a rollout, shape (T, N). `frames` (T, N, 84, 84, 4) holds s_0..s_{T-1}, so s_{t+1}
+    is frames[t + 1], `next_obs` after the last step, and final_frames[t] (N, 4, 84, 84) where an episode ended at
+    step t (the env has already reset there; its true last frame is what the reward must see)."""
+    T, N = frames.shape[:2]
+    flat = frames.view(T * N, 84, 84, 4).permute(0, 3, 1, 2)
+    r_hat_seen = torch.cat([reward_net(c) for c in flat.split(chunk)]).view(T, N)
+    r_hat = torch.cat([r_hat_seen[1:], reward_net(next_obs)[None]])
+    for step, final in final_frames.items():
+        r_hat[step] = reward_net(final)
+    return r_hat
+
+
+def finished_game_sums(rewards, over, running) -> list:
+    """Adds each step's rewards (T, N) to the per-env running sums (N,) in place; at over[t] (game over after step t)
+    that env's sum is returned (one tensor per such step) and restarted."""
+    out = []
+    for t in range(rewards.shape[0]):
+        running.add_(rewards[t])
+        if over[t].any():
+            done = torch.as_tensor(over[t], device=running.device)
+            out.append(running[done].clone())
+            running[done] = 0.0
+    return out
 
 
 def masked_mean(x, mask):
@@ -588,7 +622,7 @@ def set_rng_state(state: dict):
 def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, reward_net=None,
               ceiling: Optional[float] = None, snapshot_dir: Optional[Path] = None) -> dict:
     """CleanRL-style PPO. With `reward_net`, the env reward is discarded and r = f(r̂(s')) is computed on the
-    device, batched over envs, while the envs step (send/recv overlap). Resumes from checkpoints/{phase}.pt."""
+    device in batched passes over each finished rollout. Resumes from checkpoints/{phase}.pt."""
     from tqdm import tqdm
 
     device, rom, sticky = ctx["device"], ctx["rom"], ctx["sticky"]
@@ -628,7 +662,9 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
     if state["iteration"] == 0:
         snapshot(0)  # the untrained policy: the worst demonstrator
     N, T = args.num_envs, args.num_steps
-    obs_buf = torch.zeros((T, N, 4, 84, 84), dtype=torch.uint8, device=device)
+    # Frames are stored channels-last (T, N, 84, 84, 4): a minibatch is then one contiguous index_select that the
+    # network reads as an NHWC view, ~25x cheaper than gathering NCHW frames and converting them.
+    obs_buf = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
     act_buf = torch.zeros((T, N), dtype=torch.long, device=device)
     logp_buf, rew_buf, done_buf, val_buf, valid_buf = (torch.zeros((T, N), device=device) for _ in range(5))
     # After a lost life the reference's FireResetEnv presses FIRE inside reset(); here the env keeps playing, so
@@ -644,20 +680,18 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
     next_obs = torch.tensor(obs_np, device=device)
     next_done = torch.zeros(N, device=device)
 
-    def learned_reward(obs_u8, over):
-        """r_t from s_{t+1} (the true final observation at an episode end); also closes finished games' sums."""
-        r_hat = reward_net(obs_u8)
+    def learned_rewards(next_obs, final_frames: dict, over_buf: np.ndarray):
+        """The rollout's rewards f(r̂(s_{t+1})) in batched passes after it (they are only needed by GAE: one pass over
+        T*N frames is far cheaper than T small ones); also closes finished games' learned-reward sums."""
+        r_hat = next_frame_reward_hat(reward_net, obs_buf, next_obs, final_frames, args.minibatch_size)
         if args.policy_reward == "sigmoid":
             r = torch.sigmoid(r_hat)
         elif args.policy_reward == "normalized":
-            rms.update(r_hat)
+            rms.update(r_hat.reshape(-1))
             r = (r_hat - rms.mean) / torch.sqrt(rms.var + 1e-8)
         else:
             r = r_hat
-        learned_acc.add_(r)
-        if over.any():
-            finished_learned.append(learned_acc[torch.as_tensor(over, device=device)].clone())
-            learned_acc[torch.as_tensor(over, device=device)] = 0.0
+        finished_learned.extend(finished_game_sums(r, over_buf, learned_acc))
         return r
 
     use_learned = reward_net is not None and args.policy_reward != "env"
@@ -672,11 +706,12 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
         optimizer.param_groups[0]["lr"] = lr_now
         finished_learned: list[torch.Tensor] = []
         games: list[tuple[float, int]] = []
-        pending = None  # (step, obs for its reward, game-over mask) of the transition whose reward is not computed yet
+        final_frames: dict[int, torch.Tensor] = {}  # step -> the true last frames, where an episode ended there
+        over_buf = np.zeros((T, N), dtype=bool)  # game over after step t
         for step in range(T):
             if STOP["signal"]:
                 break
-            obs_buf[step] = next_obs
+            obs_buf[step] = next_obs.permute(0, 2, 3, 1)
             done_buf[step] = next_done
             with torch.inference_mode():
                 logits, value = agent(next_obs)
@@ -687,9 +722,6 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
             envs.send(action_np)
             act_buf[step], logp_buf[step], val_buf[step] = action, logp, value
             valid_buf[step] = torch.as_tensor(~need_fire, dtype=torch.float32, device=device)
-            if use_learned and pending is not None:  # overlaps with the env threads stepping
-                with torch.inference_mode():
-                    rew_buf[pending[0]] = learned_reward(pending[1], pending[2])
             obs_np, reward_np, term, trunc, info = envs.recv()
             over = tracker.step(reward_np, info)
             games += tracker.pop(over)
@@ -698,25 +730,25 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
             next_obs = torch.tensor(obs_np, device=device)
             next_done = torch.as_tensor(term | trunc, dtype=torch.float32, device=device)
             if use_learned:
-                final = torch.tensor(info["final_obs"], device=device) if "final_obs" in info else next_obs
-                pending = (step, final, over)
+                over_buf[step] = over
+                if "final_obs" in info:
+                    final_frames[step] = torch.tensor(info["final_obs"], device=device)
             else:
                 rew_buf[step] = torch.as_tensor(np.sign(reward_np), dtype=torch.float32, device=device)
-        else:
-            if use_learned:
-                with torch.inference_mode():
-                    rew_buf[pending[0]] = learned_reward(pending[1], pending[2])
         if STOP["signal"]:  # the model is unchanged since the last completed iteration: save that state
             save()
             envs.close()
             bar.close()
             raise Interrupted(f"{phase} stopped at iteration {state['iteration']}")
         state["global_step"] += N * T
+        if use_learned:
+            with torch.inference_mode():
+                rew_buf[:] = learned_rewards(next_obs, final_frames, over_buf)
 
         with torch.no_grad():
             next_value = agent(next_obs)[1]
             advantages, returns = compute_gae(rew_buf, val_buf, done_buf, next_value, next_done, args.gamma, args.gae_lambda)
-        b_obs, b_act = obs_buf.reshape(-1, 4, 84, 84), act_buf.reshape(-1)
+        b_obs, b_act = obs_buf.view(-1, 84, 84, 4), act_buf.reshape(-1)
         b_logp, b_adv, b_ret, b_val = logp_buf.reshape(-1), advantages.reshape(-1), returns.reshape(-1), val_buf.reshape(-1)
         b_valid = valid_buf.reshape(-1)
         clipfracs = []
@@ -724,7 +756,7 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
             perm = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb = perm[start : start + args.minibatch_size]
-                logits, new_value = agent(b_obs[mb])
+                logits, new_value = agent(b_obs.index_select(0, mb).permute(0, 3, 1, 2))
                 logp_all = torch.log_softmax(logits, dim=-1)
                 new_logp = logp_all.gather(-1, b_act[mb, None]).squeeze(-1)
                 entropy = -(logp_all.exp() * logp_all).sum(-1)

@@ -67,6 +67,26 @@ def test_compute_gae_with_more_steps_than_envs():
     assert torch.allclose(ret, expected + values, atol=1e-6)
 
 
+def test_policy_rewards_come_from_the_next_frame_and_close_games():
+    # A fake reward net that reads a frame's constant pixel value: frame value 10*t + n for s_t of env n.
+    T, N = 3, 2
+    frames = torch.zeros(T, N, 84, 84, 4, dtype=torch.uint8)
+    for t in range(T):
+        for n in range(N):
+            frames[t, n] = 10 * t + n
+    next_obs = torch.stack([torch.full((4, 84, 84), 30 + n, dtype=torch.uint8) for n in range(N)])
+    final = torch.stack([torch.full((4, 84, 84), v, dtype=torch.uint8) for v in (99, 11)])  # env 0 ended at t = 0
+    net = lambda obs: obs.float().mean(dim=(1, 2, 3))  # noqa: E731
+    r_hat = trex.next_frame_reward_hat(net, frames, next_obs, {0: final}, chunk=4)
+    assert r_hat.tolist() == [[99.0, 11.0], [20.0, 21.0], [30.0, 31.0]]
+    # game sums: env 1's game ends after t = 1, env 0's after t = 2; env 0 carries 5 in from the last rollout
+    running = torch.tensor([5.0, 0.0])
+    over = np.array([[False, False], [False, True], [True, False]])
+    sums = trex.finished_game_sums(r_hat, over, running)
+    assert [s.tolist() for s in sums] == [[11.0 + 21.0], [5.0 + 99.0 + 20.0 + 30.0]]
+    assert running.tolist() == [0.0, 31.0]
+
+
 def test_ppo_loss_ignores_forced_fire_steps():
     args = trex.Args()
     n = 6
