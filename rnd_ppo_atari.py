@@ -288,18 +288,21 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(448, n_actions), std=0.01)
         self.critic_ext = layer_init(nn.Linear(448, 1), std=0.01)
         self.critic_int = layer_init(nn.Linear(448, 1), std=0.01)
+        self.to(memory_format=torch.channels_last)  # NHWC convolutions: ~1.4x faster on CPU (oneDNN)
 
     def initial_state(self, batch: int, device: torch.device) -> torch.Tensor:
         """Recurrent state (layers, batch, size); an empty tensor for the CNN policy."""
         return torch.zeros(self.rnn_layers, batch, self.rnn_size, device=device)
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor):
-        """obs (T, B, 4, 84, 84) uint8; first (T, B) = 1 where obs starts an episode (the GRU state is zeroed there).
+        """obs (T, B, 4, 84, 84) uint8 in any memory layout; first (T, B) = 1 where obs starts an episode (the GRU
+        state is zeroed there).
 
         Returns logits (T*B, A), v_ext (T*B,), v_int (T*B,) and the state after the last step.
         """
         T, B = obs.shape[:2]
-        x = self.encoder(obs.reshape(T * B, *obs.shape[2:]).float() / 255.0)
+        frames = obs.reshape(T * B, *obs.shape[2:]).contiguous(memory_format=torch.channels_last)  # uint8: cheap
+        x = self.encoder(frames.float() / 255.0)
         if self.rnn is not None:
             x = x.view(T, B, -1)
             outs = []
@@ -342,6 +345,7 @@ class RNDModel(nn.Module):
         )
         for p in self.target.parameters():
             p.requires_grad_(False)
+        self.to(memory_format=torch.channels_last)  # as Agent (1-channel inputs are already NHWC-contiguous)
 
     def errors(self, x: torch.Tensor) -> torch.Tensor:
         """Per-sample bonus/loss on whitened frames x (B, 1, 84, 84)."""
@@ -757,7 +761,8 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, derived: dict, wo
         perm = torch.randperm(N, device=device)
         for start in range(0, N, mb_envs):
             envs_idx = perm[start : start + mb_envs]
-            logits, v_ext, v_int, _ = agent(batch["obs"][:, envs_idx], batch["state0"][:, envs_idx], batch["firsts"][:, envs_idx])
+            obs = batch["obs"].index_select(1, envs_idx).permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
+            logits, v_ext, v_int, _ = agent(obs, batch["state0"][:, envs_idx], batch["firsts"][:, envs_idx])
             dist_ = Categorical(logits=logits)
             new_logprob = dist_.log_prob(batch["actions"][:, envs_idx].reshape(-1))
             adv = batch["advantages"][:, envs_idx].reshape(-1)
@@ -888,7 +893,9 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
                   f"({warmup_steps / max(warmup_s, 1e-9):.0f} steps/s)", flush=True)
 
     T, N = args.num_steps, args.num_envs
-    obs_buf = torch.zeros((T, N, 4, 84, 84), dtype=torch.uint8, device=device)
+    # Frames are stored channels-last (T, N, 84, 84, 4): a minibatch of env slices is one contiguous index_select
+    # that the networks read as an NHWC view, instead of gathering NCHW frames and converting each minibatch.
+    obs_buf = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
     next_frames = torch.zeros((T, N, 84, 84), dtype=torch.uint8, device=device)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs = torch.zeros((T, N), device=device)
@@ -915,7 +922,7 @@ def train(args: Args, world: World, device: torch.device, run_dir: Path, ckpt: d
         state0 = state.clone()
         # ---- rollout: the only host<->device traffic per step is the actions out and the frames in ----
         for step in range(T):
-            obs_buf[step] = next_obs
+            obs_buf[step] = next_obs.permute(0, 2, 3, 1)
             firsts[step] = next_first
             with torch.no_grad():
                 logits, v_e, v_i, state = agent(next_obs[None], state, next_first[None])
