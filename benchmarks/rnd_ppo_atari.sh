@@ -17,7 +17,7 @@ case "${1:-}" in
     throughput rnd-int-coef-0 8 240 --num-iterations-obs-norm-init 1 --int-coef 0
     ;;
   throughput-128)  # the paper's 128 envs (warm-up skipped). On a quiet machine or a GPU use the full 128-step
-    # rollout (NUM_STEPS=128 SECONDS_128=1800); on the contended 2-core CPU a 16,384-step iteration takes over 10 minutes, so the
+    # rollout: the quiet-CPU number in the docs (212 SPS) is NUM_STEPS=128 SECONDS_128=420. On the contended 2-core CPU a 16,384-step iteration takes over 10 minutes, so the
     # recorded CPU run used --num-steps 16 (2,048 steps per iteration) to fit three iterations (SPS is logged from the
     # second) in a 720 s window. Per-step costs are linear in num_steps x num_envs, so SPS barely depends on it.
     throughput rnd-128envs 128 "${SECONDS_128:-720}" --num-iterations-obs-norm-init 0 --num-steps "${NUM_STEPS:-16}"
