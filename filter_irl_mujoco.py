@@ -54,6 +54,7 @@ timesteps (without the first three, ``--reset-prob`` must be 0).
 """
 
 
+import ctypes
 import dataclasses
 import datetime as dt
 import difflib
@@ -548,6 +549,20 @@ class StopFlag:
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
+    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
+    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -1100,6 +1115,7 @@ def main(args: Args) -> None:
         raise SystemExit(2)
     from torch.utils.tensorboard import SummaryWriter
 
+    keep_freed_memory()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     random.seed(args.seed)

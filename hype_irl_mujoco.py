@@ -51,6 +51,7 @@ env_id, or zero episodes exit with code 2 and a one-line message.
 """
 
 
+import ctypes
 import datetime as dt
 import difflib
 import json
@@ -619,6 +620,20 @@ def save_expert_cache(cache: Path, demos: dict, actor: Actor | None, meta: dict)
 # ----------------------------------------------------------------------------------------------------------------------
 # Phases
 # ----------------------------------------------------------------------------------------------------------------------
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
+    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
+    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+
+
 class StopFlag:
     """SIGINT/SIGTERM set the flag; the training loop saves a checkpoint and exits cleanly."""
 
@@ -994,6 +1009,7 @@ def main(args: Args) -> dict | None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    keep_freed_memory()
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")

@@ -31,6 +31,7 @@ curves.png, videos/ (with --capture-video) and {exp_name}.cleanrl_model (with --
 """
 
 
+import ctypes
 import dataclasses
 import difflib
 import json
@@ -583,6 +584,20 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
+    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
+    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+
+
 def rng_states() -> dict:
     return {
         "python": random.getstate(),
@@ -1120,6 +1135,7 @@ def main(args: Args) -> None:
         check_env_id(args.env_id)
     except UsageError as e:
         fail(str(e))
+    keep_freed_memory()
     world.init(device)
     # Rank 0 checks the run dir (resume, finished, corrupt snapshot) and tells the others.
     decision = None

@@ -30,6 +30,7 @@ learning_curve.png, videos/ (--capture-video), results.json (demo stats, reward 
 """
 
 
+import ctypes
 import difflib
 import json
 import math
@@ -601,6 +602,20 @@ def save_atomic(obj, path: Path):
     os.replace(tmp, path)
 
 
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
+    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
+    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -1169,6 +1184,7 @@ def main(args: Args) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    keep_freed_memory()
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     ctx["device"] = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
