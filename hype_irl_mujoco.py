@@ -289,13 +289,13 @@ class TwinQ(nn.Module):
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         """(B, obs), (B, act) -> (n, B)."""
-        h = torch.cat([obs, act], -1)
-        last = len(self.weights) - 1
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b, h.expand(w.shape[0], *h.shape[-2:]), w)
-            if i < last:
-                h = F.relu(h)
-        return h.squeeze(-1)
+        (w1, w2, w3), (b1, b2, b3) = self.weights, self.biases
+        h = torch.cat([obs, act], -1).expand(w1.shape[0], -1, -1)
+        h = F.relu(torch.baddbmm(b1, h, w1))
+        h = F.relu(torch.baddbmm(b2, h, w2))
+        # Output width 1: multiply-and-sum instead of a (B, h) x (h, 1) batched matmul, whose backward is an outer
+        # product that MKL runs slowly (~8 % of a Q forward + backward on the 2-core CPU).
+        return (h * w3.transpose(1, 2)).sum(-1) + b3.squeeze(-1)
 
 
 class Discriminator(nn.Module):
