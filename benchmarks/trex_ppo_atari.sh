@@ -31,6 +31,19 @@ nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
     --demo-total-timesteps 40960 --policy-total-timesteps 102400 --reward-num-pairs 1500 --reward-epochs 1 \
     --reward-eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1
 
+# 2b. Second evidence run (second session, quiet machine apart from short benchmark pauses by SIGSTOP/SIGCONT),
+#     niced: the demonstrator at ~2M frames (480 iterations), 6,000 reward pairs for one epoch, the policy phase
+#     started with a 1,024,000-step budget and stopped by SIGTERM when the session's time ran out, then resumed
+#     with --policy-total-timesteps set to the steps it had reached so that it finishes and evaluates (see
+#     benchmarks/results/trex_ppo_atari.md for the exact step count).
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
+    --policy-total-timesteps 1024000 --reward-epochs 1 --checkpoint-every 10 \
+    --run-dir runs/trex_evidence2_breakout_s1 &
+wait $! || true   # SIGTERMed by hand inside the policy phase
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
+    --policy-total-timesteps "${POLICY_STEPS_REACHED:?set to the policy steps reached}" --reward-epochs 1 \
+    --checkpoint-every 10 --run-dir runs/trex_evidence2_breakout_s1
+
 # 3. Policy-phase throughput with the default settings (8 envs x 128 steps), phases 1-3 skipped by
 #    --reward-model; the harness SIGTERMs the run after --train-seconds and reads charts/SPS.
 #    a) with learned-reward inference (sigmoid(r̂(s')), the default)
