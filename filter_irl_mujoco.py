@@ -1001,7 +1001,7 @@ def train_irl(
             if step % args.log_frequency == 0:
                 values = check_finite(losses, "IRL learner", step)
                 for k, v in values.items():
-                    writer.add_scalar(f"irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
+                    writer.add_scalar("irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
                 writer.add_scalar("losses/alpha", float(agent.log_alpha.detach().exp()), step)
                 writer.add_scalar("charts/learning_rate", args.policy_lr, step)
                 writer.add_scalar("irl/total_env_steps", step + c["disc_env_steps"], step)
