@@ -96,8 +96,9 @@ def raw_mujoco_sps(env_id: str, num_envs: int, seconds: float, seed: int = 0) ->
     return steps / elapsed
 
 
-def read_scalars(run_dir: Path, tag: str) -> list[float]:
-    """All values of one scalar tag from every TensorBoard event file under ``run_dir``, in step order."""
+def read_scalars(run_dir: Path, tag: str) -> list[tuple[int, float, float]]:
+    """All (step, wall time, value) of one scalar tag from every TensorBoard event file under ``run_dir``, in step
+    order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     points = []
@@ -108,7 +109,18 @@ def read_scalars(run_dir: Path, tag: str) -> list[float]:
         if tag in acc.Tags().get("scalars", []):
             points += [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
     points.sort()
-    return [v for _, _, v in points]
+    return points
+
+
+def slope_sps(points: list[tuple[int, float, float]], skip_fraction: float) -> float | None:
+    """Steps per second from the logged steps and their wall times, after the first ``skip_fraction`` of the points:
+    the same measure for every script, whatever its own SPS formula (e.g. cumulative from the start, warm-up
+    included, as CleanRL's)."""
+    start = min(int(len(points) * skip_fraction), len(points) - 2)
+    if start < 0:
+        return None
+    (s0, t0, _), (s1, t1, _) = points[start], points[-1]
+    return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
 
 def after_warmup_median(values: list[float], skip_fraction: float) -> float:
@@ -148,12 +160,15 @@ def git_commit() -> str | None:
         return None
 
 
-def run_training(cmd: list[str], run_dir: Path, train_seconds: float) -> tuple[int, float]:
-    """Run the script with ``--run-dir``; SIGTERM it after ``train_seconds``. Returns (returncode, wall seconds)."""
-    full = [*cmd, "--run-dir", str(run_dir)]
+def run_training(cmd: list[str], run_dir: Path, train_seconds: float, in_run_dir: bool = False) -> tuple[int, float]:
+    """Run the script with ``--run-dir`` (or, ``in_run_dir``, inside that directory, for a script without the flag
+    that logs under its working directory); SIGTERM it after ``train_seconds``. Returns (returncode, wall seconds)."""
+    full = cmd if in_run_dir else [*cmd, "--run-dir", str(run_dir)]
+    if in_run_dir:
+        run_dir.mkdir(parents=True)
     print("running:", " ".join(full), flush=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(full, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(full, cwd=run_dir if in_run_dir else REPO_ROOT, stdin=subprocess.DEVNULL)
     try:
         rc = proc.wait(timeout=train_seconds)
     except subprocess.TimeoutExpired:
@@ -183,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-fraction", type=float, default=0.2, help="leading fraction of SPS values ignored")
     parser.add_argument("--label", default=None, help="short name for this measurement in the results file")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to throughput.jsonl")
+    parser.add_argument("--in-run-dir", action="store_true",
+                        help="run the command inside the temporary run dir instead of passing --run-dir (baselines "
+                        "such as CleanRL's scripts, which log under their working directory; give absolute paths)")
     args = parser.parse_args(own)
     if not cmd:
         parser.error("missing the training command after --")
@@ -195,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="throughput_"))
     try:
-        rc, wall = run_training(cmd, tmp / "run", args.train_seconds)
-        values = read_scalars(tmp / "run", args.tag)
+        rc, wall = run_training(cmd, tmp / "run", args.train_seconds, args.in_run_dir)
+        points = read_scalars(tmp / "run", args.tag)
+        values = [v for _, _, v in points]
     finally:
         peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         shutil.rmtree(tmp, ignore_errors=True)
@@ -206,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     train = after_warmup_median(values, args.skip_fraction)
     ratio = train / raw
     print(f"training SPS ({args.tag}, median of {len(values)} values after the first {args.skip_fraction:.0%}): {train:,.0f}")
+    slope = slope_sps(points, args.skip_fraction)
+    if slope is not None:
+        print(f"training SPS from logged steps / wall time after the first {args.skip_fraction:.0%}: {slope:,.0f}")
     print(f"ratio training/raw: {ratio:.3f}   peak RSS of the training process: {peak_rss_mb:,.0f} MB")
 
     record = {
@@ -216,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_envs": num_envs,
         "raw_env_sps": round(raw, 1),
         "train_sps": round(train, 1),
+        "train_sps_slope": None if slope is None else round(slope, 1),
         "ratio": round(ratio, 4),
         "sps_tag": args.tag,
         "sps_points": len(values),

@@ -42,6 +42,13 @@ def test_after_warmup_median_drops_the_leading_fraction():
         throughput.after_warmup_median([], 0.2)
 
 
+def test_slope_sps_is_logged_steps_over_wall_time_after_the_leading_fraction():
+    # (step, wall time, value); skipping 20 % of 5 points starts at point 1: (500 - 100) / (15 - 11) = 100.
+    points = [(0, 0.0, 9.0), (100, 11.0, 9.0), (200, 12.0, 9.0), (300, 13.0, 9.0), (500, 15.0, 9.0)]
+    assert throughput.slope_sps(points, 0.2) == 100.0
+    assert throughput.slope_sps(points[:1], 0.2) is None  # one point: no slope
+
+
 def test_raw_env_measurements_are_positive():
     assert throughput.raw_atari_sps("BreakoutNoFrameskip-v4", num_envs=2, seconds=0.5) > 0
     assert throughput.raw_mujoco_sps("InvertedPendulum-v5", num_envs=1, seconds=0.3) > 0
@@ -75,6 +82,20 @@ def test_harness_end_to_end_reads_the_scripts_sps_and_records_it(tmp_path, monke
     assert record["ratio"] == pytest.approx(200.0 / record["raw_env_sps"], abs=1e-4)
     assert record["label"] == "fake" and record["sps_points"] == 5
     assert record["hardware"]["cores"] >= 1 and record["command"].endswith("fake_script.py")
+
+
+def test_harness_runs_a_baseline_without_run_dir_inside_the_temp_dir(tmp_path, monkeypatch):
+    # A CleanRL-style script: no --run-dir flag, logs under its working directory.
+    script = tmp_path / "baseline.py"
+    script.write_text(FAKE_SCRIPT.replace('sys.argv[sys.argv.index("--run-dir") + 1]', '"runs/baseline__1"'))
+    results = tmp_path / "throughput.jsonl"
+    monkeypatch.setattr(throughput, "RESULTS", results)
+    rc = throughput.main(["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--in-run-dir", "--",
+                          sys.executable, str(script)])  # fmt: skip
+    assert rc == 0
+    record = json.loads(results.read_text().splitlines()[-1])
+    assert record["train_sps"] == 200.0 and record["sps_points"] == 5
+    assert not (REPO_ROOT / "runs" / "baseline__1").exists()
 
 
 def test_harness_without_a_command_exits_2(capsys):
