@@ -12,6 +12,16 @@ FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_
 IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 20000 --train-every 1000 --eval-frequency 2500
            --eval-episodes 5 --learning-starts 2000 --disc-lr 8e-3 --disc-steps 5 --checkpoint-frequency 2500)
 
+# 0. (EVIDENCE2=1 only) Evidence run 2 (third session): HyPE on the demos of the 100k-step expert in runs/filter_evidence2/experts
+#     (`bash benchmarks/filter_irl_mujoco.sh expert2`), the same flags and budget as FILTER/MM's `irl2`, run beside them.
+if [ "${EVIDENCE2:-0}" = 1 ]; then
+  mkdir -p runs/hype_evidence2
+  nice -n 10 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --total-timesteps "${IRL2_STEPS:-40000}" --eval-frequency 5000 \
+    --torch-threads 1 --experts-dir runs/filter_evidence2/experts --run-dir runs/hype_evidence2/hopper_hype \
+    > runs/hype_evidence2/hopper_hype.log 2>&1
+  exit 0
+fi
+
 # 1. Expert data: the shared cache experts/Hopper-v5/ written by `bash benchmarks/filter_irl_mujoco.sh expert`
 #    (SAC expert, 20,000 steps on this machine, 64 deterministic demos). Either script writes the same format.
 test -f experts/Hopper-v5/demos.npz

@@ -55,6 +55,32 @@ python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs
     --train-seconds 240 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
     --reward-model runs/trex_quick/reward_model.pt --policy-reward env
 
+#    c) the baseline in the same window: CleanRL's ppo_atari.py (the same PPO settings on gymnasium's Python
+#       SyncVectorEnv with SB3's Atari wrappers), fetched at a pinned commit, patched only for gymnasium 1.x's
+#       renamed wrappers and ALE registration, run by the harness inside its temp dir (CleanRL has no --run-dir).
+#       Compare the harness's "logged steps / wall time" line of a), b) and c): CleanRL's own charts/SPS is
+#       cumulative from its start (first iteration included). Needs network access once.
+CLEANRL_COMMIT=09f7a7f2f8038ebb532447815c728cf69eec7382
+mkdir -p runs/baselines/cleanrl
+if [ ! -f runs/baselines/cleanrl/ppo_atari.py ]; then
+  curl -fsSL -o runs/baselines/cleanrl/ppo_atari.py \
+    "https://raw.githubusercontent.com/vwxyzjn/cleanrl/$CLEANRL_COMMIT/cleanrl/ppo_atari.py"
+  sed -i 's/gym.wrappers.GrayScaleObservation(env)/gym.wrappers.GrayscaleObservation(env)/;
+          s/gym.wrappers.FrameStack(env, 4)/gym.wrappers.FrameStackObservation(env, 4)/;
+          s/^import gymnasium as gym$/import gymnasium as gym\nimport ale_py\ngym.register_envs(ale_py)/' \
+    runs/baselines/cleanrl/ppo_atari.py
+  pip install --no-deps --target runs/baselines/sb3 stable-baselines3   # only its atari_wrappers are used
+fi
+PYTHONPATH="$PWD/runs/baselines/sb3" python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 \
+    --num-envs 8 --train-seconds 180 --in-run-dir --label cleanrl-ppo_atari -- \
+    python "$PWD/runs/baselines/cleanrl/ppo_atari.py" --env-id BreakoutNoFrameskip-v4
+
+#    d) before/after a change, robust to the machine's drift: both versions alternate every 20 s for 8 min
+#       (benchmarks/alternate.py). BEFORE is a checkout of the older commit, e.g. `git worktree add /tmp/old 41449c9`.
+python benchmarks/alternate.py --window 20 --seconds 480 \
+    --cmd before "python ${BEFORE:-/tmp/old}/trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --reward-model runs/trex_quick/reward_model.pt" \
+    --cmd after "python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --reward-model runs/trex_quick/reward_model.pt"
+
 # 4. Peak memory of the reward phase alone on the 12 Breakout demos of run 2 (phases 1-2 skipped by --demos).
 /usr/bin/time -v python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
     --demos runs/trex_evidence_breakout_s1/demos.npz --reward-num-pairs 600 --reward-epochs 1 \

@@ -49,6 +49,17 @@ def test_slope_sps_is_logged_steps_over_wall_time_after_the_leading_fraction():
     assert throughput.slope_sps(points[:1], 0.2) is None  # one point: no slope
 
 
+def test_alternate_keeps_only_iterations_inside_a_running_window():
+    alt_spec = importlib.util.spec_from_file_location("alternate", REPO_ROOT / "benchmarks" / "alternate.py")
+    alternate = importlib.util.module_from_spec(alt_spec)
+    alt_spec.loader.exec_module(alternate)
+    # (step, wall time) once per iteration of 100 steps; the process ran in [0, 10] and [20, 30].
+    points = [(100, 1.0), (200, 3.0), (300, 5.0), (400, 11.0), (500, 21.0), (600, 25.0)]
+    windows = [(0.0, 10.0), (20.0, 30.0)]
+    # kept: 1->3 and 3->5 (2 s each) and 21->25 (4 s); 5->11 and 11->21 straddle a pause
+    assert alternate.in_window_seconds_per_step(points, windows) == [0.02, 0.02, 0.04]
+
+
 def test_raw_env_measurements_are_positive():
     assert throughput.raw_atari_sps("BreakoutNoFrameskip-v4", num_envs=2, seconds=0.5) > 0
     assert throughput.raw_mujoco_sps("InvertedPendulum-v5", num_envs=1, seconds=0.3) > 0
