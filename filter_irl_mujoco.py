@@ -67,7 +67,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -155,9 +155,10 @@ class Args:
     """automatic tuning of the entropy coefficient"""
     hidden_dim: int = 256
     """width of the two hidden layers of actor, critics and discriminator"""
-    threads: int = 0
-    """torch CPU threads (0 = torch's default: all cores, or OMP_NUM_THREADS). On a quiet 2-core CPU 2 threads ran
-    the expert phase at 98 SPS vs 67 with 1; on a CPU shared with other jobs use 1 (2 threads were ~40x slower there)"""
+    torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = 0
+    """torch CPU threads (0 = torch's default: all cores, or OMP_NUM_THREADS), as in the other scripts (`--threads`
+    is an alias). On a quiet 2-core CPU 2 threads ran the expert phase at 98 SPS vs 67 with 1; on a CPU shared with
+    other jobs use 1 (2 threads were ~40x slower there)"""
 
     # Discriminator (IPM + gradient penalty)
     disc_lr: float = 8e-4
@@ -1053,6 +1054,8 @@ def validate(args: Args) -> Path:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not 0.0 <= args.reset_prob <= 1.0 or not 0.0 <= args.p_tremble <= 1.0:
         raise UsageError("--reset-prob and --p-tremble must be probabilities in [0, 1]")
+    if args.torch_threads < 0:
+        raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
     check_env_id(args.env_id)
     env = gym.make(args.env_id)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -1116,8 +1119,8 @@ def main(args: Args) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     keep_freed_memory()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

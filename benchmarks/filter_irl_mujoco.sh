@@ -27,12 +27,12 @@ case "${1:-}" in
     ;;
   expert2)  # evidence run 2 (third session): a 100k-step SAC expert in its own cache (the 20k one stays in experts/)
     nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --expert-only --expert-timesteps 100000 --seed 1 \
-      --threads 1 --experts-dir $EVID2/experts --run-dir $EVID2/hopper_expert > $EVID2/hopper_expert.log 2>&1
+      --torch-threads 1 --experts-dir $EVID2/experts --run-dir $EVID2/hopper_expert > $EVID2/hopper_expert.log 2>&1
     ;;
   irl2)  # evidence run 2: FILTER and MM at equal budgets (IRL2_STEPS) on the 100k expert's demos, side by side
     for r in "filter 0.5" "mm 0"; do set -- $r
       nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob "$2" --total-timesteps "$IRL2_STEPS" \
-        "${IRL_FLAGS[@]}" --eval-frequency 5000 --threads 1 --experts-dir $EVID2/experts --seed 1 \
+        "${IRL_FLAGS[@]}" --eval-frequency 5000 --torch-threads 1 --experts-dir $EVID2/experts --seed 1 \
         --run-dir $EVID2/hopper_$1 > $EVID2/hopper_$1.log 2>&1 &
     done
     wait
@@ -59,11 +59,11 @@ EOF
   throughput-expert)  # expert SAC phase: raw Hopper-v5 steps/s vs expert/SPS (empty experts dir -> expert phase)
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" --tag expert/SPS \
       --label "filter-expert-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --experts-dir "$(mktemp -d)" \
-      --expert-only --learning-starts 1000 --threads "${THREADS:-1}"
+      --expert-only --learning-starts 1000 --torch-threads "${THREADS:-1}"
     ;;
   throughput-irl)  # IRL phase (relabelling, discriminator rollouts and updates) on the cached demos
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" \
-      --label "filter-irl-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000 --threads "${THREADS:-1}"
+      --label "filter-irl-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000 --torch-threads "${THREADS:-1}"
     ;;
   throughput-cleanrl)  # the baseline in the same window: CleanRL's sac_continuous_action.py at a pinned commit, patched
     # only to import SB3's ReplayBuffer (cleanrl_utils' is a copy of it) and for gymnasium 1.x (no final_observation

@@ -343,10 +343,12 @@ def _missing_keys(run_dir: Path, demos_file: Path) -> list:
         (lambda r, d: ["--env-id", "Hopper-v5", "--expert-path", d, "--run-dir", r], "holds demos of InvertedPendulum-v5"),
         (lambda r, d: ["--env-id", PENDULUM, "--expert-path", r.parent / "nope.npz", "--run-dir", r], "does not exist"),
         (lambda r, d: ["--env-id", PENDULUM, "--reset-prob", "1.5", "--run-dir", r], "--reset-prob"),
+        (lambda r, d: ["--env-id", PENDULUM, "--threads", "-1", "--run-dir", r], "--torch-threads must be >= 0"),
         (_other_env_run, "holds a Hopper-v5 run"),
         (_finished_run, "already holds a finished run"),
     ],
-    ids=["unknown-env", "missing-keys", "env-mismatch", "no-file", "bad-prob", "other-env-run-dir", "finished"],
+    ids=["unknown-env", "missing-keys", "env-mismatch", "no-file", "bad-prob", "bad-threads", "other-env-run-dir",
+         "finished"],
 )
 def test_bad_input_exits_2_with_one_line(run_script, run_dir, demos_file, make_args, message):
     args = make_args(run_dir, demos_file)
