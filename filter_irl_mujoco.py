@@ -51,6 +51,9 @@ in 0..E-1; ``episode_starts`` bool (N,); ``timesteps`` i64 (N,) index inside the
 BEFORE the transition, so restoring it (plus ``mj_forward``) and replaying ``actions[i]`` reproduces
 ``next_observations[i]`` exactly; ``env_id`` 0-d str array. Optional keys: qpos, qvel, qacc_warmstart, seeds,
 timesteps (without the first three, ``--reset-prob`` must be 0).
+``--expert-path minari:DATASET_ID`` reads a downloaded Minari dataset (``minari download DATASET_ID``) into the same
+keys: observations/next_observations from each episode's T+1 observations, terminals/timeouts from its
+terminations/truncations, returns from its rewards; Minari stores no MuJoCo state, so it serves MM and HyPE only.
 """
 
 
@@ -120,7 +123,9 @@ class Args:
     experts_dir: str = "experts"
     """cache of experts and demos, keyed by env id: {experts_dir}/{env_id}/demos.npz"""
     expert_path: Optional[str] = None
-    """use this demos.npz instead of the cache (see "Expert data format")"""
+    """use this demos.npz instead of the cache (see "Expert data format"), or a local Minari dataset:
+    minari:DATASET_ID (e.g. minari:mujoco/hopper/expert-v0; needs `pip install "minari[hdf5]"`; no MuJoCo states,
+    so --reset-prob 0 only)"""
     expert_timesteps: int = 1_000_000
     """env steps of SAC expert training when no demos exist"""
     num_demos: int = 64
@@ -643,13 +648,56 @@ class SPSMeter:
 # ----------------------------------------------------------------------------------------------------------------
 # Expert data: validation, loading, writing
 # ----------------------------------------------------------------------------------------------------------------
-def load_demos(path: Path, env_id: str, obs_dim: int, act_dim: int, reset_prob: float) -> dict[str, np.ndarray]:
-    """Load and validate a demos.npz (see "Expert data format"); every failure is a one-line UsageError."""
+MINARI_PREFIX = "minari:"
+
+
+def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
+    """A downloaded Minari dataset in the demos.npz layout (without MuJoCo states); one-line UsageError otherwise."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            demos = {k: z[k] for k in z.files}
-    except Exception as e:  # corrupt or not an npz
-        raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another --expert-path")
+        import minari
+    except ImportError:
+        raise UsageError(f"reading {MINARI_PREFIX}{dataset_id} needs the minari package: pip install 'minari[hdf5]'")
+    if dataset_id not in minari.list_local_datasets():
+        raise UsageError(f"Minari dataset {dataset_id} is not downloaded: run `minari download {dataset_id}` first")
+    try:
+        dataset = minari.load_dataset(dataset_id)
+        spec = dataset.spec.env_spec
+        episodes = list(dataset.iterate_episodes())
+    except Exception as e:  # a broken local copy
+        raise UsageError(f"cannot read Minari dataset {dataset_id} ({type(e).__name__}); delete and download it again")
+    if not all(isinstance(ep.observations, np.ndarray) and isinstance(ep.actions, np.ndarray) for ep in episodes):
+        raise UsageError(f"Minari dataset {dataset_id} has dict or tuple spaces; pass a dataset with flat Box spaces")
+    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)  # noqa: E731
+    lengths = [len(ep.rewards) for ep in episodes]
+    demos = {
+        "observations": cat([ep.observations[:-1] for ep in episodes], np.float32),
+        "next_observations": cat([ep.observations[1:] for ep in episodes], np.float32),
+        "actions": cat([ep.actions for ep in episodes], np.float32),
+        "rewards": cat([ep.rewards for ep in episodes], np.float32),
+        "terminals": cat([ep.terminations for ep in episodes], bool),
+        "timeouts": cat([ep.truncations for ep in episodes], bool),
+        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), lengths),
+        "episode_starts": cat([np.arange(n) == 0 for n in lengths], bool),
+        "timesteps": cat([np.arange(n) for n in lengths], np.int64),
+        "returns": np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64),
+        "env_id": np.array(spec.id if spec is not None else ""),
+    }
+    for k in ("observations", "next_observations", "actions"):  # (0,) from an empty dataset: keep 2-d for the checks
+        demos[k] = demos[k].reshape(len(demos["rewards"]), -1)
+    return demos
+
+
+def load_demos(path: Path | str, env_id: str, obs_dim: int, act_dim: int, reset_prob: float) -> dict[str, np.ndarray]:
+    """Load and validate a demos.npz or a minari:ID dataset (see "Expert data format"); every failure is a one-line
+    UsageError."""
+    if str(path).startswith(MINARI_PREFIX):
+        demos = minari_demos(str(path)[len(MINARI_PREFIX) :])
+    else:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                demos = {k: z[k] for k in z.files}
+        except Exception as e:  # corrupt or not an npz
+            raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another --expert-path")
     missing = [k for k in REQUIRED_DEMO_KEYS if k not in demos]
     if missing:
         raise UsageError(f"{path} lacks keys {', '.join(missing)}; see 'Expert data format' in filter_irl_mujoco.py's docstring")
@@ -807,7 +855,7 @@ def train_expert(args: Args, run_dir: Path, writer, device: torch.device, stop: 
 def build_expert_data(args: Args, run_dir: Path, writer, device, stop: StopFlag, obs_dim: int, act_dim: int):
     """Demos from --expert-path, else from the cache, else train the expert, roll out the demos and cache them."""
     if args.expert_path:
-        return load_demos(Path(args.expert_path), args.env_id, obs_dim, act_dim, args.reset_prob)
+        return load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob)
     cache = Path(args.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():
         return load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
@@ -1061,9 +1109,9 @@ def validate(args: Args) -> Path:
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     env.close()
     if args.expert_path:
-        if not Path(args.expert_path).is_file():
+        if not args.expert_path.startswith(MINARI_PREFIX) and not Path(args.expert_path).is_file():
             raise UsageError(f"--expert-path {args.expert_path} does not exist; pass a demos.npz or drop the flag to use the cache")
-        load_demos(Path(args.expert_path), args.env_id, obs_dim, act_dim, args.reset_prob)
+        load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob)
     elif (Path(args.experts_dir) / args.env_id / "demos.npz").exists():
         load_demos(Path(args.experts_dir) / args.env_id / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
     run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")

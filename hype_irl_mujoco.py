@@ -47,7 +47,10 @@ true undiscounted return per episode; seeds int64 (E,) reset seed per episode; q
 replaying actions[i] reproduces next_observations[i] exactly; env_id 0-d str array. qpos, qvel, qacc_warmstart, seeds
 and timesteps are optional in a user's file (timesteps is derived from episode_starts); without the MuJoCo state,
 `--reset-prob > 0` is refused. Validation: missing keys, observation/action sizes that do not match the env, another
-env_id, or zero episodes exit with code 2 and a one-line message.
+env_id, or zero episodes exit with code 2 and a one-line message. `--expert-path minari:DATASET_ID` reads a Minari
+dataset (`minari download DATASET_ID` first) into the same keys, as filter_irl_mujoco.py does: an episode's T+1
+observations give observations/next_observations, terminations/truncations give terminals/timeouts. It carries no
+MuJoCo state, so `--reset-prob` must stay 0.
 """
 
 
@@ -127,7 +130,8 @@ class Args:
     experts_dir: str = "experts"
     """cache of expert data: {experts_dir}/{env_id}/demos.npz, expert_actor.pt, expert_meta.json"""
     expert_path: str | None = None
-    """a demos.npz of your own (format in the module docstring); overrides the cache"""
+    """a demos.npz of your own (format in the module docstring), or minari:DATASET_ID for a downloaded Minari dataset
+    (e.g. minari:mujoco/hopper/expert-v0; needs `pip install "minari[hdf5]"`); overrides the cache"""
     expert_timesteps: int = 1_000_000
     """SAC expert training steps on the true reward when no cached demos exist"""
     num_demos: int = 64
@@ -537,13 +541,57 @@ class Storage:
 # ----------------------------------------------------------------------------------------------------------------------
 # Expert data: load and validate, or train an expert and roll out demonstrations
 # ----------------------------------------------------------------------------------------------------------------------
-def load_demos(path: Path, env_id: str, obs_dim: int, act_dim: int, need_states: bool) -> dict[str, np.ndarray]:
-    """Load demos.npz and validate it against the env (exit 2 with one line on any mismatch)."""
+MINARI = "minari:"
+
+
+def read_minari(dataset_id: str) -> dict[str, np.ndarray]:
+    """A downloaded Minari dataset as demos.npz keys (no MuJoCo state); exit 2 with one line if it cannot be read."""
     try:
-        with np.load(path, allow_pickle=False) as f:
-            demos = {k: f[k] for k in f.files}
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
-        fail(f"cannot read expert data {path} ({type(exc).__name__}); pass a valid npz with --expert-path or delete it to regenerate")
+        import minari
+    except ImportError:
+        fail(f"{MINARI}{dataset_id} needs the minari package: pip install 'minari[hdf5]'")
+    if dataset_id not in minari.list_local_datasets():
+        fail(f"Minari dataset {dataset_id} is not downloaded: run `minari download {dataset_id}` first")
+    try:
+        data = minari.load_dataset(dataset_id)
+        env_spec = data.spec.env_spec
+        episodes = list(data.iterate_episodes())
+    except Exception as exc:  # noqa: BLE001 - a broken local copy is bad input
+        fail(f"cannot read Minari dataset {dataset_id} ({type(exc).__name__}); delete it and download it again")
+    if any(not isinstance(ep.observations, np.ndarray) or not isinstance(ep.actions, np.ndarray) for ep in episodes):
+        fail(f"Minari dataset {dataset_id} has dict/tuple spaces; use a dataset with flat Box observations and actions")
+    steps = [len(ep.rewards) for ep in episodes]
+    n = sum(steps)
+
+    def stack(parts, dtype, width=None):
+        out = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        return out.reshape(n, -1) if width else out
+
+    return {
+        "observations": stack([ep.observations[:-1] for ep in episodes], np.float32, True),
+        "next_observations": stack([ep.observations[1:] for ep in episodes], np.float32, True),
+        "actions": stack([ep.actions for ep in episodes], np.float32, True),
+        "rewards": stack([ep.rewards for ep in episodes], np.float32),
+        "terminals": stack([ep.terminations for ep in episodes], bool),
+        "timeouts": stack([ep.truncations for ep in episodes], bool),
+        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), steps),
+        "episode_starts": stack([np.arange(k) == 0 for k in steps], bool),
+        "timesteps": stack([np.arange(k) for k in steps], np.int64),
+        "returns": np.array([float(ep.rewards.sum()) for ep in episodes], np.float64),
+        "env_id": np.array("" if env_spec is None else env_spec.id),
+    }
+
+
+def load_demos(path: Path | str, env_id: str, obs_dim: int, act_dim: int, need_states: bool) -> dict[str, np.ndarray]:
+    """Load demos.npz (or minari:ID) and validate it against the env (exit 2 with one line on any mismatch)."""
+    if str(path).startswith(MINARI):
+        demos = read_minari(str(path)[len(MINARI):])
+    else:
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                demos = {k: f[k] for k in f.files}
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
+            fail(f"cannot read expert data {path} ({type(exc).__name__}); pass a valid npz with --expert-path or delete it to regenerate")
     missing = [k for k in REQUIRED_DEMO_KEYS if k not in demos]
     if missing:
         fail(f"{path} lacks keys {', '.join(missing)}; see 'Expert data format' in hype_irl_mujoco.py's docstring")
@@ -979,9 +1027,9 @@ def validate(args: Args) -> tuple[Path, Path, dict | None]:
 
     cache = Path(args.experts_dir) / args.env_id
     if args.expert_path is not None:
-        if not Path(args.expert_path).is_file():
+        if not args.expert_path.startswith(MINARI) and not Path(args.expert_path).is_file():
             fail(f"--expert-path {args.expert_path} does not exist; pass a demos.npz (see 'Expert data format')")
-        demos = load_demos(Path(args.expert_path), args.env_id, obs_dim, act_dim, args.reset_prob > 0)
+        demos = load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob > 0)
     elif (cache / "demos.npz").exists():
         demos = load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob > 0)
     else:

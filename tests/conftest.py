@@ -108,3 +108,18 @@ def interrupt_when_exists(cmd: list[str], path: Path, wait_s: float = 180.0, exi
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=exit_s)
     return proc.returncode, out, err
+
+
+def write_minari_dataset(demos: dict, dataset_id: str) -> None:
+    """Store demos (the demos.npz layout) as a local Minari dataset: each episode's T+1 observations and T steps."""
+    import gymnasium as gym
+    import minari
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    buffers = []
+    for e in range(len(demos["returns"])):
+        m = demos["episode_ids"] == e
+        obs = np.concatenate([demos["observations"][m], demos["next_observations"][m][-1:]]).astype(np.float64)
+        buffers.append(EpisodeBuffer(id=e, observations=obs, actions=demos["actions"][m], rewards=demos["rewards"][m],
+                                     terminations=demos["terminals"][m], truncations=demos["timeouts"][m]))  # fmt: skip
+    minari.create_dataset_from_buffers(dataset_id, buffers, env=gym.make(str(demos["env_id"])), algorithm_name="PD")

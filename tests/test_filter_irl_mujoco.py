@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import filter_irl_mujoco as fi
-from conftest import REPO_ROOT, interrupt_when_exists
+from conftest import REPO_ROOT, interrupt_when_exists, write_minari_dataset
 
 SCRIPT = "filter_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
@@ -180,6 +180,34 @@ def test_load_demos_validation(tmp_path, pendulum_demos):
 
 
 # ------------------------------------------------------------------------------------------------ relabelling
+def test_minari_dataset_reads_as_the_same_demos(tmp_path, monkeypatch, pendulum_demos):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    write_minari_dataset(pendulum_demos, "test/pendulum/hand-v0")
+    got = fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, 4, 1, reset_prob=0.0)
+    for k in ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts", "episode_ids",
+              "episode_starts", "timesteps"):  # fmt: skip
+        np.testing.assert_allclose(got[k], pendulum_demos[k], rtol=1e-6, err_msg=k)
+    np.testing.assert_allclose(got["returns"], pendulum_demos["returns"], rtol=1e-6)
+    assert str(got["env_id"]) == PENDULUM and not any(k in got for k in fi.STATE_KEYS)
+    with pytest.raises(fi.UsageError, match="--reset-prob 0"):  # no MuJoCo states in Minari: no expert resets
+        fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, 4, 1, reset_prob=0.5)
+    with pytest.raises(fi.UsageError, match="holds demos of InvertedPendulum-v5"):
+        fi.load_demos("minari:test/pendulum/hand-v0", "Hopper-v5", 11, 3, reset_prob=0.0)
+    with pytest.raises(fi.UsageError, match="minari download test/none-v0"):
+        fi.load_demos("minari:test/none-v0", PENDULUM, 4, 1, reset_prob=0.0)
+
+
+def test_minari_dataset_drives_an_mm_run(run_script, run_dir, tmp_path, monkeypatch, pendulum_demos):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    write_minari_dataset(pendulum_demos, "test/pendulum/hand-v0")
+    rc, out, err = run_script(SCRIPT, "--env-id", PENDULUM, "--expert-path", "minari:test/pendulum/hand-v0",
+                              "--reset-prob", 0, "--total-timesteps", 200, "--learning-starts", 100, "--train-every",
+                              100, "--eval-frequency", 200, "--run-dir", run_dir, *TINY, timeout=240)  # fmt: skip
+    assert rc == 0, err[-2000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["num_demos"] == 2 and res["expert_return"] == pytest.approx(pendulum_demos["returns"].mean())
+
+
 def test_relabelling_uses_current_discriminator_and_buffer_has_no_rewards():
     torch.manual_seed(0)
     args = small_args(batch_size=16, hidden_dim=16)

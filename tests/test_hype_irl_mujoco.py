@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hype_irl_mujoco as hy
-from conftest import REPO_ROOT, interrupt_when_exists, subprocess_env
+from conftest import REPO_ROOT, interrupt_when_exists, subprocess_env, write_minari_dataset
 
 SCRIPT = "hype_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
@@ -200,6 +200,24 @@ def test_load_demos_derives_timesteps_and_refuses_resets_without_state(tmp_path,
     with pytest.raises(SystemExit) as exc:
         hy.load_demos(path, PENDULUM, 4, 1, need_states=True)
     assert exc.value.code == 2
+
+
+def test_minari_dataset_reads_as_the_same_demos_as_in_filter(tmp_path, monkeypatch, pendulum_demos):
+    import filter_irl_mujoco as fi
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    write_minari_dataset(pendulum_demos, "test/pendulum/pd-v0")
+    got = hy.load_demos("minari:test/pendulum/pd-v0", PENDULUM, 4, 1, need_states=False)
+    for k in ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts", "episode_ids",
+              "episode_starts", "timesteps", "returns"):  # fmt: skip
+        np.testing.assert_allclose(got[k], pendulum_demos[k], rtol=1e-6, err_msg=k)
+    # the two scripts agree on the format: filter_irl_mujoco.py reads the same arrays from the same dataset
+    theirs = fi.load_demos("minari:test/pendulum/pd-v0", PENDULUM, 4, 1, reset_prob=0.0)
+    assert set(theirs) == set(got) and all(np.array_equal(theirs[k], got[k]) for k in got)
+    for spec, need_states in (("minari:test/pendulum/pd-v0", True), ("minari:test/absent-v0", False)):
+        with pytest.raises(SystemExit) as exc:  # no MuJoCo state for resets / not downloaded
+            hy.load_demos(spec, PENDULUM, 4, 1, need_states=need_states)
+        assert exc.value.code == 2
 
 
 # ------------------------------------------------------------------------------------------------ behaviour
