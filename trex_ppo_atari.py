@@ -19,6 +19,8 @@ Usage:
         --demo-total-timesteps 8192 --policy-total-timesteps 8192 --reward-num-pairs 300 \\
         --reward-epochs 1 --eval-episodes 2 --max-episode-frames 4000   # all 5 phases, minutes on a laptop CPU
     python trex_ppo_atari.py ... --run-dir runs/X        # re-run with the same run dir: resumes phase + checkpoint
+    python trex_ppo_atari.py ... --run-dir runs/Y --policy-total-timesteps N   # Y: a copy of a finished run dir
+                                                         # without results.json: the policy phase trains on to N
     python trex_ppo_atari.py --demos my_demos.npz        # own demos (skips phases 1-2), format: see load_demos
     python trex_ppo_atari.py --reward-model runs/X/reward_model.pt   # skips phase 3
     python trex_ppo_atari.py ... --stop-after reward     # stop after a phase (re-run later to continue)
@@ -661,10 +663,14 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
         rms.load_state_dict(ck["reward_rms"])
         set_rng_state(ck["rng"])
         state = ck["state"]
-        if state["done"]:
+        # A finished policy phase given a larger budget (and no results.json yet, e.g. a copy of a finished run dir
+        # without it) trains on; the demonstrator is never extended, since the demos were drawn from its snapshots.
+        extend = phase == "policy" and state["done"] and state["iteration"] < num_iterations
+        if state["done"] and not extend:
             envs.close()
             return {"agent": agent, **state}
-        print(f"[{phase}] resuming at iteration {state['iteration']} / {num_iterations} (step {state['global_step']})")
+        verb = "extending the finished phase" if extend else "resuming"
+        print(f"[{phase}] {verb} at iteration {state['iteration']} / {num_iterations} (step {state['global_step']})")
     snapshot_every = args.demo_snapshot_every or max(1, num_iterations // 50)
 
     def save(done=False):

@@ -44,6 +44,16 @@ nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --d
     --policy-total-timesteps "${POLICY_STEPS_REACHED:?set to the policy steps reached}" --reward-epochs 1 \
     --checkpoint-every 10 --run-dir runs/trex_evidence2_breakout_s1
 
+# 2c. Evidence run 3 (third session): run 2's policy extended from 2.63M to 5.0M frames (1,250,304 agent steps) in a
+#     copy of its run dir without results.json (a finished result is never overwritten). The learning rate follows
+#     the new budget's schedule from iteration 642 (1.19e-4, after run 2 had annealed towards 0). Niced; paused by
+#     SIGSTOP during this session's benchmarks. (The recorded run predates the "extending the finished phase"
+#     rule: its policy checkpoint's done flag was cleared by hand, which is what the rule now does.)
+rm -rf runs/trex_evidence3_breakout_s1 && cp -a runs/trex_evidence2_breakout_s1 runs/trex_evidence3_breakout_s1
+rm runs/trex_evidence3_breakout_s1/results.json
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
+    --policy-total-timesteps 1250304 --reward-epochs 1 --checkpoint-every 10 --run-dir runs/trex_evidence3_breakout_s1
+
 # 3. Policy-phase throughput with the default settings (8 envs x 128 steps), phases 1-3 skipped by
 #    --reward-model; the harness SIGTERMs the run after --train-seconds and reads charts/SPS.
 #    a) with learned-reward inference (sigmoid(r̂(s')), the default)

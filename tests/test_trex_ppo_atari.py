@@ -311,6 +311,15 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     assert final["done"] and final["iteration"] == 30 and final["global_step"] == 1920
     assert not (run_dir / "results.json").exists()  # --stop-after policy
 
+    # a larger budget extends the finished policy phase (no results.json yet); the same budget leaves it alone
+    longer = [*cmd, "--policy-total-timesteps", "2048"]  # the last occurrence of a flag wins
+    rc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert rc.returncode == 0 and "extending the finished phase at iteration 30 / 32" in rc.stdout, rc.stderr[-2000:]
+    final = torch.load(ckpt, weights_only=False)["state"]
+    assert final["done"] and final["iteration"] == 32 and final["global_step"] == 2048
+    rc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert rc.returncode == 0 and "extending" not in rc.stdout and "resuming" not in rc.stdout
+
 
 # ----------------------------------------------------------------------------------------------- bad input
 def test_unknown_env_id_exits_2_with_close_matches(run_dir, run_script):
