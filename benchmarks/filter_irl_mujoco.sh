@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Every number in docs/filter_irl_mujoco.md and benchmarks/results/filter_irl_mujoco.md comes from one of these commands.
 # Run from the repository root with the venv active. CPU numbers depend on the machine's load (recorded by the harness).
-# Usage: bash benchmarks/filter_irl_mujoco.sh {expert|irl|expert2|irl2|curves|throughput-expert|throughput-irl|throughput-cleanrl|profile|profile-ops|tests}
+# Usage: bash benchmarks/filter_irl_mujoco.sh {expert|irl|expert2|irl2|curves|curves2|throughput-expert|throughput-irl|throughput-cleanrl|profile|profile-ops|tests}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EVID=runs/filter_evidence
 EXPERT_STEPS=${EXPERT_STEPS:-20000}   # the reference trains 1M steps; this contended 2-core CPU fits 20k
 IRL_STEPS=${IRL_STEPS:-20000}         # equal budget for FILTER and MM (the reference: 1M)
 EVID2=runs/filter_evidence2           # evidence run 2: 100k-step expert, IRL2_STEPS learner steps per method
-IRL2_STEPS=${IRL2_STEPS:-40000}
+IRL2_STEPS=${IRL2_STEPS:-20000}
 IRL_FLAGS=(--train-every 1000 --eval-frequency 2500 --eval-episodes 5 --learning-starts 2000 --disc-lr 8e-3 --disc-steps 5 --checkpoint-frequency 2500)
 
 case "${1:-}" in
@@ -32,7 +32,7 @@ case "${1:-}" in
   irl2)  # evidence run 2: FILTER and MM at equal budgets (IRL2_STEPS) on the 100k expert's demos, side by side
     for r in "filter 0.5" "mm 0"; do set -- $r
       nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob "$2" --total-timesteps "$IRL2_STEPS" \
-        "${IRL_FLAGS[@]}" --eval-frequency 5000 --torch-threads 1 --experts-dir $EVID2/experts --seed 1 \
+        "${IRL_FLAGS[@]}" --torch-threads 1 --experts-dir $EVID2/experts --seed 1 \
         --run-dir $EVID2/hopper_$1 > $EVID2/hopper_$1.log 2>&1 &
     done
     wait
@@ -54,6 +54,27 @@ for ax, xl in zip(axes, ["learner env steps", "all env steps (incl. discriminato
     ax.set_xlabel(xl); ax.set_ylabel("true return (5 deterministic episodes)")
 axes[0].legend(fontsize=8); fig.suptitle("Hopper-v5, seed 1"); fig.tight_layout()
 fig.savefig("docs/assets/filter_irl_mujoco/hopper_filter_vs_mm.png")
+EOF
+    ;;
+  curves2)  # evidence run 2: FILTER, MM and HyPE (hype_irl_mujoco.sh with EVIDENCE2=1) on one plot, plus a table
+    python - <<'EOF'
+import json, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+runs = {"FILTER (reset 0.5)": "runs/filter_evidence2/hopper_filter", "MM (reset 0)": "runs/filter_evidence2/hopper_mm",
+        "HyPE": "runs/hype_evidence2/hopper_hype"}
+fig, ax = plt.subplots(figsize=(6.4, 4), dpi=80)
+for name, d in runs.items():
+    r = json.load(open(f"{d}/results.json"))
+    h = r["history"]
+    steps = [e.get("policy_steps", e.get("step")) for e in h]
+    ax.plot(steps, [e["mean"] for e in h], marker="o", label=name)
+    print(f"| {name} | " + " | ".join(f"{e['mean']:.0f}" for e in h) + f" | {r['eval_mean']:.0f} ± {r['eval_std']:.0f} | "
+          f"{r['normalized_return']:.2f} | {r['total_env_steps']:,} ({r['disc_env_steps']:,} disc.) |")
+ax.axhline(r["expert_return"], color="k", ls=":", label="expert (64 demos)")
+ax.set_xlabel("learner env steps"); ax.set_ylabel("true return (5 deterministic episodes)")
+ax.set_title("Hopper-v5, 100k-step SAC expert, seed 1"); ax.legend(fontsize=8); fig.tight_layout()
+fig.savefig("docs/assets/filter_irl_mujoco/hopper_evidence2.png")
 EOF
     ;;
   throughput-expert)  # expert SAC phase: raw Hopper-v5 steps/s vs expert/SPS (empty experts dir -> expert phase)
@@ -150,5 +171,5 @@ PY
   tests)
     /usr/bin/time -f "%e s wall" python -m pytest tests/test_filter_irl_mujoco.py -q -p no:cacheprovider
     ;;
-  *) echo "usage: $0 {expert|irl|expert2|irl2|curves|throughput-expert|throughput-irl|throughput-cleanrl|profile|profile-ops|tests}" >&2; exit 2 ;;
+  *) echo "usage: $0 {expert|irl|expert2|irl2|curves|curves2|throughput-expert|throughput-irl|throughput-cleanrl|profile|profile-ops|tests}" >&2; exit 2 ;;
 esac

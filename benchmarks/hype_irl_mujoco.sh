@@ -16,7 +16,7 @@ IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 20000 --train-every 100
 #     (`bash benchmarks/filter_irl_mujoco.sh expert2`), the same flags and budget as FILTER/MM's `irl2`, run beside them.
 if [ "${EVIDENCE2:-0}" = 1 ]; then
   mkdir -p runs/hype_evidence2
-  nice -n 10 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --total-timesteps "${IRL2_STEPS:-40000}" --eval-frequency 5000 \
+  nice -n 10 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --total-timesteps "${IRL2_STEPS:-20000}" \
     --torch-threads 1 --experts-dir runs/filter_evidence2/experts --run-dir runs/hype_evidence2/hopper_hype \
     > runs/hype_evidence2/hopper_hype.log 2>&1
   exit 0
