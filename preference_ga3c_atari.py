@@ -1,0 +1,1433 @@
+"""RL from human preferences on Atari with a GA3C agent, in one file.
+
+A reward model r̂(o) is fit to a labeller's choices between short clips of the agent's own play while a GA3C
+agent (A3C with batched prediction and training, Babaeizadeh et al., ICLR 2017) maximises r̂. Feedback is
+pairwise (Christiano et al., NeurIPS 2017, "Deep RL from Human Preferences": a Bradley-Terry ensemble asked
+about the pairs it disagrees on) or sorting clips into a red-black tree (rl-teacher-atari). The labeller is a
+person in a browser (--labeler human), a synthetic labeller answering from the game score, or nobody: the
+agent learns the true reward (--labeler rl, the baseline).
+
+Usage:
+    python preference_ga3c_atari.py --env-id PongNoFrameskip-v4                        # synthetic, pairwise
+    python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler human        # label in the browser
+    python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --feedback sort-tree   # rl-teacher-atari's tree
+Re-running with the same --run-dir resumes. Flags, file formats and results: docs/preference_ga3c_atari.md.
+"""
+
+import json
+import math
+import os
+import queue
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+
+
+@dataclass
+class EnvArgs:
+    stacked_frames: int = 4
+    """frames stacked into one observation (0 = a single frame, no stacking)"""
+    sticky_actions: float = -1.0
+    """repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5"""
+    noop_max: int = 30
+    """up to this many no-ops at every reset"""
+    max_episode_frames: int = 108_000
+    """emulator frames per game before truncation"""
+
+
+@dataclass
+class GA3CArgs:
+    workers: int = 32
+    """emulators (GA3C's agents); half are stepped while the predictor acts for the other half"""
+    t_max: int = 5
+    """steps per training segment (n-step returns bootstrapped from V)"""
+    min_batch_segments: int = 20
+    """segments batched into one update (GA3C's maintainers advise 20-40)"""
+    learning_rate: float = 3e-4
+    """RMSProp learning rate (GA3C's default)"""
+    rms_decay: float = 0.99
+    """RMSProp decay"""
+    rms_eps: float = 0.1
+    """RMSProp epsilon (GA3C's default)"""
+    gamma: float = 0.99
+    """discount factor"""
+    entropy_beta: float = 0.01
+    """entropy bonus weight"""
+    max_grad_norm: float = 40.0
+    """gradient-norm clip (0 = off)"""
+    reward_clip: float = 1.0
+    """rewards are clipped to [-x, x] before the returns (GA3C; 0 = off)"""
+    env_threads: int = 0
+    """C++ emulator threads (0 = as many as CPU cores)"""
+
+
+@dataclass
+class RewardArgs:
+    ensemble: int = 3
+    """reward predictors; each trains on its own resample of the labels and holds out its own 1/e"""
+    lr: float = 3e-4
+    """Adam learning rate of the predictors"""
+    batch_size: int = 16
+    """labels per predictor update"""
+    label_buffer: int = 3000
+    """train on the most recent labels only"""
+    labels_per_step: float = 0.1
+    """label samples trained on per agent step, asynchronously (the paper: about 1 per 10 steps)"""
+    pretrain_epochs: int = 200
+    """passes over the pretraining labels before RL starts (the paper's 200)"""
+    dropout: float = 0.5
+    """dropout after every conv layer"""
+    l2_init: float = 1e-3
+    """initial L2 weight; adapted to keep validation loss 1.1-1.5x the training loss"""
+    random_response: float = 0.1
+    """assumed chance that a label is a uniformly random answer"""
+    output_std: float = 0.05
+    """predicted rewards are normalised to zero mean and this standard deviation"""
+    mask_top: int = -1
+    """rows hidden at the top of every frame (the score); -1 = the game's default"""
+    mask_bottom: int = -1
+    """rows hidden at the bottom of every frame; -1 = the game's default"""
+
+
+@dataclass
+class LabelArgs:
+    budget: int = 3000
+    """labels (answers) in all; the paper matches RL on Pong with about 3,300"""
+    pretrain: int = 500
+    """labels collected on random play before RL starts (the paper's 500)"""
+    clip_length: int = 25
+    """agent steps per clip (the paper: 25, 1.7 s)"""
+    query: Literal["disagreement", "random"] = "disagreement"
+    """pairwise: ask about the candidate pairs the ensemble disagrees on most, or random pairs (ablation)"""
+    candidates: int = 10
+    """pairwise: candidate pairs scored per pair asked"""
+    rate_scale: float = 5e6
+    """label rate decays like rate_scale / (step + rate_scale)"""
+    store_dir: str = "runs/preference_store"
+    """SQLite label store and clips, shared by every experiment of an env"""
+    host: str = "127.0.0.1"
+    """--labeler human: address the labelling app binds to"""
+    port: int = 8000
+    """--labeler human: port of the labelling app"""
+
+
+@dataclass
+class EvalArgs:
+    episodes: int = 10
+    """full games played with the final policy"""
+    seed: int = 12345
+    """seed of the evaluation games"""
+
+
+@dataclass
+class Args:
+    exp_name: str = "preference_ga3c_atari"
+    """the experiment's name; labels in the store belong to it (reused by a new run of the same name)"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """`torch.backends.cudnn.deterministic`"""
+    cuda: bool = True
+    """use the GPU when one is available"""
+    track: bool = False
+    """log to Weights and Biases as well (needs wandb)"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb project"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """record the first evaluation game to run_dir/videos/ (VP9 WebM)"""
+    torch_threads: int = 0
+    """CPU threads for torch (0 = torch's default)"""
+    env_id: str = "PongNoFrameskip-v4"
+    """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
+    labeler: Literal["synthetic", "human", "rl"] = "synthetic"
+    """who answers: the game score, a person in the browser, or nobody (the agent learns the true reward)"""
+    feedback: Literal["pairwise", "sort-tree"] = "pairwise"
+    """compare pairs of clips (Christiano) or sort clips into a red-black tree (rl-teacher-atari)"""
+    total_timesteps: int = 10_000_000
+    """agent steps (4 frames each), random pretraining steps included"""
+    run_dir: Optional[str] = None
+    """run directory (default runs/{env}__{exp_name}__{seed}__{time}); an existing one is resumed"""
+    eval_only: Optional[str] = None
+    """evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json"""
+    checkpoint_every_s: float = 300.0
+    """seconds between resume checkpoints (also written at the end and on SIGINT/SIGTERM)"""
+    force_new_clips: bool = False
+    """delete the env's clips (and so every experiment's labels) from the store first"""
+    force_new_labels: bool = False
+    """delete this experiment's labels and sort tree from the store first"""
+    force_new_reward_model: bool = False
+    """start the reward model afresh instead of loading the run's"""
+    force_new_agent: bool = False
+    """start the agent afresh instead of loading the run's"""
+    env: EnvArgs = field(default_factory=EnvArgs)
+    ga3c: GA3CArgs = field(default_factory=GA3CArgs)
+    reward: RewardArgs = field(default_factory=RewardArgs)
+    labels: LabelArgs = field(default_factory=LabelArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
+
+
+# Rows hidden from the reward model so it cannot read the score (top, bottom) in the 84x84 frame.
+SCORE_MASKS = {"pong": (10, 0), "breakout": (10, 0), "space_invaders": (10, 0), "beam_rider": (16, 11),
+               "enduro": (0, 14), "qbert": (12, 0), "seaquest": (12, 16)}  # fmt: skip
+DEFAULT_MASK = (10, 0)
+ANSWERS = ("left", "right", "equal", "cant_tell")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Environments
+# ---------------------------------------------------------------------------------------------------------
+def make_envs(rom: str, num_envs: int, stack: int, sticky: float, env: EnvArgs, batch_size: int = 0, threads: int = 0):
+    """AtariVectorEnv, 84x84 grey, frameskip 4 with max-pool, true (unclipped) rewards, same-step autoreset.
+    Life losses are not signalled (episodic_life False): the agent sees one continuous game, as in the paper.
+    batch_size < num_envs makes it asynchronous: recv() returns the first batch_size envs that finished."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(
+        rom, num_envs, batch_size=batch_size, num_threads=threads, repeat_action_probability=sticky,
+        reward_clipping=False, episodic_life=False, noop_max=env.noop_max, autoreset_mode="SameStep",
+        max_num_frames_per_episode=env.max_episode_frames, use_fire_reset=True, full_action_space=False,
+        stack_num=max(1, stack), frameskip=4, img_height=84, img_width=84, grayscale=True, maxpool=True,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------------
+class GA3CNet(nn.Module):
+    """GA3C's network: conv 16x8x8/4, conv 32x4x4/2, FC 256, policy logits and value. PyTorch's default init
+    (uniform +-1/sqrt(fan_in)) is GA3C's. Input uint8 (N, S, 84, 84)."""
+
+    def __init__(self, in_frames: int, num_actions: int):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_frames, 16, 8, stride=4), nn.ReLU(), nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),
+            nn.Flatten(), nn.Linear(32 * 9 * 9, 256), nn.ReLU(),
+        )  # fmt: skip
+        self.policy = nn.Linear(256, num_actions)
+        self.value = nn.Linear(256, 1)
+        self.env_id, self.config = "", {"in_frames": in_frames, "num_actions": num_actions}
+
+    def forward(self, obs):
+        hidden = self.body(obs.float() / 255.0)
+        return self.policy(hidden), self.value(hidden).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Sample actions for a batch of observations as the envs give them."""
+        logits, _ = self(torch.as_tensor(obs, device=self.value.weight.device))
+        return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
+
+
+class RewardNet(nn.Module):
+    """Christiano et al.'s Atari predictor: 4 convs (7x7/3, 5x5/2, 3x3/1, 3x3/1) x 16 filters, batch norm,
+    dropout and leaky ReLU (0.01) on each, FC 64, a scalar r̂(o). Score rows are zeroed before the first conv."""
+
+    def __init__(self, in_frames: int, mask: tuple[int, int], dropout: float):
+        super().__init__()
+        layers, channels = [], in_frames
+        for kernel, stride in ((7, 3), (5, 2), (3, 1), (3, 1)):
+            layers += [nn.Conv2d(channels, 16, kernel, stride), nn.BatchNorm2d(16), nn.Dropout(dropout),
+                       nn.LeakyReLU(0.01)]  # fmt: skip
+            channels = 16
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(16 * 7 * 7, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1))
+        keep = torch.ones(84, 1)
+        keep[: mask[0]] = 0.0
+        keep[84 - mask[1] :] = 0.0
+        self.register_buffer("keep", keep)
+
+    def forward(self, obs):
+        return self.head(self.convs(obs.float() / 255.0 * self.keep)).squeeze(-1)
+
+
+class RewardEnsemble(nn.Module):
+    """Members r̂_e plus each member's normalisation (mean, std); the reward is the average of the members'
+    independently normalised outputs, scaled to `output_std`."""
+
+    def __init__(self, size: int, in_frames: int, mask: tuple[int, int], dropout: float, output_std: float):
+        super().__init__()
+        self.members = nn.ModuleList(RewardNet(in_frames, mask, dropout) for _ in range(size))
+        self.register_buffer("mean", torch.zeros(size))
+        self.register_buffer("std", torch.ones(size))
+        self.output_std = output_std
+
+    def member_rewards(self, obs):
+        """(E, N) raw r̂ of every member."""
+        return torch.stack([member(obs) for member in self.members])
+
+    def forward(self, obs):
+        raw = self.member_rewards(obs)
+        return ((raw - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The math (pure functions)
+# ---------------------------------------------------------------------------------------------------------
+def preference_loss(sum_left, sum_right, mu_left, random_response: float = 0.1):
+    """Bradley-Terry cross-entropy with a `random_response` chance of a uniformly random answer:
+    P(left > right) = (1 - eps) * sigmoid(sum_left - sum_right) + eps / 2; mu_left = 1, 0 or 0.5 (equal)."""
+    p_left = (1 - random_response) * torch.sigmoid(sum_left - sum_right) + random_response / 2
+    return -(mu_left * torch.log(p_left) + (1 - mu_left) * torch.log(1 - p_left)).mean()
+
+
+def sort_tree_loss(clip_sums, targets):
+    """rl-teacher-atari's regression: squared error between a clip's summed r̂ and its rank's target."""
+    return F.mse_loss(clip_sums, targets)
+
+
+def quantile_targets(num_ranks: int, clip_length: int) -> torch.Tensor:
+    """Target clip sums for ranks 0..M-1 (worst to best): evenly spaced standard-normal quantiles
+    Phi^-1((o + 1/2) / M), scaled by the clip length so each step's expected reward is of order 1."""
+    probs = (torch.arange(num_ranks, dtype=torch.float64) + 0.5) / num_ranks
+    return (clip_length * torch.special.ndtri(probs)).float()
+
+
+def desired_labels(step: int, total: int, budget: int, pretrain: int, scale: float = 5e6) -> int:
+    """Labels wanted by agent step `step`: `pretrain` at the start, then a rate proportional to
+    scale / (step + scale) whose integral reaches `budget` at `total` steps."""
+    if total <= 0:
+        return budget
+    growth = math.log1p(min(step, total) / scale) / math.log1p(total / scale)
+    return min(budget, pretrain + int(round((budget - pretrain) * growth)))
+
+
+def disagreement(probs) -> torch.Tensor:
+    """Variance across ensemble members (dim 0) of P(left > right) for each candidate pair."""
+    return probs.var(dim=0, unbiased=False)
+
+
+def adapt_l2(l2: float, train_loss: float, val_loss: float, low: float = 1.1, high: float = 1.5, factor: float = 1.1):
+    """Christiano's adaptive L2: raise it when validation loss exceeds `high` x training loss, lower it below `low`."""
+    if val_loss > high * train_loss:
+        return l2 * factor
+    if val_loss < low * train_loss:
+        return l2 / factor
+    return l2
+
+
+def nstep_returns(rewards, bootstrap, gamma: float):
+    """R_t = r_t + gamma r_{t+1} + ... + gamma^(T-t) V(s_T) for (B, T) rewards and (B,) bootstrap values.
+    No episode ends: the agent never sees them (one continuous game, as in the paper)."""
+    returns = torch.empty_like(rewards)
+    running = bootstrap
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+def a3c_loss(logits, values, actions, returns, entropy_beta: float):
+    """GA3C's loss, summed over the batch: 0.5 (R - V)^2 - log pi(a|s) (R - V) - beta H(pi)."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    advantage = (returns - values).detach()
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    policy_loss = -(log_probs.gather(-1, actions[..., None]).squeeze(-1) * advantage + entropy_beta * entropy).sum()
+    value_loss = 0.5 * (returns - values).pow(2).sum()
+    return policy_loss, value_loss, entropy.mean()
+
+
+def clip_observations(frames, stack: int):
+    """(T + S - 1, 84, 84) single frames -> (T, S, 84, 84) stacked observations (step t sees frames t..t+S-1)."""
+    return frames.unfold(0, stack, 1).permute(0, 3, 1, 2)
+
+
+def synthetic_answer(true_return_left: float, true_return_right: float) -> str:
+    """The synthetic labeller prefers the clip with more game score; equal scores are indifference (not 'right')."""
+    if true_return_left > true_return_right:
+        return "left"
+    return "right" if true_return_right > true_return_left else "equal"
+
+
+class SortTree:
+    """rl-teacher-atari's red-black sort tree. Each node holds clips judged equal (ties bind to a node); the
+    in-order traversal runs from the worst to the best clip. A clip being inserted walks down from the root by
+    comparisons with a clip of each node; every answer is remembered per (clip, node), and the clip's position is
+    recomputed from the root after each one, so rotations made by other insertions never mis-place it."""
+
+    def __init__(self, state: Optional[dict] = None):
+        state = state or {"root": None, "nodes": {}, "pending": {}, "results": {}, "next_id": 0, "cursor": 0}
+        self.root, self.next_id, self.cursor = state["root"], state["next_id"], state["cursor"]
+        self.nodes = {int(k): dict(v) for k, v in state["nodes"].items()}
+        self.results = {int(c): {int(n): a for n, a in r.items()} for c, r in state["results"].items()}
+
+    def state(self) -> dict:
+        pending = {c: self.position(c)[0] for c in self.results}
+        return {"root": self.root, "nodes": self.nodes, "pending": pending, "results": self.results,
+                "next_id": self.next_id, "cursor": self.cursor}  # fmt: skip
+
+    def add_clip(self, clip: int) -> Optional[int]:
+        """Start inserting a clip; returns the node it must be compared with next (None: it became the root)."""
+        if self.root is None:
+            self.root = self._new_node(clip, parent=None, red=False)
+            return None
+        self.results[clip] = {}
+        return self.position(clip)[0]
+
+    def position(self, clip: int) -> tuple[Optional[int], Optional[str]]:
+        """(node to compare with next, None) or (parent node, side) where the clip's new node goes."""
+        node, known = self.root, self.results[clip]
+        while True:
+            if node not in known:
+                return node, None
+            side = "right" if known[node] == "left" else "left"  # 'left' answer: the new clip is better
+            child = self.nodes[node][side]
+            if child is None:
+                return node, side
+            node = child
+
+    def answer(self, clip: int, node: int, answer: str) -> Optional[int]:
+        """Apply an answer about (clip vs node); returns the next node to compare with, or None when done. An answer
+        about a node that rotations moved off the clip's path is still a fact and is kept for later."""
+        if clip not in self.results or node not in self.nodes:
+            return None
+        if answer == "cant_tell":
+            del self.results[clip]  # a clip nobody can place is dropped
+            return None
+        if answer == "equal":
+            self.nodes[node]["clips"].append(clip)
+            del self.results[clip]
+            return None
+        self.results[clip][node] = answer
+        target, side = self.position(clip)
+        if side is None:
+            return target
+        del self.results[clip]
+        new = self._new_node(clip, parent=target, red=True)
+        self.nodes[target][side] = new
+        self._fix_after_insert(new)
+        return None
+
+    def ranked_clips(self) -> list[tuple[int, int]]:
+        """(clip, rank) for every sorted clip, rank 0 = worst; clips of one node share its rank."""
+        out, stack, node, rank = [], [], self.root, 0
+        while stack or node is not None:
+            while node is not None:
+                stack.append(node)
+                node = self.nodes[node]["left"]
+            node = stack.pop()
+            out += [(clip, rank) for clip in self.nodes[node]["clips"]]
+            rank += 1
+            node = self.nodes[node]["right"]
+        return out
+
+    def _new_node(self, clip: int, parent: Optional[int], red: bool) -> int:
+        node, self.next_id = self.next_id, self.next_id + 1
+        self.nodes[node] = {"left": None, "right": None, "parent": parent, "red": red, "clips": [clip]}
+        return node
+
+    def _rotate(self, node: int, direction: str):
+        """Rotate `node` down towards `direction` ('left' or 'right'); its other child takes its place."""
+        other = "right" if direction == "left" else "left"
+        pivot = self.nodes[node][other]
+        self.nodes[node][other] = self.nodes[pivot][direction]
+        if self.nodes[pivot][direction] is not None:
+            self.nodes[self.nodes[pivot][direction]]["parent"] = node
+        parent = self.nodes[node]["parent"]
+        self.nodes[pivot]["parent"] = parent
+        if parent is None:
+            self.root = pivot
+        else:
+            self.nodes[parent]["left" if self.nodes[parent]["left"] == node else "right"] = pivot
+        self.nodes[pivot][direction] = node
+        self.nodes[node]["parent"] = pivot
+
+    def _fix_after_insert(self, node: int):
+        """The textbook red-black insert fix-up: recolour while the uncle is red, else one or two rotations."""
+        nodes = self.nodes
+        while nodes[node]["parent"] is not None and nodes[nodes[node]["parent"]]["red"]:
+            parent = nodes[node]["parent"]
+            grand = nodes[parent]["parent"]
+            side = "left" if nodes[grand]["left"] == parent else "right"
+            other = "right" if side == "left" else "left"
+            uncle = nodes[grand][other]
+            if uncle is not None and nodes[uncle]["red"]:
+                nodes[parent]["red"] = nodes[uncle]["red"] = False
+                nodes[grand]["red"] = True
+                node = grand
+                continue
+            if nodes[parent][other] == node:
+                self._rotate(parent, side)
+                node, parent = parent, node
+            nodes[parent]["red"], nodes[grand]["red"] = False, True
+            self._rotate(grand, other)
+        nodes[self.root]["red"] = False
+
+
+def check_red_black(tree: SortTree) -> int:
+    """Raise AssertionError unless the tree is a valid red-black tree with consistent links; returns black height."""
+    assert tree.root is None or not tree.nodes[tree.root]["red"], "the root is red"
+
+    def walk(node, parent):
+        if node is None:
+            return 1
+        record = tree.nodes[node]
+        assert record["parent"] == parent, f"node {node}: parent link broken"
+        assert record["clips"], f"node {node} holds no clip"
+        if record["red"]:
+            for child in (record["left"], record["right"]):
+                assert child is None or not tree.nodes[child]["red"], f"red node {node} has a red child"
+        left, right = walk(record["left"], node), walk(record["right"], node)
+        assert left == right, f"black heights differ under node {node}"
+        return left + (0 if record["red"] else 1)
+
+    height = walk(tree.root, None)
+    reachable = len(tree.ranked_clips())
+    assert reachable == sum(len(r["clips"]) for r in tree.nodes.values()), "a node is not reachable from the root"
+    return height
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GA3C: predictor (acts for the emulators) and trainer threads, sharing one network (hence policy lag)
+# ---------------------------------------------------------------------------------------------------------
+class Shared:
+    """What the threads exchange: segment and clip queues, counters, locks and the stop flag."""
+
+    def __init__(self, max_segments: int):
+        self.segments = queue.Queue(maxsize=max_segments)  # predictor -> trainer
+        self.clips = queue.Queue(maxsize=256)  # predictor -> teacher
+        self.games = deque(maxlen=10_000)  # (agent step, true game score, game length)
+        self.stop = threading.Event()
+        self.random_actions = True  # pretraining clips come from a random policy
+        self.steps = self.updates = self.predictions = self.trained_segments = 0
+        self.lag, self.losses = 0.0, {}
+        self.update_lock, self.reward_lock = threading.Lock(), threading.Lock()
+        self.error: Optional[BaseException] = None
+
+
+class ClipRecorder:
+    """Records clips of `length` steps from a few envs at a time: the post-step observations' frames
+    ((T + S - 1) single frames), the actions that led to them, and the true score changes."""
+
+    def __init__(self, length: int, stack: int, slots: int, num_envs: int, rng: np.random.Generator):
+        self.length, self.stack, self.slots, self.num_envs, self.rng = length, stack, slots, num_envs, rng
+        self.active: dict[int, dict] = {}
+
+    def observe(self, env_ids, obs, actions, rewards, game_over, source: str) -> list[dict]:
+        while len(self.active) < self.slots:
+            free = [e for e in range(self.num_envs) if e not in self.active]
+            self.active[int(self.rng.choice(free))] = {"frames": [], "actions": [], "rewards": []}
+        finished = []
+        for j, env in enumerate(env_ids.tolist()):
+            clip = self.active.get(env)
+            if clip is None:
+                continue
+            if game_over[j]:  # the stack restarts at a new game: start the clip again
+                self.active[env] = {"frames": [], "actions": [], "rewards": []}
+                continue
+            clip["frames"] += list(obs[j]) if not clip["frames"] else [obs[j, -1]]
+            clip["actions"].append(int(actions[j]))
+            clip["rewards"].append(float(rewards[j]))
+            if len(clip["actions"]) == self.length:
+                finished.append({"frames": np.stack(clip["frames"]), "actions": np.array(clip["actions"]),
+                                 "true_rewards": np.array(clip["rewards"], np.float32), "source": source})  # fmt: skip
+                del self.active[env]
+        return finished
+
+
+def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recorder: ClipRecorder, seed: int):
+    """The agents' side of GA3C. The async vector env hands back the first half of the emulators that finished a
+    step; one batched forward pass picks their actions while the other half steps. Every env's transitions are cut
+    into segments of t_max steps (plus the bootstrap observation) and queued for the trainer."""
+    n, device = envs.num_envs, next(net.parameters()).device
+    obs, info = envs.reset(seed=seed)
+    shape = obs.shape[1:]
+    seg_obs = np.zeros((n, t_max + 1, *shape), np.uint8)
+    seg_act, seg_rew = np.zeros((n, t_max), np.int64), np.zeros((n, t_max), np.float32)
+    seg_ver, pos = np.zeros((n, t_max), np.int64), np.zeros(n, np.int64)
+    acted, last_action = np.zeros(n, bool), np.zeros(n, np.int64)
+    game_return, game_length = np.zeros(n), np.zeros(n, np.int64)
+    rng = np.random.default_rng(seed)
+    while not shared.stop.is_set():
+        ids = info["env_id"]
+        if shared.random_actions:
+            actions = rng.integers(num_actions, size=len(ids))
+        else:
+            with torch.no_grad():
+                logits, _ = net(torch.from_numpy(obs).to(device))
+            actions = torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
+            shared.predictions += len(ids)
+        seg_obs[ids, pos[ids]] = obs
+        seg_act[ids, pos[ids]], seg_ver[ids, pos[ids]] = actions, shared.updates
+        acted[ids], last_action[ids] = True, actions
+        envs.send(actions)
+        obs, reward, terminated, truncated, info = envs.recv()
+        ids = info["env_id"]
+        stepped = acted[ids]  # an env's first observation (its reset) is no transition
+        ids_s, reward_s = ids[stepped], reward[stepped]
+        over = (terminated | truncated)[stepped]
+        shared.steps += len(ids_s)
+        seg_rew[ids_s, pos[ids_s]] = reward_s
+        pos[ids_s] += 1
+        game_return[ids_s] += reward_s
+        game_length[ids_s] += 1
+        for env in ids_s[over]:
+            shared.games.append((shared.steps, float(game_return[env]), int(game_length[env])))
+            game_return[env], game_length[env] = 0.0, 0
+        for j in np.flatnonzero(pos[ids] == t_max):
+            env = ids[j]
+            seg_obs[env, t_max] = obs[j]
+            if not shared.random_actions:
+                segment = (seg_obs[env].copy(), seg_act[env].copy(), seg_rew[env].copy(), int(seg_ver[env].min()))
+                while not shared.stop.is_set():  # a full queue holds the agents back, as GA3C's does
+                    try:
+                        shared.segments.put(segment, timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+            pos[env] = 0
+        source = "random" if shared.random_actions else f"policy@{shared.steps}"
+        for clip in recorder.observe(ids_s, obs[stepped], last_action[ids_s], reward_s, over, source):
+            try:
+                shared.clips.put_nowait(clip)
+            except queue.Full:
+                pass
+
+
+def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
+    """GA3C's trainer: waits for >= min_batch_segments segments, scores their steps with the reward (learned or
+    true) in one batched pass, and makes one A3C update with n-step returns."""
+    device = next(net.parameters()).device
+    while not shared.stop.is_set():
+        batch = []
+        while len(batch) < ga3c.min_batch_segments and not shared.stop.is_set():
+            try:
+                batch.append(shared.segments.get(timeout=0.1))
+            except queue.Empty:
+                pass
+        if shared.stop.is_set():
+            return
+        obs = torch.from_numpy(np.stack([b[0] for b in batch])).to(device)  # (B, T+1, S, 84, 84)
+        actions = torch.from_numpy(np.stack([b[1] for b in batch])).to(device)
+        true_rewards = torch.from_numpy(np.stack([b[2] for b in batch])).to(device)
+        rewards = reward_fn(obs[:, 1:], true_rewards)  # r̂ of each post-step observation, computed once
+        if ga3c.reward_clip > 0:
+            rewards = rewards.clamp(-ga3c.reward_clip, ga3c.reward_clip)
+        logits, values = net(obs.flatten(0, 1))
+        logits, values = logits.view(*obs.shape[:2], -1), values.view(obs.shape[:2])
+        returns = nstep_returns(rewards, values[:, -1].detach(), ga3c.gamma)
+        policy_loss, value_loss, entropy = a3c_loss(logits[:, :-1], values[:, :-1], actions, returns, ga3c.entropy_beta)
+        loss = policy_loss + value_loss
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"the A3C loss became {loss.item()} at update {shared.updates}")
+        with shared.update_lock:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if ga3c.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(net.parameters(), ga3c.max_grad_norm)
+            optimizer.step()
+            shared.updates += 1
+        shared.trained_segments += len(batch)
+        shared.lag = shared.updates - 1 - float(np.mean([b[3] for b in batch]))
+        shared.losses = {"policy_loss": policy_loss.item() / returns.numel(), "value_loss": value_loss.item()
+                         / returns.numel(), "entropy": entropy.item(), "learned_reward": rewards.mean().item()}  # fmt: skip
+
+
+def run_synthetic_labeller(store, experiment: str, stop: threading.Event):
+    """Answers pending queries from the clips' true game scores, through the same queue a person uses."""
+    while not stop.wait(0.02):
+        for query in store.pending_queries(experiment):
+            left, right = store.clip_info(query["left"]), store.clip_info(query["right"])
+            try:
+                store.answer(experiment, query["id"], synthetic_answer(left["true_return"], right["true_return"]),
+                             "synthetic")  # fmt: skip
+            except Exception:  # answered or cancelled meanwhile: nothing to do
+                pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Learning the reward from the labels (the teacher, in the main thread)
+# ---------------------------------------------------------------------------------------------------------
+class Teacher:
+    """Turns clips into queries, answers into labels, and labels into reward-model updates.
+    Pairwise: labels (left, right, mu) with a per-member held-out flag; sort-tree: ranks from the tree."""
+
+    def __init__(self, args: Args, store, model: RewardEnsemble, stack: int, device, rng: np.random.Generator):
+        self.args, self.store, self.model, self.stack, self.device, self.rng = args, store, model, stack, device, rng
+        self.experiment, self.mode = args.exp_name, args.feedback
+        self.optimizers = [torch.optim.Adam(m.parameters(), lr=args.reward.lr) for m in model.members]
+        self.l2 = [args.reward.l2_init] * args.reward.ensemble
+        self.pool: deque = deque(maxlen=60)  # recent clips not yet asked about
+        self.frames: dict[int, torch.Tensor] = {}  # store clip id -> frames, loaded once
+        self.labels: list[tuple[int, int, float, np.ndarray]] = []
+        self.tree = SortTree(store.load_tree(self.experiment)) if self.mode == "sort-tree" else None
+        self.seq, self.updates, self.train_loss = 0, 0, [1.0] * args.reward.ensemble
+        self.absorb_answers()
+
+    # -- clips and queries ------------------------------------------------------------------------
+    def add_clips(self, clips: list[dict]):
+        self.pool.extend(clips)
+
+    def outstanding(self) -> tuple[int, int]:
+        return self.store.count_answers(self.experiment), len(self.store.pending_queries(self.experiment))
+
+    def ask(self, count: int) -> int:
+        """Queue up to `count` new queries; returns how many were queued."""
+        if self.mode == "sort-tree":
+            asked = 0
+            while asked < count and self.pool:
+                clip = self.store_clip(self.pool.popleft())
+                node = self.tree.add_clip(clip)
+                if node is not None:
+                    self.query_tree(clip, node)
+                    asked += 1
+            self.save_tree()
+            return asked
+        if len(self.pool) < 2:
+            return 0
+        pool = list(self.pool)
+        pairs = np.array([self.rng.choice(len(pool), 2, replace=False) for _ in range(count * self.args.labels.candidates)])
+        if self.args.labels.query == "disagreement":
+            sums = self.member_sums([p["frames"] for p in pool])  # (E, clips)
+            probs = torch.sigmoid(sums[:, pairs[:, 0]] - sums[:, pairs[:, 1]])
+            order = torch.argsort(disagreement(probs), descending=True).cpu().numpy()
+        else:
+            order = np.arange(len(pairs))
+        chosen, seen = [], set()
+        for i in order:
+            key = tuple(sorted(pairs[i]))
+            if key not in seen:
+                seen.add(key)
+                chosen.append(pairs[i])
+            if len(chosen) == count:
+                break
+        for left, right in chosen:
+            self.store.add_query(self.experiment, "pair", self.store_clip(pool[left]), self.store_clip(pool[right]))
+        return len(chosen)
+
+    def store_clip(self, clip: dict) -> int:
+        if "id" not in clip:
+            clip["id"] = self.store.add_clip(clip["frames"], clip["actions"], clip["true_rewards"], self.stack,
+                                             clip["source"])  # fmt: skip
+        return clip["id"]
+
+    def query_tree(self, clip: int, node: int):
+        right = int(self.rng.choice(self.tree.nodes[node]["clips"]))
+        self.store.add_query(self.experiment, "tree", clip, right, node)
+
+    def save_tree(self):
+        self.store.save_tree(self.experiment, self.tree.state())
+
+    # -- answers -> labels ------------------------------------------------------------------------
+    def absorb_answers(self) -> int:
+        """Read answers given since the last call (by anyone) into labels or tree moves; returns how many."""
+        answers = self.store.answers_after(self.experiment, self.seq if self.tree is None else max(self.seq, self.tree.cursor))
+        for a in answers:
+            self.seq = a["seq"]
+            if a["kind"] == "pair" and self.tree is None and a["answer"] != "cant_tell":
+                mu = {"left": 1.0, "right": 0.0, "equal": 0.5}[a["answer"]]
+                held_out = self.rng.random(self.args.reward.ensemble) < 1 / math.e
+                self.labels.append((a["left"], a["right"], mu, held_out))
+            elif a["kind"] == "tree" and self.tree is not None:
+                nxt = self.tree.answer(a["left"], a["node"], a["answer"])
+                self.tree.cursor = a["seq"]
+                if nxt is not None:
+                    self.query_tree(a["left"], nxt)
+        if answers and self.tree is not None:
+            check_red_black(self.tree)  # rotations must not lose or mis-link a clip
+            self.save_tree()
+        del self.labels[: -self.args.reward.label_buffer]
+        return len(answers)
+
+    # -- training the predictors -----------------------------------------------------------------
+    def clip_obs(self, clip_id: int) -> torch.Tensor:
+        if clip_id not in self.frames:
+            self.frames[clip_id] = torch.from_numpy(self.store.clip_arrays(clip_id)["frames"]).to(self.device)
+        return clip_observations(self.frames[clip_id], self.stack)
+
+    def member_sums(self, frames_list) -> torch.Tensor:
+        """(E, clips) summed raw r̂ of each member, eval mode."""
+        self.model.eval()
+        with torch.no_grad():
+            obs = torch.cat([clip_observations(torch.as_tensor(f, device=self.device), self.stack) for f in frames_list])
+            raw = self.model.member_rewards(obs)
+        return raw.view(raw.shape[0], len(frames_list), -1).sum(-1)
+
+    def train(self, updates: int) -> dict:
+        """`updates` minibatch steps of every member, each on its own sample of its own training labels."""
+        if self.mode == "pairwise" and not self.labels or self.mode == "sort-tree" and len(self.tree.nodes) < 2:
+            return {}
+        self.model.train()
+        ranked = self.tree.ranked_clips() if self.tree is not None else None
+        targets = quantile_targets(len(self.tree.nodes), self.args.labels.clip_length) if ranked else None
+        stats = {}
+        for _ in range(updates):
+            for e, (member, optimizer) in enumerate(zip(self.model.members, self.optimizers)):
+                loss = self.member_loss(e, member, ranked, targets, held_out=False)
+                l2 = sum(p.pow(2).sum() for n, p in member.named_parameters() if "weight" in n)
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"reward model {e}'s loss became {loss.item()} at update {self.updates}")
+                optimizer.zero_grad(set_to_none=True)
+                (loss + self.l2[e] * l2).backward()
+                optimizer.step()
+                self.train_loss[e] = 0.9 * self.train_loss[e] + 0.1 * loss.item()
+            self.updates += 1
+            if self.updates % 20 == 0 and self.tree is None:
+                stats = self.validate()
+        return stats
+
+    def member_loss(self, e: int, member: RewardNet, ranked, targets, held_out: bool):
+        size = self.args.reward.batch_size
+        if ranked is not None:  # sort-tree: regression of clip sums onto rank quantiles
+            pick = self.rng.integers(len(ranked), size=size)
+            clips = [ranked[i][0] for i in pick]
+            goal = targets[[ranked[i][1] for i in pick]].to(self.device)
+            sums = member(torch.cat([self.clip_obs(c) for c in clips])).view(size, -1).sum(-1)
+            return sort_tree_loss(sums, goal)
+        pool = [i for i, label in enumerate(self.labels) if label[3][e] == held_out]
+        if not pool:
+            pool = list(range(len(self.labels)))
+        pick = [self.labels[pool[i]] for i in self.rng.integers(len(pool), size=size)]
+        obs = torch.cat([self.clip_obs(c) for p in pick for c in p[:2]])
+        sums = member(obs).view(size, 2, -1).sum(-1)
+        mu = torch.tensor([p[2] for p in pick], device=self.device)
+        return preference_loss(sums[:, 0], sums[:, 1], mu, self.args.reward.random_response)
+
+    def validate(self) -> dict:
+        """Held-out loss of each member; adapts its L2 weight (val/train loss kept within 1.1-1.5)."""
+        self.model.eval()
+        stats = {}
+        with torch.no_grad():
+            for e, member in enumerate(self.model.members):
+                if not any(label[3][e] for label in self.labels):
+                    continue
+                val = self.member_loss(e, member, None, None, held_out=True).item()
+                self.l2[e] = adapt_l2(self.l2[e], self.train_loss[e], val)
+                stats |= {f"reward/val_loss_{e}": val, f"reward/l2_{e}": self.l2[e]}
+        self.model.train()
+        return stats
+
+    def normalise(self, infer_model: RewardEnsemble, shared: Shared):
+        """Refresh each member's output mean/std on recent labelled clips, then publish the weights to the copy
+        the GA3C trainer scores rewards with."""
+        clips = list(self.frames)[-64:]
+        if not clips:
+            return
+        self.model.eval()
+        with torch.no_grad():
+            raw = self.model.member_rewards(torch.cat([self.clip_obs(c) for c in clips]))
+            self.model.mean.copy_(raw.mean(1))
+            self.model.std.copy_(raw.std(1).clamp_min(1e-6))
+        with shared.reward_lock:
+            infer_model.load_state_dict(self.model.state_dict())
+
+    def accuracy(self) -> float:
+        """Share of decisive labels the ensemble orders correctly (pairwise), or Spearman-like agreement proxy."""
+        decisive = [label for label in self.labels[-500:] if label[2] != 0.5]
+        if not decisive:
+            return float("nan")
+        self.model.eval()
+        with torch.no_grad():
+            obs = torch.cat([self.clip_obs(c) for p in decisive for c in p[:2]])
+            mean = ((self.model.member_rewards(obs) - self.model.mean[:, None]) / self.model.std[:, None]).mean(0)
+            sums = mean.view(len(decisive), 2, -1).sum(-1)
+        right = ((sums[:, 0] > sums[:, 1]).float() == torch.tensor([p[2] for p in decisive], device=self.device))
+        return right.float().mean().item()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run: pretraining labels on random play, reward pretraining, GA3C on the learned reward, evaluation
+# ---------------------------------------------------------------------------------------------------------
+def train(args: Args, ctx: dict) -> dict:
+    run_dir, device, stack, learned = ctx["run_dir"], ctx["device"], ctx["stack"], args.labeler != "rl"
+    envs = make_envs(ctx["rom"], args.ga3c.workers, stack, ctx["sticky"], args.env, args.ga3c.workers // 2,
+                     args.ga3c.env_threads)  # fmt: skip
+    num_actions = int(envs.single_action_space.n)
+    net = GA3CNet(max(1, stack), num_actions).to(device)
+    optimizer = torch.optim.RMSprop(net.parameters(), lr=args.ga3c.learning_rate, alpha=args.ga3c.rms_decay,
+                                    eps=args.ga3c.rms_eps)  # fmt: skip
+    shared, rng = Shared(4 * args.ga3c.min_batch_segments), np.random.default_rng(args.seed)
+    teacher = infer = None
+    if learned:
+        model = RewardEnsemble(args.reward.ensemble, max(1, stack), ctx["mask"], args.reward.dropout,
+                               args.reward.output_std).to(device)  # fmt: skip
+        infer = RewardEnsemble(args.reward.ensemble, max(1, stack), ctx["mask"], 0.0, args.reward.output_std)
+        infer = infer.to(device).eval()
+        teacher = Teacher(args, ctx["store"], model, max(1, stack), device, rng)
+    progress = restore(ctx["checkpoints"], net, optimizer, teacher, shared)
+    if teacher is not None:
+        teacher.normalise(infer, shared)
+
+    def reward_fn(obs, true_rewards):
+        if not learned:
+            return true_rewards
+        with shared.reward_lock, torch.no_grad():
+            return infer(obs.flatten(0, 1)).view(true_rewards.shape)
+
+    recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, args.ga3c.workers, rng)
+    start_thread(shared, run_predictor, envs, net, shared, args.ga3c.t_max, num_actions, recorder, args.seed)
+    if args.labeler == "synthetic":
+        start_thread(shared, run_synthetic_labeller, ctx["store"], args.exp_name, shared.stop)
+    log = RunLog(args, run_dir, shared, teacher, progress)
+
+    # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
+    shared.random_actions = learned and not progress["pretrained"]
+    while shared.random_actions and not log.should_stop():
+        teacher.add_clips(drain(shared.clips))
+        teacher.absorb_answers()
+        answered, pending = teacher.outstanding()
+        if answered >= args.labels.pretrain:
+            updates = math.ceil(args.reward.pretrain_epochs * len(teacher.labels or teacher.tree.ranked_clips())
+                                / args.reward.batch_size)  # fmt: skip
+            log.status("pretraining the reward model", answered)
+            for done in range(0, updates, 50):
+                log.scalars(teacher.train(min(50, updates - done)), shared.steps)
+                if log.should_stop():
+                    break
+            teacher.normalise(infer, shared)
+            progress["pretrained"] = not log.should_stop()
+            shared.random_actions = False
+        else:
+            teacher.ask(max(0, min(args.labels.pretrain - answered - pending, 8)))
+            log.status(f"random play: waiting for {args.labels.pretrain - answered} pretraining labels", answered)
+            time.sleep(0.05)
+
+    # 2. GA3C on the learned (or true) reward while the teacher keeps asking and training, asynchronously.
+    start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
+    trained_until = shared.steps
+    while shared.steps < args.total_timesteps and not log.should_stop():
+        time.sleep(0.1)
+        if teacher is not None:
+            teacher.add_clips(drain(shared.clips))
+            teacher.absorb_answers()
+            answered, pending = teacher.outstanding()
+            wanted = desired_labels(shared.steps, args.total_timesteps, args.labels.budget, args.labels.pretrain,
+                                    args.labels.rate_scale)  # fmt: skip
+            if args.labeler == "human":  # keep a few queries waiting so a person never waits for one
+                wanted = max(wanted, min(args.labels.budget, answered + 3))
+            teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
+            due = int((shared.steps - trained_until) * args.reward.labels_per_step / args.reward.batch_size)
+            if due > 0:
+                log.scalars(teacher.train(due), shared.steps)
+                trained_until = shared.steps
+                teacher.normalise(infer, shared)
+            log.status(f"training the agent, step {shared.steps:,}", answered)
+        log.tick(net, optimizer)
+
+    shared.stop.set()
+    join_threads(shared)
+    if shared.error is not None:
+        raise shared.error
+    log.checkpoint(net, optimizer, final=True)
+    envs.close()
+    if log.interrupted:
+        raise Interrupted()
+    save_policy(run_dir / "policy.pt", net, args.env_id, ctx)
+    scores = evaluate(net, ctx, args, run_dir / "videos" if args.capture_video else None)
+    return log.finish(scores)
+
+
+def evaluate(net: GA3CNet, ctx: dict, args: Args, video_dir: Optional[Path] = None) -> list[float]:
+    """Play `eval.episodes` full games (all lives, true score), one per env, sampling from the policy."""
+    envs = make_envs(ctx["rom"], args.eval.episodes, ctx["stack"], ctx["sticky"], args.env)
+    obs, _ = envs.reset(seed=args.eval.seed)
+    scores, over, frames = np.zeros(args.eval.episodes), np.zeros(args.eval.episodes, bool), []
+    while not over.all():
+        obs, reward, terminated, truncated, _ = envs.step(net.act(obs))
+        scores += np.where(over, 0.0, reward)
+        if video_dir is not None and not over[0]:
+            frames.append(obs[0, -1])
+        over |= terminated | truncated
+    envs.close()
+    if video_dir is not None:
+        write_video(frames, video_dir / "eval_game_0.webm")
+    return scores.tolist()
+
+
+def main(args: Args) -> int:
+    try:
+        ctx = validate(args)
+        if ctx.get("finished"):
+            print(f"{ctx['run_dir']} already holds a finished run (results.json); nothing to do")
+            return 0
+        if args.eval_only:
+            return evaluate_only(args, ctx)
+        prepare_run(args, ctx)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        results = train(args, ctx)
+    except NonFiniteLoss as e:
+        print(f"error: {e}; the last checkpoint in {ctx['run_dir']} is intact", file=sys.stderr)
+        return 3
+    except Interrupted:
+        print(f"interrupted: everything is saved; re-run the same command with --run-dir {ctx['run_dir']} to resume")
+        return 130
+    finally:
+        if ctx.get("store") is not None:
+            ctx["store"].close()
+    print(f"evaluation: {results['eval']['mean']:.1f} +- {results['eval']['std']:.1f} over "
+          f"{len(results['eval']['returns'])} games; results in {ctx['run_dir']}")  # fmt: skip
+    return 0
+
+
+
+# ---- run management ----------------------------------------------------------------------------------------
+# Everything below is plumbing a reader of the algorithm can skip: validation, resume, logging, signals, files.
+SCRIPT = "preference_ga3c_atari.py"
+
+
+class UsageError(Exception):
+    """Bad input: main prints the one-line message and exits 2 before any work."""
+
+
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main exits 3, the last checkpoint is kept."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: everything was saved; main exits 130."""
+
+
+def start_thread(shared: Shared, target, *targs):
+    """A daemon thread whose exception stops the run and is re-raised by the main thread."""
+
+    def guarded():
+        try:
+            target(*targs)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            shared.error = shared.error or e
+            shared.stop.set()
+
+    thread = threading.Thread(target=guarded, daemon=True, name=target.__name__)
+    thread.start()
+    shared.threads = getattr(shared, "threads", []) + [thread]
+
+
+def join_threads(shared: Shared):
+    for thread in getattr(shared, "threads", []):
+        thread.join(timeout=30)  # every loop polls the stop flag, so this never hangs (GA3C's issue #4)
+
+
+def drain(q: queue.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def save_atomic(obj, path: Path):
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(data, path: Path):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+class RunLog:
+    """TensorBoard scalars, the progress bar, the labelling app's status line, periodic checkpoints and plots,
+    and SIGINT/SIGTERM (stop, save, exit 130)."""
+
+    def __init__(self, args: Args, run_dir: Path, shared: Shared, teacher: Optional[Teacher], progress: dict):
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        self.args, self.run_dir, self.shared, self.teacher, self.progress = args, run_dir, shared, teacher, progress
+        self.writer = SummaryWriter(str(run_dir))
+        self.interrupted = False
+        self.t0 = self.last_log = self.last_ckpt = self.last_status = time.time()
+        self.steps0 = self.last_steps = shared.steps
+        self.last_predictions = self.last_segments = 0
+        self.bar = tqdm(total=args.total_timesteps, initial=shared.steps, unit="step", dynamic_ncols=True,
+                        disable=not sys.stderr.isatty())  # fmt: skip
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, _frame):
+        self.interrupted = True
+        self.shared.stop.set()
+
+    def should_stop(self) -> bool:
+        return self.interrupted or self.shared.stop.is_set()
+
+    def scalars(self, stats: dict, step: int):
+        for key, value in stats.items():
+            self.writer.add_scalar(key, value, step)
+
+    def status(self, doing: str, answered: int):
+        if self.teacher is None or time.time() - self.last_status < 1.0:
+            return
+        self.last_status = time.time()
+        self.teacher.store.set_status(self.args.exp_name, {"labels": answered, "budget": self.args.labels.budget,
+                                      "agent": doing, "feedback": self.args.feedback})  # fmt: skip
+
+    def tick(self, net, optimizer):
+        """Every 5 s: log; every checkpoint_every_s: checkpoint and plot."""
+        now, shared, step = time.time(), self.shared, self.shared.steps
+        self.bar.update(step - self.bar.n)
+        while shared.games:
+            game_step, score, length = shared.games.popleft()
+            self.progress["curve"].append((game_step, score))
+            self.writer.add_scalar("charts/episodic_return", score, game_step)
+            self.writer.add_scalar("charts/episodic_length", length, game_step)
+        if now - self.last_log >= 5.0:
+            dt = now - self.last_log
+            stats = {"charts/SPS": (step - self.last_steps) / dt,
+                     "ga3c/predictions_per_s": (shared.predictions - self.last_predictions) / dt,
+                     "ga3c/trainings_per_s": (shared.trained_segments - self.last_segments) / dt,
+                     "ga3c/policy_lag": shared.lag, "ga3c/updates": shared.updates,
+                     "charts/learning_rate": self.args.ga3c.learning_rate}  # fmt: skip
+            stats |= {f"losses/{k}": v for k, v in shared.losses.items()}
+            if self.teacher is not None:
+                answered, pending = self.teacher.outstanding()
+                self.progress["labels_curve"].append((step, answered))
+                stats |= {"labels/answered": answered, "labels/pending": pending, "labels/clips": len(self.teacher.frames)}
+                if self.teacher.tree is not None:
+                    stats |= {"labels/tree_nodes": len(self.teacher.tree.nodes)}
+            self.scalars(stats, step)
+            self.last_log, self.last_steps = now, step
+            self.last_predictions, self.last_segments = shared.predictions, shared.trained_segments
+            recent = [score for _, score in self.progress["curve"][-20:]]
+            self.bar.set_postfix(sps=round(stats["charts/SPS"]), score=round(float(np.mean(recent)), 1) if recent else None)
+        if now - self.last_ckpt >= self.args.checkpoint_every_s:
+            self.checkpoint(net, optimizer)
+
+    def checkpoint(self, net, optimizer, final: bool = False):
+        ckpt_dir = self.run_dir / "checkpoints"
+        with self.shared.update_lock:
+            agent = {"net": net.state_dict(), "optimizer": optimizer.state_dict(), "steps": self.shared.steps,
+                     "updates": self.shared.updates, "progress": self.progress}  # fmt: skip
+            save_atomic(agent, ckpt_dir / "agent.pt")
+        if self.teacher is not None:
+            t = self.teacher
+            save_atomic({"model": t.model.state_dict(), "optimizers": [o.state_dict() for o in t.optimizers],
+                         "l2": t.l2, "updates": t.updates}, ckpt_dir / "reward_model.pt")  # fmt: skip
+        plot_progress(self.progress, None, self.run_dir / "learning_curve.png", self.args.env_id)
+        self.last_ckpt = time.time()
+
+    def finish(self, scores: list[float]) -> dict:
+        self.bar.close()
+        elapsed = max(time.time() - self.t0, 1e-9)
+        results = {
+            "eval": {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "returns": scores,
+                     "episodes": len(scores), "seed": self.args.eval.seed},
+            "env_id": self.args.env_id, "labeler": self.args.labeler, "feedback": self.args.feedback,
+            "agent_steps": self.shared.steps, "frames": 4 * self.shared.steps, "updates": self.shared.updates,
+            "labels": self.teacher.outstanding()[0] if self.teacher is not None else 0,
+            "sps": (self.shared.steps - self.steps0) / elapsed, "seed": self.args.seed,
+            "training_games": len(self.progress["curve"]),
+        }  # fmt: skip
+        self.writer.add_scalar("eval/mean_return", results["eval"]["mean"], self.shared.steps)
+        self.writer.close()
+        plot_progress(self.progress, results["eval"]["mean"], self.run_dir / "learning_curve.png", self.args.env_id)
+        write_json_atomic(results, self.run_dir / "results.json")
+        return results
+
+
+def plot_progress(progress: dict, final_eval: Optional[float], path: Path, env_id: str):
+    """Training game scores (and the final evaluation) on top, labels given below; written during training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    if progress["curve"]:
+        steps, scores = np.array(progress["curve"]).T
+        top.plot(steps * 4, scores, ".", alpha=0.3, label="training games")
+        window = min(20, len(scores))
+        top.plot(steps[window - 1 :] * 4, np.convolve(scores, np.ones(window) / window, "valid"), label=f"mean of {window}")
+    if final_eval is not None:
+        last = progress["curve"][-1][0] * 4 if progress["curve"] else 0
+        top.plot([last], [final_eval], "r*", markersize=14, label="final evaluation")
+    top.set_ylabel("true game score")
+    top.legend(loc="best", fontsize=8)
+    if progress["labels_curve"]:
+        steps, labels = np.array(progress["labels_curve"]).T
+        bottom.plot(steps * 4, labels)
+    bottom.set_ylabel("labels answered")
+    bottom.set_xlabel("frames")
+    fig.suptitle(f"{env_id}: RL from preferences with GA3C")
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
+    """Browser-playable VP9 WebM of 84x84 grey frames, upscaled."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height, width = frames[0].shape
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP90"), fps, (width * scale, height * scale))
+    for frame in frames:
+        big = cv2.resize(frame, (width * scale, height * scale), interpolation=cv2.INTER_NEAREST)
+        writer.write(cv2.cvtColor(big, cv2.COLOR_GRAY2BGR))
+    writer.release()
+
+
+def save_policy(path: Path, net: GA3CNet, env_id: str, ctx: dict):
+    config = {**net.config, "stacked_frames": ctx["stack"], "sticky": ctx["sticky"], "noop_max": ctx["noop_max"],
+              "max_episode_frames": ctx["max_episode_frames"]}  # fmt: skip
+    save_atomic({"script": SCRIPT, "env_id": env_id, "network": "GA3CNet", "config": config,
+                 "state_dict": net.state_dict()}, path)  # fmt: skip
+
+
+def load_policy(path, device="cpu") -> GA3CNet:
+    """The trained policy (policy.pt) in eval mode; `.act(obs)` samples actions, `.env_id` names its game."""
+    data = torch.load(path, map_location=device, weights_only=True)
+    net = GA3CNet(data["config"]["in_frames"], data["config"]["num_actions"])
+    net.load_state_dict(data["state_dict"])
+    net.env_id, net.config = data["env_id"], data["config"]
+    return net.to(device).eval()
+
+
+def make_policy_envs(policy: GA3CNet, num_envs: int = 1):
+    """The envs the policy was trained on, from the settings saved with it."""
+    cfg = policy.config
+    rom, _ = resolve_env_id(policy.env_id)
+    env = EnvArgs(cfg["stacked_frames"], cfg["sticky"], cfg["noop_max"], cfg["max_episode_frames"])
+    return make_envs(rom, num_envs, cfg["stacked_frames"], cfg["sticky"], env)
+
+
+def evaluate_only(args: Args, ctx: dict) -> int:
+    run_dir, net = ctx["run_dir"], ctx["policy"]
+    cfg = net.config
+    ctx |= {"stack": cfg["stacked_frames"], "sticky": cfg["sticky"]}
+    args.env = EnvArgs(cfg["stacked_frames"], cfg["sticky"], cfg["noop_max"], cfg["max_episode_frames"])
+    ctx["rom"] = resolve_env_id(net.env_id)[0]
+    out_dir = run_dir / "evaluations"
+    out_dir.mkdir(exist_ok=True)
+    number = 1 + max([int(m.group(1)) for p in out_dir.glob("eval_*.json") if (m := re.match(r"eval_(\d+)", p.stem))] or [0])
+    video = out_dir / f"videos_{number:03d}" if args.capture_video else None
+    scores = evaluate(net, ctx, args, video)
+    result = {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "returns": scores,
+              "episodes": len(scores), "seed": args.eval.seed, "env_id": net.env_id}  # fmt: skip
+    write_json_atomic(result, out_dir / f"eval_{number:03d}.json")
+    print(f"evaluation: {result['mean']:.1f} +- {result['std']:.1f} over {len(scores)} games; "
+          f"written to {out_dir / f'eval_{number:03d}.json'}")  # fmt: skip
+    return 0
+
+
+def restore(checkpoints: dict, net, optimizer, teacher: Optional[Teacher], shared: Shared) -> dict:
+    """Load the checkpoints that validation already read and checked; returns the progress record."""
+    progress = {"pretrained": False, "curve": [], "labels_curve": []}
+    agent, reward = checkpoints.get("agent"), checkpoints.get("reward")
+    if agent is not None:
+        net.load_state_dict(agent["net"])
+        optimizer.load_state_dict(agent["optimizer"])
+        shared.steps, shared.updates, progress = agent["steps"], agent["updates"], agent["progress"]
+        print(f"resumed the agent at step {shared.steps:,} ({shared.updates:,} updates)")
+    if teacher is not None and reward is not None:
+        teacher.model.load_state_dict(reward["model"])
+        for optimizer_e, state in zip(teacher.optimizers, reward["optimizers"]):
+            optimizer_e.load_state_dict(state)
+        teacher.l2, teacher.updates = reward["l2"], reward["updates"]
+        print(f"resumed the reward model ({teacher.updates:,} updates)")
+    else:
+        progress["pretrained"] = False  # a fresh reward model is pretrained on the labels in the store
+    return progress
+
+
+def resolve_env_id(env_id: str) -> tuple[str, float]:
+    """Gymnasium Atari id -> (ale-py ROM name, default sticky-action probability)."""
+    import difflib
+
+    from ale_py import roms
+
+    all_roms = roms.get_all_rom_ids()
+    match = re.fullmatch(r"(ALE/)?([A-Za-z0-9]+?)(NoFrameskip-v4|-v5)", env_id)
+    if match:
+        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", match.group(2)).lower()
+        if rom in all_roms:
+            return rom, 0.25 if match.group(3) == "-v5" else 0.0
+    camel = ["".join(part.capitalize() for part in r.split("_")) for r in all_roms]
+    known = [f"{c}NoFrameskip-v4" for c in camel] + [f"ALE/{c}-v5" for c in camel]
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+    if re.fullmatch(r"[A-Za-z0-9]+-v[0-9]+", env_id) and not close:
+        hint = "this script is for Atari games (e.g. PongNoFrameskip-v4); MuJoCo ids go to filter_irl_mujoco.py"
+    else:
+        hint = f"did you mean {', '.join(close)}?" if close else "use e.g. PongNoFrameskip-v4 or ALE/Pong-v5"
+    raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
+
+
+def check_numbers(args: Args):
+    """Every numeric flag's range and the cross-field rules; NaN fails every comparison, so it is caught too."""
+    g, r, lab, e = args.ga3c, args.reward, args.labels, args.env
+    rules = [
+        ("total-timesteps", args.total_timesteps, args.total_timesteps >= 1, ">= 1"),
+        ("checkpoint-every-s", args.checkpoint_every_s, args.checkpoint_every_s > 0, "> 0"),
+        ("torch-threads", args.torch_threads, 0 <= args.torch_threads <= 1024, "0 (default) to 1024"),
+        ("env.stacked-frames", e.stacked_frames, 0 <= e.stacked_frames <= 16, "0 to 16"),
+        ("env.sticky-actions", e.sticky_actions, e.sticky_actions == -1 or 0 <= e.sticky_actions <= 1, "-1 or 0..1"),
+        ("env.noop-max", e.noop_max, 0 <= e.noop_max <= 10_000, "0 to 10000"),
+        ("env.max-episode-frames", e.max_episode_frames, e.max_episode_frames >= 1, ">= 1"),
+        ("ga3c.workers", g.workers, 2 <= g.workers <= 4096, "2 to 4096"),
+        ("ga3c.t-max", g.t_max, 1 <= g.t_max <= 1000, "1 to 1000"),
+        ("ga3c.min-batch-segments", g.min_batch_segments, 1 <= g.min_batch_segments <= 100_000, "1 to 100000"),
+        ("ga3c.learning-rate", g.learning_rate, 0 < g.learning_rate <= 1, "in (0, 1]"),
+        ("ga3c.rms-decay", g.rms_decay, 0 <= g.rms_decay < 1, "in [0, 1)"),
+        ("ga3c.rms-eps", g.rms_eps, 0 < g.rms_eps <= 10, "in (0, 10]"),
+        ("ga3c.gamma", g.gamma, 0 <= g.gamma <= 1, "in [0, 1]"),
+        ("ga3c.entropy-beta", g.entropy_beta, 0 <= g.entropy_beta <= 10, "in [0, 10]"),
+        ("ga3c.max-grad-norm", g.max_grad_norm, 0 <= g.max_grad_norm < math.inf, ">= 0 (0 = off)"),
+        ("ga3c.reward-clip", g.reward_clip, 0 <= g.reward_clip < math.inf, ">= 0 (0 = off)"),
+        ("ga3c.env-threads", g.env_threads, 0 <= g.env_threads <= 1024, "0 (one per core) to 1024"),
+        ("reward.ensemble", r.ensemble, 1 <= r.ensemble <= 64, "1 to 64"),
+        ("reward.lr", r.lr, 0 < r.lr <= 1, "in (0, 1]"),
+        ("reward.batch-size", r.batch_size, 1 <= r.batch_size <= 4096, "1 to 4096"),
+        ("reward.label-buffer", r.label_buffer, r.label_buffer >= 1, ">= 1"),
+        ("reward.labels-per-step", r.labels_per_step, 0 <= r.labels_per_step <= 100, "0 to 100"),
+        ("reward.pretrain-epochs", r.pretrain_epochs, 0 <= r.pretrain_epochs <= 100_000, "0 to 100000"),
+        ("reward.dropout", r.dropout, 0 <= r.dropout < 1, "in [0, 1)"),
+        ("reward.l2-init", r.l2_init, 0 <= r.l2_init <= 1, "in [0, 1]"),
+        ("reward.random-response", r.random_response, 0 <= r.random_response < 1, "in [0, 1)"),
+        ("reward.output-std", r.output_std, 0 < r.output_std <= 100, "in (0, 100]"),
+        ("reward.mask-top", r.mask_top, -1 <= r.mask_top < 84, "-1 (game default) to 83"),
+        ("reward.mask-bottom", r.mask_bottom, -1 <= r.mask_bottom < 84, "-1 (game default) to 83"),
+        ("labels.budget", lab.budget, lab.budget >= 1, ">= 1"),
+        ("labels.pretrain", lab.pretrain, 1 <= lab.pretrain <= lab.budget, f"1 to --labels.budget ({lab.budget})"),
+        ("labels.clip-length", lab.clip_length, 1 <= lab.clip_length <= 1000, "1 to 1000"),
+        ("labels.candidates", lab.candidates, 1 <= lab.candidates <= 1000, "1 to 1000"),
+        ("labels.rate-scale", lab.rate_scale, 0 < lab.rate_scale < math.inf, "> 0"),
+        ("labels.port", lab.port, 0 <= lab.port <= 65535, "0 to 65535"),
+        ("eval.episodes", args.eval.episodes, 1 <= args.eval.episodes <= 256, "1 to 256"),
+    ]
+    for name, value, ok, allowed in rules:
+        if not ok:
+            raise UsageError(f"--{name} {value} is out of range: use {allowed}")
+    if args.labeler != "rl" and args.feedback == "pairwise" and args.labels.query == "disagreement" and r.ensemble < 2:
+        raise UsageError("--labels.query disagreement needs --reward.ensemble >= 2 (or use --labels.query random)")
+
+
+def load_checkpoint(path: Path, keys: tuple) -> dict:
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+        missing = [k for k in keys if k not in data]
+    except Exception as e:  # a truncated or foreign file: say which and what to do
+        raise UsageError(f"{path} cannot be read ({type(e).__name__}): delete it to start that part afresh") from None
+    if missing:
+        raise UsageError(f"{path} lacks {missing}: delete it to start that part afresh")
+    return data
+
+
+def validate(args: Args) -> dict:
+    """Every check that can fail on user input, before anything is created; returns what it loaded."""
+    check_numbers(args)
+    if args.eval_only:
+        run_dir = Path(args.eval_only)
+        if not (run_dir / "policy.pt").is_file():
+            raise UsageError(f"{run_dir / 'policy.pt'} not found: pass the run directory of a finished run")
+        try:
+            policy = load_policy(run_dir / "policy.pt")
+        except Exception as e:
+            raise UsageError(f"{run_dir / 'policy.pt'} cannot be read ({type(e).__name__}): re-train or restore it")
+        return {"run_dir": run_dir, "policy": policy, "noop_max": args.env.noop_max}
+    rom, sticky_default = resolve_env_id(args.env_id)
+    default_mask = SCORE_MASKS.get(rom, DEFAULT_MASK)
+    mask = tuple(v if v >= 0 else d for v, d in zip((args.reward.mask_top, args.reward.mask_bottom), default_mask))
+    if sum(mask) >= 84:
+        raise UsageError("--reward.mask-top + --reward.mask-bottom hide the whole frame: use fewer rows")
+    run_dir = Path(args.run_dir or f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    ctx = {"rom": rom, "run_dir": run_dir, "mask": mask, "stack": args.env.stacked_frames,
+           "sticky": sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions,
+           "noop_max": args.env.noop_max, "max_episode_frames": args.env.max_episode_frames}  # fmt: skip
+    if (run_dir / "args.json").is_file():
+        try:
+            recorded = json.loads((run_dir / "args.json").read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"{run_dir / 'args.json'} is not readable JSON: pick a new --run-dir") from None
+        if recorded.get("script") != SCRIPT:
+            raise UsageError(f"{run_dir} belongs to {recorded.get('script', 'another script')}: pick a new --run-dir")
+        if recorded.get("env_id") != args.env_id:
+            raise UsageError(f"{run_dir} is a run on {recorded.get('env_id')}, not {args.env_id}: pick a new --run-dir")
+        if (run_dir / "results.json").is_file():
+            return ctx | {"finished": True}
+    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UsageError(f"{run_dir} exists and is not a run of this script: pick a new --run-dir")
+    for place in (run_dir, Path(args.labels.store_dir)):
+        probe = place
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+            raise UsageError(f"cannot write to {place} ({probe} is not a writable directory): choose another path")
+    ctx["checkpoints"] = checkpoints = {}
+    if not args.force_new_agent and (run_dir / "checkpoints" / "agent.pt").is_file():
+        checkpoints["agent"] = load_checkpoint(run_dir / "checkpoints" / "agent.pt", ("net", "optimizer", "steps"))
+    if args.labeler != "rl" and not args.force_new_reward_model and (run_dir / "checkpoints" / "reward_model.pt").is_file():
+        reward = load_checkpoint(run_dir / "checkpoints" / "reward_model.pt", ("model", "optimizers", "l2"))
+        if len(reward["l2"]) != args.reward.ensemble:
+            raise UsageError(f"the run's reward model has {len(reward['l2'])} members, not --reward.ensemble "
+                             f"{args.reward.ensemble}: pass that or --force-new-reward-model")  # fmt: skip
+        checkpoints["reward"] = reward
+    if args.labeler == "human":
+        import socket
+
+        with socket.socket() as probe:
+            try:
+                probe.bind((args.labels.host, args.labels.port))
+            except OSError as e:
+                raise UsageError(f"cannot serve on {args.labels.host}:{args.labels.port} ({e.strerror}): pass another "
+                                 "--labels.port") from None  # fmt: skip
+    return ctx
+
+
+def prepare_run(args: Args, ctx: dict):
+    """Create the run directory, open the label store (applying --force-new-*), start the labelling app."""
+    run_dir = ctx["run_dir"]
+    ctx["device"] = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    ctx["store"] = None
+    if args.labeler != "rl":
+        from preference_labels import LabelStore
+
+        try:
+            ctx["store"] = store = LabelStore(args.labels.store_dir, args.env_id)
+        except ValueError as e:
+            raise UsageError(f"{e}: pass another --labels.store-dir") from None
+        if args.force_new_clips:
+            print(f"--force-new-clips: deleting every clip of {args.env_id} and every experiment's labels in "
+                  f"{args.labels.store_dir}: {store.delete_clips()}")  # fmt: skip
+        elif args.force_new_labels:
+            print(f"--force-new-labels: deleting the labels and sort tree of experiment {args.exp_name!r}: "
+                  f"{store.delete_labels(args.exp_name)}")  # fmt: skip
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for stale in list(run_dir.glob("*.tmp*")) + list((run_dir / "checkpoints").glob("*.tmp")):
+        stale.unlink()  # left by a write that was killed
+    if not (run_dir / "args.json").exists():
+        record = {"script": SCRIPT, **{k: v for k, v in asdict(args).items() if not k.startswith("_")}}
+        write_json_atomic(record, run_dir / "args.json")
+    for name, flag in (("agent", args.force_new_agent), ("reward_model", args.force_new_reward_model)):
+        if flag and (run_dir / "checkpoints" / f"{name}.pt").exists():
+            print(f"--force-new-{name.replace('_', '-')}: the run's {name}.pt is replaced at the next checkpoint")
+    print(f"run directory: {run_dir}")
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if args.labeler == "human":
+        from preference_labels import serve_labelling_app
+
+        server = serve_labelling_app(ctx["store"], args.exp_name, args.feedback, args.labels.host, args.labels.port)
+        host, port = server.server_address[:2]
+        print(f"labelling app: http://{host}:{port}/  (answer with the buttons or the arrow keys)")
+        if args.labels.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"warning: the labelling app listens on {args.labels.host}, reachable beyond this machine")
+
+
+if __name__ == "__main__":
+    sys.exit(main(tyro.cli(Args)))
