@@ -1,0 +1,284 @@
+"""Tests of the label store and the labelling web app of preference_ga3c_atari.py (issues 11 and 12).
+
+Unit tests of `LabelStore` against hand-checked values; the HTTP handlers against a temporary store; a load test
+(1,000 answers posted concurrently by 20 clients); a real headless Chromium driving the pages (skipped with the
+reason when Chromium, chromedriver or selenium is missing, unless the environment variable CI is set).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import preference_labels as labels
+
+ENV = "ALE/Pong-v5"
+
+
+def make_frames(t: int, stack: int, seed: int = 0) -> np.ndarray:
+    """T + stack - 1 grey 84x84 frames of a square moving left to right (distinct per seed)."""
+    frames = np.full((t + stack - 1, 84, 84), 40 + seed % 100, np.uint8)
+    for i in range(len(frames)):
+        x = (3 * i + seed) % 80
+        frames[i, 40:44, x : x + 4] = 230
+    return frames
+
+
+def add_clip(store, t: int = 6, stack: int = 2, ret: float = 0.0, seed: int = 0) -> int:
+    rewards = np.zeros(t, np.float32)
+    rewards[-1] = ret
+    return store.add_clip(make_frames(t, stack, seed), np.arange(t) % 3, rewards, stack, f"test@{seed}")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = labels.LabelStore(tmp_path / "labels", ENV)
+    yield s
+    s.close()
+
+
+# ---- the store ----
+def test_add_clip_saves_arrays_and_renders_the_clip_once(store):
+    frames = make_frames(5, 4)
+    actions = np.array([0, 1, 2, 3, 1])
+    rewards = np.array([0, 1, 0, -1, 1], np.float32)
+    cid = store.add_clip(frames, actions, rewards, 4, "random")
+    info = store.clip_info(cid)
+    assert info == {"id": cid, "length": 5, "true_return": 1.0, "source": "random", "media": info["media"]}
+    arrays = store.clip_arrays(cid)
+    np.testing.assert_array_equal(arrays["frames"], frames)
+    np.testing.assert_array_equal(arrays["actions"], actions)
+    np.testing.assert_array_equal(arrays["true_rewards"], rewards)
+    assert arrays["actions"].dtype == np.int64 and arrays["true_rewards"].dtype == np.float32
+    assert arrays["stack"] == 4
+    from PIL import Image
+
+    gif = Image.open(store.clips_dir / info["media"])
+    assert gif.format == "GIF" and gif.info["loop"] == 0
+    # The T frames the agent acted on (frames[stack-1:]), upscaled 4x with nothing lost (grey fits the palette).
+    assert gif.size == (336, 336)
+    shown = []
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        shown.append(np.asarray(gif.convert("L"))[::4, ::4])
+    np.testing.assert_array_equal(np.stack(shown), frames[3:])
+    assert store.clip_ids() == [cid]
+
+
+def test_add_clip_rejects_inconsistent_shapes(store):
+    with pytest.raises(ValueError, match="T \\+ stack - 1"):
+        store.add_clip(make_frames(5, 1), np.zeros(5), np.zeros(5, np.float32), 4, "x")
+    with pytest.raises(ValueError, match="uint8"):
+        store.add_clip(make_frames(5, 1).astype(np.float32), np.zeros(5), np.zeros(5, np.float32), 1, "x")
+    with pytest.raises(ValueError, match="stack"):
+        store.add_clip(make_frames(5, 1), np.zeros(5), np.zeros(5, np.float32), 0, "x")
+    assert store.clip_ids() == []
+
+
+def test_gif_frame_durations_average_the_game_speed():
+    gif_bytes, png = labels.render_clip_gif(make_frames(30, 1))
+    from PIL import Image
+
+    gif = Image.open(io.BytesIO(gif_bytes))
+    durations = []
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        durations.append(gif.info["duration"])
+    # 30 frames at 15 fps = 2,000 ms, plus the held last frame.
+    assert sum(durations) == 2000 + labels.CLIP_HOLD_LAST_MS
+    assert set(durations[:-1]) <= {60, 70}
+    assert Image.open(io.BytesIO(png)).size == (336, 336)
+
+
+def test_answer_once_then_stale_unknown_and_bad_answers(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    q = store.add_query("exp", "pair", a, b)
+    store.answer("exp", q, "left", "alice")
+    with pytest.raises(labels.StaleQuery):
+        store.answer("exp", q, "right", "bob")
+    with pytest.raises(labels.UnknownQuery):
+        store.answer("exp", q + 100, "left", "alice")
+    with pytest.raises(labels.UnknownQuery):  # a query of another experiment is unknown to this one
+        store.answer("other", q, "left", "alice")
+    q2 = store.add_query("exp", "pair", a, b)
+    with pytest.raises(ValueError, match="answer must be"):
+        store.answer("exp", q2, "both", "alice")
+    assert [r["answer"] for r in store.answers_after("exp", 0)] == ["left"]
+    assert store.pending_queries("exp")[0]["id"] == q2
+
+
+def test_answers_after_is_in_answer_order_not_query_order(store):
+    a, b, c = add_clip(store, seed=1), add_clip(store, seed=2), add_clip(store, seed=3)
+    q1 = store.add_query("exp", "pair", a, b)
+    q2 = store.add_query("exp", "tree", c, a, node=7)
+    q3 = store.add_query("exp", "pair", b, c)
+    store.answer("exp", q3, "equal", "s")
+    store.answer("exp", q1, "cant_tell", "s")
+    store.answer("exp", q2, "right", "s")
+    got = store.answers_after("exp", 0)
+    assert [r["id"] for r in got] == [q3, q1, q2]
+    seqs = [r["seq"] for r in got]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert got[2] | {"answered_at": 0} == {
+        "seq": seqs[2], "id": q2, "kind": "tree", "left": c, "right": a, "node": 7, "answer": "right",
+        "labeller": "s", "answered_at": 0,
+    }  # fmt: skip
+    assert [r["id"] for r in store.answers_after("exp", seqs[0])] == [q1, q2]
+    assert store.answers_after("exp", seqs[2]) == []
+    assert store.count_answers("exp") == 3
+    assert store.count_answers("exp", "tree") == 1 and store.count_answers("exp", "pair") == 2
+
+
+def test_pending_queries_oldest_first_by_kind(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    q1 = store.add_query("exp", "pair", a, b)
+    q2 = store.add_query("exp", "tree", a, b, node=0)
+    q3 = store.add_query("exp", "pair", b, a)
+    assert [q["id"] for q in store.pending_queries("exp")] == [q1, q2, q3]
+    assert [q["id"] for q in store.pending_queries("exp", "pair")] == [q1, q3]
+    first = store.pending_queries("exp", "tree")[0]
+    assert {k: first[k] for k in ("id", "kind", "left", "right", "node")} == {
+        "id": q2, "kind": "tree", "left": a, "right": b, "node": 0,
+    }  # fmt: skip
+    with pytest.raises(ValueError):
+        store.add_query("exp", "triple", a, b)
+    with pytest.raises(KeyError):
+        store.add_query("exp", "pair", a, 999)
+
+
+def test_leases_give_two_clients_different_queries_and_expire(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    q1 = store.add_query("exp", "pair", a, b)
+    q2 = store.add_query("exp", "pair", b, a)
+    assert store.next_query("exp", "pair", "alice")["id"] == q1
+    assert store.next_query("exp", "pair", "alice")["id"] == q1  # still hers
+    assert store.next_query("exp", "pair", "bob")["id"] == q2
+    assert store.next_query("exp", "pair", "carol") is None
+    assert store.next_query("exp", "tree", "carol") is None
+    # Alice's lease, renewed for 0 s, lapses at once: carol may take the oldest query.
+    assert store.next_query("exp", "pair", "alice", lease_s=0.0)["id"] == q1
+    time.sleep(0.01)
+    assert store.next_query("exp", "pair", "carol")["id"] == q1
+    assert store.next_query("exp", "pair", "alice") is None
+    # Anybody may still answer a leased query; then nobody is offered it.
+    store.answer("exp", q1, "left", "bob")
+    assert [q["id"] for q in store.next_queries("exp", "pair", "erin", count=5)] == []
+    assert store.renew_leases("exp", [q2], "bob") == [q2]
+    assert store.renew_leases("exp", [q2], "erin") == []
+
+
+def test_cancel_makes_a_query_stale(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    q = store.add_query("exp", "tree", a, b, node=1)
+    store.cancel_query("exp", q)
+    assert store.pending_queries("exp") == []
+    with pytest.raises(labels.StaleQuery):
+        store.answer("exp", q, "left", "x")
+    with pytest.raises(labels.StaleQuery):
+        store.cancel_query("exp", q)
+    with pytest.raises(labels.UnknownQuery):
+        store.cancel_query("exp", q + 1)
+    assert store.count_answers("exp") == 0
+
+
+def test_tree_status_and_experiments(store):
+    assert store.load_tree("exp") is None and store.get_status("exp") == {}
+    tree = {"root": 1, "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False, "clips": [3]}},
+            "pending": {"4": 1}}  # fmt: skip
+    store.save_tree("exp", tree)
+    store.set_status("exp", {"labels": 3, "budget": 10})
+    store.set_status("other", {"agent": "idle"})
+    assert store.load_tree("exp") == tree
+    assert store.get_status("exp") == {"labels": 3, "budget": 10}
+    assert store.experiments() == ["exp", "other"]
+
+
+def test_delete_labels_keeps_clips_and_other_experiments(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    store.answer("exp", store.add_query("exp", "pair", a, b), "left", "x")
+    store.add_query("exp", "pair", a, b)
+    keep = store.add_query("other", "pair", a, b)
+    store.save_tree("exp", {"root": None, "nodes": {}, "pending": {}})
+    assert store.delete_labels("exp") == {"queries": 2, "answers": 1, "trees": 1}
+    assert store.pending_queries("exp") == [] and store.answers_after("exp", 0) == []
+    assert store.load_tree("exp") is None
+    assert [q["id"] for q in store.pending_queries("other")] == [keep]
+    assert store.clip_ids() == [a, b]
+
+
+def test_delete_clips_removes_rows_files_and_every_experiments_labels(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    store.answer("exp", store.add_query("exp", "pair", a, b), "left", "x")
+    store.add_query("other", "tree", a, b, node=0)
+    store.save_tree("other", {"root": None, "nodes": {}, "pending": {}})
+    assert len(list(store.clips_dir.iterdir())) == 6  # npz + gif + png per clip
+    assert store.delete_clips() == {"clips": 2, "queries": 2, "answers": 1, "trees": 1}
+    assert store.clip_ids() == [] and list(store.clips_dir.iterdir()) == []
+    assert store.pending_queries("other") == [] and store.load_tree("other") is None
+    # Ids are never reused, so a cached clip or an old query id can never mean something new.
+    c = add_clip(store, seed=3)
+    assert c > b
+    assert store.add_query("exp", "pair", c, c) > 2
+
+
+def test_env_mismatch_names_both_ids(tmp_path):
+    labels.LabelStore(tmp_path, "ALE/Pong-v5").close()
+    # "ALE_Pong-v5" maps to the same file name; the recorded env id tells them apart.
+    with pytest.raises(ValueError, match="'ALE/Pong-v5'.*'ALE_Pong-v5'"):
+        labels.LabelStore(tmp_path, "ALE_Pong-v5")
+    labels.LabelStore(tmp_path, "BreakoutNoFrameskip-v4").close()  # another env, another file: fine
+
+
+def test_reopen_after_close_keeps_everything_including_pending(tmp_path):
+    store = labels.LabelStore(tmp_path, ENV)
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    q1 = store.add_query("exp", "pair", a, b)
+    q2 = store.add_query("exp", "tree", b, a, node=5)
+    store.answer("exp", q1, "right", "alice")
+    store.save_tree("exp", {"root": 5, "nodes": {}, "pending": {str(b): 5}})
+    store.set_status("exp", {"labels": 1})
+    media = store.clip_info(a)["media"]
+    store.close()
+    (store.clips_dir / "clip_dead.npz.tmp").write_bytes(b"half")  # a killed write
+    import os
+
+    os.utime(store.clips_dir / "clip_dead.npz.tmp", (0, 0))
+    again = labels.LabelStore(tmp_path, ENV)
+    try:
+        assert again.clip_ids() == [a, b] and again.clip_info(a)["media"] == media
+        assert [(r["id"], r["answer"]) for r in again.answers_after("exp", 0)] == [(q1, "right")]
+        assert [q["id"] for q in again.pending_queries("exp")] == [q2]
+        assert again.load_tree("exp")["pending"] == {str(b): 5}
+        assert again.get_status("exp") == {"labels": 1}
+        assert not (again.clips_dir / "clip_dead.npz.tmp").exists()
+        again.answer("exp", q2, "equal", "bob")
+        assert [r["seq"] for r in again.answers_after("exp", 0)] == [1, 2]
+    finally:
+        again.close()
+
+
+def test_concurrent_answers_from_threads_are_each_stored_once(store):
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    ids = [store.add_query("exp", "pair", a, b) for _ in range(200)]
+    stale = []
+
+    def worker(k):
+        for q in ids:  # every thread tries every query; exactly one answer per query may win
+            try:
+                store.answer("exp", q, "left", f"t{k}")
+            except labels.StaleQuery:
+                stale.append(q)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = store.answers_after("exp", 0)
+    assert sorted(r["id"] for r in got) == ids
+    assert [r["seq"] for r in got] == list(range(1, 201))
+    assert len(stale) == 3 * 200
