@@ -9,14 +9,19 @@ and JSON endpoints. Clips are rendered once, at `add_clip`, as looping greyscale
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
+import re
 import secrets
 import sqlite3
 import threading
 import time
+import traceback
+import urllib.parse
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -434,3 +439,548 @@ class LabelStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+# ---- the labelling web app ----
+PAGE_CSS = """
+body { font-family: system-ui, sans-serif; margin: 0; background: #f4f4f2; color: #222; }
+nav { background: #263238; padding: 0.5em 1em; }
+nav a { color: #cfd8dc; margin-right: 1.2em; text-decoration: none; }
+nav a.here { color: #fff; font-weight: bold; }
+nav .experiment { color: #90a4ae; float: right; }
+.status { margin: 0; padding: 0.4em 1em; background: #e0e0dc; font-size: 0.9em; min-height: 1.2em; }
+main { padding: 0.5em 1em; }
+h1 { font-size: 1.3em; margin: 0.4em 0; }
+.hint { color: #555; margin: 0.2em 0 0.8em; }
+.clips { display: flex; gap: 2em; flex-wrap: wrap; }
+figure { margin: 0; text-align: center; }
+figure img { width: 336px; height: 336px; image-rendering: pixelated; background: #000; display: block; }
+figcaption { margin-top: 0.3em; color: #444; }
+.answers { margin-top: 1em; display: flex; gap: 0.6em; flex-wrap: wrap; }
+.answers button { font-size: 1em; padding: 0.6em 1em; cursor: pointer; border: 1px solid #888; border-radius: 4px;
+  background: #fff; }
+.answers button:hover { background: #e3f2fd; }
+kbd { border: 1px solid #aaa; border-radius: 3px; padding: 0 0.3em; background: #f7f7f7; font-size: 0.85em; }
+#message { color: #33691e; min-height: 1.2em; }
+#tree { position: relative; overflow: auto; border: 1px solid #ccc; background: #fff; min-height: 8em; }
+#tree svg { position: absolute; left: 0; top: 0; }
+.node { position: absolute; width: 92px; text-align: center; font-size: 0.75em; background: #fff;
+  border: 4px solid #111; border-radius: 6px; padding: 2px; cursor: pointer; }
+.node.red { border-color: #d32f2f; }
+.node img { width: 84px; height: 84px; image-rendering: pixelated; display: block; margin: 0 auto; background: #000; }
+"""
+
+LABEL_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
+<body data-query-id="">
+<nav>__NAV__</nav>
+<p id="status" class="status"></p>
+<main>
+<h1>__HEADING__</h1>
+<p class="hint">__HINT__</p>
+<section id="task" hidden>
+  <div class="clips">
+    <figure><img id="clip-left" alt="left clip"><figcaption id="caption-left">__LEFT_CAPTION__</figcaption></figure>
+    <figure><img id="clip-right" alt="right clip"><figcaption id="caption-right">__RIGHT_CAPTION__</figcaption>
+    </figure>
+  </div>
+  <div class="answers">
+    <button id="answer-left" data-answer="left">__LEFT_BUTTON__ <kbd>&larr;</kbd></button>
+    <button id="answer-equal" data-answer="equal">Equally good <kbd>&uarr;</kbd></button>
+    <button id="answer-cant_tell" data-answer="cant_tell">Can't tell (skip) <kbd>&darr;</kbd></button>
+    <button id="answer-right" data-answer="right">__RIGHT_BUTTON__ <kbd>&rarr;</kbd></button>
+  </div>
+</section>
+<section id="empty" hidden><p>Nothing to label yet: the agent has not asked anything. This page checks every
+second and shows the next clips as soon as they arrive.</p></section>
+<p id="message" role="status"></p>
+</main>
+<script>const CONFIG = __CONFIG__;</script>
+<script>
+"use strict";
+const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
+const $ = (id) => document.getElementById(id);
+const SAID = {left: CONFIG.leftButton, right: CONFIG.rightButton, equal: "equally good", cant_tell: "can't tell"};
+const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell",
+              "1": "left", "2": "right", e: "equal", s: "cant_tell"};
+let current = null, preload = null, busy = false, loading = false;
+
+async function fetchJSON(url, options) {
+  const response = await fetch(url, Object.assign({cache: "no-store", credentials: "same-origin"}, options || {}));
+  let body = {};
+  try { body = await response.json(); } catch (e) { body = {}; }
+  return {ok: response.ok, status: response.status, body: body};
+}
+function warm(query) {
+  for (const clip of [query.left, query.right]) { const img = new Image(); img.src = clip.media; }
+}
+function show(query) {
+  current = query;
+  $("clip-left").src = query.left.media;
+  $("clip-right").src = query.right.media;
+  if (CONFIG.kind === "tree") $("caption-right").textContent = "A clip already in the tree (node " + query.node + ")";
+  document.body.dataset.queryId = String(query.id);
+  $("task").hidden = false;
+  $("empty").hidden = true;
+}
+function showEmpty() {
+  current = null;
+  document.body.dataset.queryId = "";
+  $("task").hidden = true;
+  $("empty").hidden = false;
+}
+async function refill() {
+  if (loading) return;
+  loading = true;
+  try {
+    const r = await fetchJSON(api + "/next?kind=" + CONFIG.kind + "&count=2");
+    if (!r.ok) { $("message").textContent = r.body.error || ("error " + r.status); return; }
+    const queries = r.body.queries;
+    if (!current) {
+      if (!queries.length) { showEmpty(); return; }
+      show(queries[0]);
+    }
+    preload = queries.find((q) => q.id !== current.id) || null;
+    if (preload) warm(preload);
+  } catch (e) {
+    $("message").textContent = "The labelling server does not answer; retrying.";
+  } finally {
+    loading = false;
+  }
+}
+async function answer(choice) {
+  if (!current || busy) return;
+  busy = true;
+  const query = current;
+  try {
+    const r = await fetchJSON(api + "/answer", {method: "POST", headers: {"Content-Type": "application/json"},
+                                                body: JSON.stringify({query_id: query.id, answer: choice})});
+    if (r.ok) $("message").textContent = "Saved: " + SAID[choice] + ".";
+    else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered elsewhere or "
+                                                                               + "withdrawn; here is the next.";
+    else { $("message").textContent = r.body.error || ("error " + r.status); return; }
+    current = null;
+    if (preload && preload.id !== query.id) { show(preload); preload = null; }
+    await refill();
+    refreshStatus();
+  } catch (e) {
+    $("message").textContent = "The labelling server does not answer; your answer was not saved, try again.";
+  } finally {
+    busy = false;
+  }
+}
+function format(value) {
+  if (typeof value === "number") return value.toLocaleString("en-US", {maximumFractionDigits: 3});
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+async function refreshStatus() {
+  try {
+    const r = await fetchJSON(api + "/status");
+    if (!r.ok) return;
+    const st = r.body.status, parts = [], both = ("labels" in st) && ("budget" in st);
+    if (both) parts.push("labels " + format(st.labels) + " / " + format(st.budget));
+    for (const [key, value] of Object.entries(st)) {
+      if (!(both && (key === "labels" || key === "budget"))) parts.push(key + ": " + format(value));
+    }
+    parts.push("waiting here: " + r.body.pending[CONFIG.kind]);
+    $("status").textContent = parts.join("  \\u00b7  ");
+  } catch (e) { /* the next poll retries */ }
+}
+async function renewLeases() {
+  const ids = [current, preload].filter((q) => q).map((q) => q.id);
+  if (!ids.length) return;
+  try {
+    await fetchJSON(api + "/lease", {method: "POST", headers: {"Content-Type": "application/json"},
+                                     body: JSON.stringify({query_ids: ids})});
+  } catch (e) { /* the next renewal retries */ }
+}
+for (const button of document.querySelectorAll(".answers button")) {
+  button.addEventListener("click", (event) => { event.currentTarget.blur(); answer(button.dataset.answer); });
+}
+document.addEventListener("keydown", (event) => {
+  if (event.repeat || event.altKey || event.ctrlKey || event.metaKey) return;
+  const choice = KEYS[event.key];
+  if (!choice) return;
+  event.preventDefault();
+  answer(choice);
+});
+setInterval(() => { if (!current) refill(); }, 1000);
+setInterval(refreshStatus, 3000);
+setInterval(renewLeases, CONFIG.leaseSeconds * 1000 / 3);
+refill();
+refreshStatus();
+</script>
+</body></html>
+"""
+
+TREE_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
+<body>
+<nav>__NAV__</nav>
+<p id="status" class="status"></p>
+<main>
+<h1>The sort tree</h1>
+<p class="hint">In order, left to right, clips go from worst to best. Border colours are the red-black tree's.
+Hover a node to play its clip; click it to step through the clips bound to it (clips judged equal).</p>
+<div id="tree"></div>
+</main>
+<script>const CONFIG = __CONFIG__;</script>
+<script>
+"use strict";
+const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
+const $ = (id) => document.getElementById(id);
+const DX = 104, DY = 150, PAD = 8;
+let lastText = null, hovering = false;
+
+function draw(data) {
+  const box = $("tree");
+  box.textContent = "";
+  const tree = data.tree, clips = data.clips;
+  if (!tree || tree.root === null || tree.root === undefined) { box.textContent = "No sort tree yet."; return; }
+  const nodes = tree.nodes, place = {}, seen = new Set(), pendingAt = {};
+  for (const node of Object.values(tree.pending || {})) pendingAt[node] = (pendingAt[node] || 0) + 1;
+  let column = 0, deepest = 0;
+  function walk(id, depth) {
+    if (id === null || id === undefined || seen.has(String(id)) || !nodes[String(id)]) return;
+    seen.add(String(id));
+    const node = nodes[String(id)];
+    walk(node.left, depth + 1);
+    place[id] = {x: PAD + column * DX, y: PAD + depth * DY};
+    column += 1;
+    deepest = Math.max(deepest, depth);
+    walk(node.right, depth + 1);
+  }
+  walk(tree.root, 0);
+  const width = PAD * 2 + column * DX, height = PAD * 2 + (deepest + 1) * DY;
+  box.style.height = Math.min(height, 700) + "px";
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  box.appendChild(svg);
+  for (const [id, at] of Object.entries(place)) {
+    const node = nodes[id];
+    for (const child of [node.left, node.right]) {
+      if (child === null || child === undefined || !place[child]) continue;
+      const line = document.createElementNS("http://www.w3.org/2000/svg", "line");
+      line.setAttribute("x1", at.x + 50); line.setAttribute("y1", at.y + 60);
+      line.setAttribute("x2", place[child].x + 50); line.setAttribute("y2", place[child].y + 60);
+      line.setAttribute("stroke", "#999"); line.setAttribute("stroke-width", "2");
+      svg.appendChild(line);
+    }
+    const div = document.createElement("div");
+    div.className = "node " + (node.red ? "red" : "black");
+    div.dataset.nodeId = id;
+    div.style.left = at.x + "px";
+    div.style.top = at.y + "px";
+    const bound = (node.clips || []).filter((c) => clips[String(c)]);
+    const img = document.createElement("img");
+    const caption = document.createElement("div");
+    let index = 0;
+    const label = () => "node " + id + " \\u00b7 clip " + (bound.length ? bound[index] : "-") + " (" + (index + 1)
+                        + "/" + bound.length + ")" + (pendingAt[id] ? " \\u00b7 " + pendingAt[id] + " pending" : "");
+    if (bound.length) img.src = clips[String(bound[0])].poster;
+    img.alt = "clip of node " + id;
+    caption.textContent = label();
+    div.append(img, caption);
+    const file = (key) => clips[String(bound[index])][key];
+    div.addEventListener("mouseenter", () => { hovering = true; if (bound.length) img.src = file("media"); });
+    div.addEventListener("mouseleave", () => { hovering = false; if (bound.length) img.src = file("poster"); });
+    div.addEventListener("click", () => {
+      if (!bound.length) return;
+      index = (index + 1) % bound.length;
+      img.src = file("media");
+      caption.textContent = label();
+    });
+    box.appendChild(div);
+  }
+}
+async function load() {
+  try {
+    const response = await fetch(api + "/tree", {cache: "no-store", credentials: "same-origin"});
+    const text = await response.text();
+    if (!response.ok || text === lastText || hovering) return;
+    lastText = text;
+    draw(JSON.parse(text));
+  } catch (e) { /* the next poll retries */ }
+}
+async function refreshStatus() {
+  try {
+    const response = await fetch(api + "/status", {cache: "no-store", credentials: "same-origin"});
+    if (!response.ok) return;
+    const body = await response.json();
+    $("status").textContent = Object.entries(body.status).map(([k, v]) => k + ": " + v).join("  \\u00b7  ");
+  } catch (e) { /* the next poll retries */ }
+}
+load();
+refreshStatus();
+setInterval(load, 3000);
+setInterval(refreshStatus, 3000);
+</script>
+</body></html>
+"""
+
+CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+MAX_BODY = 65536
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
+    """The HTML of one page ("compare", "sort" or "tree"); built once per server, the data comes from the API."""
+    base = "/experiments/" + urllib.parse.quote(experiment, safe="")
+    links = [("compare", "Compare pairs"), ("sort", "Sort clips into the tree"), ("tree", "Tree view")]
+    nav = "".join(f'<a href="{base}/{v}" class="{"here" if v == view else ""}">{t}</a>' for v, t in links)
+    nav += f'<span class="experiment">experiment {html.escape(experiment)}</span>'
+    if view == "tree":
+        text = TREE_PAGE
+        config = {"experiment": experiment}
+    else:
+        pairwise = view == "compare"
+        text = LABEL_PAGE
+        words = {
+            "__HEADING__": "Which clip shows the better behaviour?" if pairwise else "Where does the new clip belong?",
+            "__HINT__": "Watch both looping clips and pick the one closer to what you want the agent to do."
+            if pairwise
+            else "Is the clip being sorted in better or worse than the clip from the tree?",
+            "__LEFT_CAPTION__": "Left" if pairwise else "The clip being sorted in",
+            "__RIGHT_CAPTION__": "Right" if pairwise else "A clip already in the tree",
+            "__LEFT_BUTTON__": "Left is better" if pairwise else "New clip is better",
+            "__RIGHT_BUTTON__": "Right is better" if pairwise else "Tree clip is better",
+        }
+        for key, value in words.items():
+            text = text.replace(key, value)
+        config = {
+            "experiment": experiment, "kind": "pair" if pairwise else "tree", "leaseSeconds": lease_s,
+            "leftButton": words["__LEFT_BUTTON__"].lower(), "rightButton": words["__RIGHT_BUTTON__"].lower(),
+        }  # fmt: skip
+    text = text.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
+    text = text.replace("__TITLE__", f"{html.escape(experiment)}: labelling").replace("__NAV__", nav)
+    return text.replace("__CSS__", PAGE_CSS).encode()
+
+
+class LabellingServer(ThreadingHTTPServer):
+    """The app's HTTP server: one thread per connection; `shutdown()` stops it and frees the port."""
+
+    daemon_threads = True
+
+    def __init__(self, address, store: LabelStore, experiment: str, feedback: str, lease_s: float):
+        self.store = store
+        self.experiment = experiment
+        self.feedback = feedback
+        self.lease_s = lease_s
+        self.pages = {view: _page_html(experiment, view, lease_s) for view in ("compare", "sort", "tree")}
+        super().__init__(address, LabellingHandler)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.server_close()
+
+
+class LabellingHandler(BaseHTTPRequestHandler):
+    """Routes: / (redirect), /experiments/<name>/{compare,sort,tree} (pages), /clips/<file> (rendered clips), and
+    /api/experiments/<name>/{next,answer,lease,status,tree} (JSON). Client errors get a JSON 4xx, never a 500."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "preference-labels/1"
+    timeout = 60  # an idle keep-alive connection frees its thread after a minute
+
+    def log_message(self, format, *args):  # a request log line per clip would drown the training log
+        pass
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            self._route(method)
+        except HttpError as e:
+            self._send_json(e.status, {"error": e.message})
+        except UnknownQuery as e:
+            self._send_json(404, {"error": str(e)})
+        except StaleQuery as e:
+            self._send_json(409, {"error": str(e)})
+        except sqlite3.OperationalError as e:  # the database is locked by another process for too long
+            self._send_json(503, {"error": f"label store busy ({e}); try again"})
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # a bug: say so in JSON and keep serving
+            traceback.print_exc()
+            self._send_json(500, {"error": f"internal error: {type(e).__name__}"})
+
+    def _route(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+        server: LabellingServer = self.server
+        if parts and parts[0] == "api":
+            if len(parts) != 4 or parts[1] != "experiments":
+                raise HttpError(404, f"no such endpoint: {url.path}")
+            self._check_experiment(parts[2])
+            self._api(method, parts[3], urllib.parse.parse_qs(url.query))
+            return
+        if method != "GET":
+            raise HttpError(405, f"{method} is not allowed on {url.path}")
+        if not parts:
+            view = "compare" if server.feedback == "pairwise" else "sort"
+            where = f"/experiments/{urllib.parse.quote(server.experiment, safe='')}/{view}"
+            self._send(302, b"", "text/plain", {"Location": where})
+        elif parts == ["favicon.ico"]:
+            self._send(204, b"", "image/x-icon")
+        elif len(parts) == 2 and parts[0] == "clips":
+            self._clip(parts[1])
+        elif len(parts) == 3 and parts[0] == "experiments" and parts[2] in server.pages:
+            self._check_experiment(parts[1])
+            headers = {"Cache-Control": "no-cache"}
+            if self._client_id(required=False) is None:
+                headers["Set-Cookie"] = f"pl_client={secrets.token_hex(8)}; Path=/; SameSite=Strict; HttpOnly"
+            self._send(200, server.pages[parts[2]], "text/html; charset=utf-8", headers)
+        else:
+            raise HttpError(404, f"no such page: {url.path}")
+
+    def _api(self, method: str, endpoint: str, params: dict) -> None:
+        server: LabellingServer = self.server
+        store, experiment = server.store, server.experiment
+        posts = {"answer", "lease"}
+        if endpoint not in posts | {"next", "status", "tree"}:
+            raise HttpError(404, f"no such endpoint: {endpoint}")
+        if (method == "POST") != (endpoint in posts):
+            self.close_connection = True  # a body we did not read must not be taken for the next request
+            raise HttpError(405, f"{method} is not allowed on {endpoint}")
+        if endpoint == "next":
+            kind = params.get("kind", ["pair" if server.feedback == "pairwise" else "tree"])[0]
+            count = params.get("count", ["1"])[0]
+            if kind not in QUERY_KINDS or not count.isdigit() or not 1 <= int(count) <= 5:
+                raise HttpError(400, f"next takes kind in {QUERY_KINDS} and count 1..5, got {kind!r}, {count!r}")
+            queries = store.next_queries(experiment, kind, self._client_id(), int(count), server.lease_s)
+            media = store.clip_media([c for q in queries for c in (q["left"], q["right"])])
+
+            def clip(cid):
+                found = media.get(cid, {})
+                return {"id": cid, "media": "/clips/" + found.get("media", "missing"), "length": found.get("length")}
+
+            out = [{"id": q["id"], "kind": q["kind"], "node": q["node"], "left": clip(q["left"]),
+                    "right": clip(q["right"])} for q in queries]  # fmt: skip
+            self._send_json(200, {"queries": out, "lease_s": server.lease_s})
+        elif endpoint == "answer":
+            body = self._json_body()
+            query_id, answer = body.get("query_id"), body.get("answer")
+            if not isinstance(query_id, int) or isinstance(query_id, bool):
+                raise HttpError(400, 'the body needs "query_id": an integer')
+            if answer not in ANSWERS:
+                raise HttpError(400, f'the body needs "answer": one of {list(ANSWERS)}')
+            store.answer(experiment, query_id, answer, f"web:{self._client_id()}")
+            self._send_json(200, {"ok": True, "query_id": query_id, "answer": answer})
+        elif endpoint == "lease":
+            ids = self._json_body().get("query_ids")
+            if not isinstance(ids, list) or len(ids) > 10 or not all(type(i) is int for i in ids):
+                raise HttpError(400, 'the body needs "query_ids": a list of at most 10 integers')
+            held = store.renew_leases(experiment, ids, self._client_id(), server.lease_s)
+            self._send_json(200, {"held": held})
+        elif endpoint == "status":
+            self._send_json(
+                200,
+                {
+                    "experiment": experiment, "feedback": server.feedback, "status": store.get_status(experiment),
+                    "pending": store.count_pending(experiment), "answers": store.count_answers(experiment),
+                },
+            )  # fmt: skip
+        else:
+            tree = store.load_tree(experiment)
+            clip_ids = []
+            if isinstance(tree, dict):
+                for node in (tree.get("nodes") or {}).values():
+                    clip_ids += [c for c in node.get("clips", []) if type(c) is int]
+            media = {
+                str(i): {"media": "/clips/" + m["media"], "poster": "/clips/" + m["poster"]}
+                for i, m in store.clip_media(clip_ids).items()
+            }
+            self._send_json(200, {"tree": tree, "clips": media})
+
+    def _check_experiment(self, name: str) -> None:
+        if name != self.server.experiment:
+            raise HttpError(404, f"unknown experiment {name!r}: this server labels {self.server.experiment!r}")
+
+    def _client_id(self, required: bool = True) -> str | None:
+        """The labeller's id: the X-Client-Id header, else the pl_client cookie the pages set, else the address."""
+        client = self.headers.get("X-Client-Id")
+        if client is None:
+            for part in self.headers.get("Cookie", "").split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == "pl_client":
+                    client = value
+        if client is None:
+            return f"ip-{self.client_address[0]}" if required else None
+        if not CLIENT_ID.match(client):
+            raise HttpError(400, "a client id is 1-64 letters, digits or _.:-")
+        return client
+
+    def _json_body(self) -> dict:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise HttpError(411 if length is None else 400, "send a JSON body with a Content-Length")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+        raw = self.rfile.read(int(length))
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise HttpError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        return body
+
+    def _clip(self, name: str) -> None:
+        """A rendered clip: a unique, never reused name, so browsers may keep it for a year without asking again."""
+        if not CLIP_FILE.match(name):
+            raise HttpError(404, f"no clip {name!r}")
+        etag = f'"{name}"'
+        headers = {"Cache-Control": "public, max-age=31536000, immutable", "ETag": etag}
+        if self.headers.get("If-None-Match") == etag:
+            self._send(304, b"", None, headers)
+            return
+        try:
+            data = (self.server.store.clips_dir / name).read_bytes()
+        except FileNotFoundError:
+            raise HttpError(404, f"no clip {name!r}") from None
+        self._send(200, data, "image/gif" if name.endswith(".gif") else "image/png", headers)
+
+    def _send_json(self, status: int, payload: dict) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", {"Cache-Control": "no-store"})
+
+    def _send(self, status: int, body: bytes, content_type: str | None, headers: dict | None = None) -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD" and status != 304:
+            self.wfile.write(body)
+
+
+def serve_labelling_app(
+    store: LabelStore, experiment: str, feedback: str, host: str = "127.0.0.1", port: int = 8000, lease_s: float = 30.0
+) -> LabellingServer:
+    """Serve the labelling app for one experiment in a daemon thread; returns the server (`.server_address`,
+    `.shutdown()`). feedback "pairwise" or "sort-tree" picks the page "/" opens. A port in use raises OSError."""
+    if feedback not in ("pairwise", "sort-tree"):
+        raise ValueError(f"feedback must be 'pairwise' or 'sort-tree', got {feedback!r}")
+    server = LabellingServer((host, port), store, experiment, feedback, lease_s)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="labelling").start()
+    return server
