@@ -501,7 +501,7 @@ class Shared:
         self.segments = queue.Queue(maxsize=max_segments)  # predictor -> trainer
         self.clips = queue.Queue(maxsize=256)  # predictor -> teacher
         self.games = deque(maxlen=10_000)  # (agent step, true game score, game length)
-        self.stop = threading.Event()
+        self.stop, self.hold = threading.Event(), threading.Event()
         self.random_actions = True  # pretraining clips come from a random policy
         self.steps = self.updates = self.predictions = self.trained_segments = 0
         self.lag, self.losses = 0.0, {}
@@ -553,6 +553,9 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
     game_return, game_length = np.zeros(n), np.zeros(n, np.int64)
     rng = np.random.default_rng(seed)
     while not shared.stop.is_set():
+        if shared.random_actions and (shared.hold.is_set() or shared.clips.qsize() >= 32):
+            time.sleep(0.01)  # random play only runs while clips are wanted: its steps count in the budget
+            continue
         ids = info["env_id"]
         if shared.random_actions:
             actions = rng.integers(num_actions, size=len(ids))
@@ -677,6 +680,8 @@ class Teacher:
 
     def ask(self, count: int) -> int:
         """Queue up to `count` new queries; returns how many were queued."""
+        if count <= 0:
+            return 0
         if self.mode == "sort-tree":
             asked = 0
             while asked < count and self.pool:
@@ -744,6 +749,9 @@ class Teacher:
         return len(answers)
 
     # -- training the predictors -----------------------------------------------------------------
+    def num_examples(self) -> int:
+        return len(self.labels) if self.tree is None else len(self.tree.ranked_clips())
+
     def clip_obs(self, clip_id: int) -> torch.Tensor:
         if clip_id not in self.frames:
             self.frames[clip_id] = torch.from_numpy(self.store.clip_arrays(clip_id)["frames"]).to(self.device)
@@ -873,16 +881,34 @@ def train(args: Args, ctx: dict) -> dict:
     if args.labeler == "synthetic":
         start_thread(shared, run_synthetic_labeller, ctx["store"], args.exp_name, shared.stop)
     log = RunLog(args, run_dir, shared, teacher, progress)
+    try:
+        learn(args, shared, net, optimizer, teacher, infer, reward_fn, log)
+    finally:  # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
+        shared.stop.set()
+        join_threads(shared)
+        envs.close()
+    if shared.error is not None:
+        raise shared.error
+    log.checkpoint(net, optimizer, final=True)
+    if log.interrupted:
+        raise Interrupted()
+    save_policy(run_dir / "policy.pt", net, args.env_id, ctx)
+    scores = evaluate(net, ctx, args, run_dir / "videos" if args.capture_video else None)
+    return log.finish(scores)
 
+
+def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], infer, reward_fn, log: "RunLog"):
+    """Pretraining labels and reward pretraining (learned rewards only), then GA3C with the teacher alongside."""
+    progress = log.progress
     # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
-    shared.random_actions = learned and not progress["pretrained"]
+    shared.random_actions = teacher is not None and not progress["pretrained"]
     while shared.random_actions and not log.should_stop():
         teacher.add_clips(drain(shared.clips))
         teacher.absorb_answers()
         answered, pending = teacher.outstanding()
         if answered >= args.labels.pretrain:
-            updates = math.ceil(args.reward.pretrain_epochs * len(teacher.labels or teacher.tree.ranked_clips())
-                                / args.reward.batch_size)  # fmt: skip
+            shared.hold.set()
+            updates = math.ceil(args.reward.pretrain_epochs * teacher.num_examples() / args.reward.batch_size)
             log.status("pretraining the reward model", answered)
             for done in range(0, updates, 50):
                 log.scalars(teacher.train(min(50, updates - done)), shared.steps)
@@ -891,6 +917,7 @@ def train(args: Args, ctx: dict) -> dict:
             teacher.normalise(infer, shared)
             progress["pretrained"] = not log.should_stop()
             shared.random_actions = False
+            shared.hold.clear()
         else:
             teacher.ask(max(0, min(args.labels.pretrain - answered - pending, 8)))
             log.status(f"random play: waiting for {args.labels.pretrain - answered} pretraining labels", answered)
@@ -917,18 +944,6 @@ def train(args: Args, ctx: dict) -> dict:
                 teacher.normalise(infer, shared)
             log.status(f"training the agent, step {shared.steps:,}", answered)
         log.tick(net, optimizer)
-
-    shared.stop.set()
-    join_threads(shared)
-    if shared.error is not None:
-        raise shared.error
-    log.checkpoint(net, optimizer, final=True)
-    envs.close()
-    if log.interrupted:
-        raise Interrupted()
-    save_policy(run_dir / "policy.pt", net, args.env_id, ctx)
-    scores = evaluate(net, ctx, args, run_dir / "videos" if args.capture_video else None)
-    return log.finish(scores)
 
 
 def evaluate(net: GA3CNet, ctx: dict, args: Args, video_dir: Optional[Path] = None) -> list[float]:
