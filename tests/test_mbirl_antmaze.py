@@ -1,0 +1,449 @@
+"""Tests of mbirl_antmaze.py (HyPER): the ensemble, the splits and windows, the buffers, the planner expert, a smoke
+run on PointMaze UMaze with the user contract (policy.pt, eval-only), resume, and bad input."""
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT, interrupt_when_exists
+
+sys.path.insert(0, str(REPO_ROOT))
+import mbirl_antmaze as mb  # noqa: E402
+
+ENV = "PointMaze_UMaze-v3"
+TINY = [
+    "--expert.num-demos",
+    "12",
+    "--hyper.total-timesteps",
+    "600",
+    "--hyper.exploration-steps",
+    "100",
+    "--hyper.bc-init-steps",
+    "100",
+    "--hyper.freq-train-model",
+    "250",
+    "--hyper.rollout-batch-size",
+    "400",
+    "--hyper.updates-per-step",
+    "2",
+    "--disc.every",
+    "200",
+    "--disc.batch-size",
+    "256",
+    "--disc.trajectories",
+    "2",
+    "--eval.frequency",
+    "300",
+    "--eval.episodes",
+    "3",
+    "--eval.log-frequency",
+    "100",
+    "--model.hidden",
+    "32",
+    "--model.max-epochs",
+    "3",
+    "--actor.hidden",
+    "64",
+    "--disc.hidden",
+    "64",
+]
+
+
+@pytest.fixture(scope="module")
+def umaze_demos():
+    return mb.make_expert_data(ENV, mb.ExpertArgs(num_demos=12), seed=0)
+
+
+@pytest.fixture
+def experts_dir(tmp_path, umaze_demos) -> Path:
+    cache = tmp_path / "experts" / ENV
+    cache.mkdir(parents=True)
+    np.savez_compressed(cache / "demos.npz", **umaze_demos)
+    return tmp_path / "experts"
+
+
+# ------------------------------------------------------------------------------------------------ the ensemble
+def test_gaussian_nll_hand_values():
+    mean = torch.tensor([[[0.0]], [[1.0]]])  # (E=2, B=1, D=1)
+    logvar = torch.tensor([[[0.0]], [[math.log(4.0)]]])
+    nll = mb.gaussian_nll(mean, logvar, torch.tensor([[2.0]]))
+    assert torch.allclose(nll, torch.tensor([4.0, 0.25 + math.log(4.0)]))
+
+
+def test_select_elites_lowest_scores():
+    assert mb.select_elites(torch.tensor([5.0, 1.0, 3.0, 0.0, 4.0]), 3).tolist() == [1, 2, 3]
+    assert mb.select_elites(torch.tensor([2.0, 1.0]), 1).tolist() == [1]
+
+
+def test_ensemble_is_one_batched_module_with_bounded_logvar():
+    torch.manual_seed(0)
+    model = mb.GaussianEnsemble(5, 3, ensemble_size=7, hidden=16, layers=4)
+    assert all(w.shape[0] == 7 for w in model.weights) and len(model.weights) == 5
+    x = torch.randn(11, 5) * 100  # large inputs push the raw log-variance far out
+    mean, logvar = model(x)
+    assert mean.shape == (7, 11, 3) and logvar.shape == (7, 11, 3)
+    logvar = logvar.detach()
+    assert float(logvar.min()) >= -10.0 and float(logvar.max()) <= 0.5
+    # member 4 computed by hand equals its slice of the batched forward
+    h = x
+    for i, (w, b) in enumerate(zip(model.weights, model.biases)):
+        h = h @ w[4] + b[4, 0]
+        h = torch.nn.functional.silu(h) if i < 4 else h
+    assert torch.allclose(mean[4], h[:, :3], atol=1e-5)
+    m2, _ = model(x[None].expand(2, -1, -1), members=torch.tensor([4, 1]))
+    assert torch.allclose(m2[0], mean[4], atol=1e-5) and torch.allclose(m2[1], mean[1], atol=1e-5)
+
+
+def test_ensemble_learns_a_linear_system_held_out_nll_below_bound():
+    """Δs = A s + B a + N(0, 0.05^2): the true model's NLL (no constant) is 1 + log(0.0025) = -4.99; predicting
+    only the mean of Δs scores about +0.3 here. Bound: held-out NLL of the elites < -3.5."""
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(3, 3, generator=g) * 0.3, torch.randn(2, 3, generator=g) * 0.5
+    s, a = torch.randn(3000, 3, generator=g), torch.rand(3000, 2, generator=g) * 2 - 1
+    delta = s @ A + a @ B + 0.05 * torch.randn(3000, 3, generator=g)
+    inputs = torch.cat([s, a], -1)
+    model = mb.GaussianEnsemble(5, 3, ensemble_size=3, hidden=64, layers=2)
+    m = mb.ModelArgs(ensemble_size=3, num_elites=2, lr=3e-3, batch_size=128, max_epochs=40, patience=10)
+    elites, info = mb.train_ensemble(
+        model, inputs[:2500], delta[:2500], torch.arange(2000), torch.arange(2000, 2500), m, g
+    )
+    with torch.no_grad():
+        mean, logvar = model(inputs[2500:], members=elites)
+        held_out = mb.gaussian_nll(mean, logvar, delta[2500:])
+    assert info["epochs"] >= 1 and len(elites) == 2
+    assert float(held_out.max()) < -3.5, held_out
+
+
+def test_density_binned_split_takes_a_fifth_of_every_occupied_bin():
+    xy = np.concatenate([np.zeros((10, 2)), np.ones((5, 2)), np.full((1, 2), 2.0), np.full((4, 2), [0.0, 2.0])])
+    train, val = mb.density_binned_split(xy, bins=3, val_ratio=0.2, rng=np.random.default_rng(0))
+    assert len(val) == 2 + 1 + 0 + 0  # int(0.2 * count) per bin: 10 -> 2, 5 -> 1, 1 -> 0, 4 -> 0
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(len(xy)))
+    assert set(val.tolist()) <= set(range(15)) and sum(v < 10 for v in val) == 2
+
+
+@pytest.mark.parametrize(
+    "progress, expected", [(0.0, (999, 1000)), (0.2, (800, 900)), (0.95, (50, 150)), (1.0, (0, 100))]
+)
+def test_sliding_window_columns(progress, expected):
+    assert mb.sliding_window_columns(progress, 1000, 0.1) == expected
+
+
+def test_sliding_window_on_a_short_horizon_is_never_empty():
+    for p in np.linspace(0, 1, 21):
+        lo, hi = mb.sliding_window_columns(float(p), 7, 0.1)
+        assert 0 <= lo < hi <= 7
+
+
+def test_coin_flip_picks_one_source_per_batch_evenly():
+    rng = np.random.default_rng(0)
+    picks = [mb.coin_flip_source(rng) for _ in range(2000)]
+    assert set(picks) == {"expert", "policy"} and abs(picks.count("expert") / 2000 - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("epoch, length", [(0, 1), (20, 1), (60, 13), (100, 25), (500, 25)])
+def test_rollout_schedule(epoch, length):
+    assert mb.rollout_length_at(epoch, (20, 100, 1, 25)) == length
+
+
+# ------------------------------------------------------------------------------------------------ buffers
+def test_hybrid_buffer_fills_expert_and_learner_one_to_one():
+    obs_dim, act_dim = 3, 2
+    expert = mb.Buffer(obs_dim, act_dim, 10, torch.device("cpu"))
+    expert.add(
+        -torch.ones(10, obs_dim) * torch.arange(1, 11)[:, None],
+        torch.zeros(10, act_dim),
+        torch.zeros(10, obs_dim),
+        torch.zeros(10),
+    )
+    hybrid = mb.Buffer(obs_dim, act_dim, 10 + 2 * 5, torch.device("cpu"))
+    hybrid.add(*expert.all())
+    policy = mb.Buffer(obs_dim, act_dim, 5, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    for k in range(5):
+        row = (torch.full((1, obs_dim), float(k + 1)), torch.zeros(1, act_dim), torch.zeros(1, obs_dim), torch.zeros(1))
+        mb.add_hybrid_step(hybrid, policy, row, expert, g)
+    assert hybrid.size == 20 and policy.size == 5
+    added = hybrid.rows[10:20, 0]
+    assert added[0::2].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]  # learner rows, in order
+    assert bool((added[1::2] < 0).all())  # each followed by one expert row
+    assert policy.rows[:5, 0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_buffer_ring_wraps_and_reloads():
+    buf = mb.Buffer(1, 1, 4, torch.device("cpu"))
+    for i in range(6):
+        buf.add(torch.tensor([[float(i)]]), torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))
+    assert buf.size == 4 and sorted(buf.rows[:, 0].tolist()) == [2.0, 3.0, 4.0, 5.0]
+    other = mb.Buffer(1, 1, 4, torch.device("cpu"))
+    other.load_rows(buf.rows[: buf.size])
+    assert other.size == 4 and torch.equal(other.rows, buf.rows)
+
+
+def test_padded_reset_states_repeat_the_final_state():
+    demos = {
+        "episode_ids": np.array([0, 0, 0, 1]),
+        "observations": np.arange(8.0).reshape(4, 2),
+        "next_observations": np.arange(8.0).reshape(4, 2) + 100,
+    }
+    out = mb.padded_reset_states(demos)
+    assert out.shape == (2, 3, 2)
+    assert out[1].tolist() == [[6.0, 7.0], [106.0, 107.0], [106.0, 107.0]]
+
+
+# ------------------------------------------------------------------------------------------------ termination, losses
+def test_termination_functions():
+    obs = torch.zeros(4, 11)
+    obs[:, 0] = torch.tensor([1.2, 0.5, 1.2, 1.2])  # height
+    obs[:, 1] = torch.tensor([0.0, 0.0, 0.3, 0.0])  # angle
+    obs[3, 5] = 200.0
+    assert mb.hopper_termination(obs).tolist() == [False, True, True, True]
+    w = torch.zeros(3, 17)
+    w[:, 0] = torch.tensor([1.2, 0.5, 1.2])
+    w[:, 1] = torch.tensor([0.0, 0.0, 1.5])
+    assert mb.walker2d_termination(w).tolist() == [False, True, True]
+    assert not mb.no_termination(torch.randn(5, 6)).any()
+    assert mb.goal_reached(np.array([[0.0, 0.0], [0.5, 0.0]]), np.zeros(2)).tolist() == [True, False]
+
+
+def test_td3bc_actor_loss_hand_value():
+    q = torch.tensor([1.0, -3.0])
+    pi, a = torch.tensor([[0.5], [0.0]]), torch.tensor([[0.0], [0.0]])
+    lam = 2.5 / 2.0
+    assert torch.isclose(mb.td3bc_actor_loss(q, pi, a, 2.5), torch.tensor(-lam * -1.0 + 0.125))
+    assert torch.allclose(
+        mb.td3_target(
+            torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), torch.tensor([2.0, 2.0]), torch.tensor([3.0, 3.0]), 0.5
+        ),
+        torch.tensor([2.0, 1.0]),
+    )
+
+
+def test_model_rollout_keeps_goal_uses_only_elites_and_covers_every_row():
+    torch.manual_seed(0)
+    model = mb.GaussianEnsemble(6 + 2, 4, ensemble_size=7, hidden=8, layers=2)
+    with torch.no_grad():
+        for i in (0, 2, 3, 5, 6):  # non-elites would produce NaN
+            model.biases[-1][i].fill_(float("nan"))
+    actor = mb.Actor(6, 2, 8)
+    start = torch.randn(10, 6)
+    obs, act, next_obs, done = mb.model_rollout(model, torch.tensor([1, 4]), actor, start, 3, 0.1, mb.no_termination)
+    assert obs.shape == (30, 6) and act.shape == (30, 2) and done.shape == (30,)
+    assert torch.isfinite(next_obs).all()
+    assert torch.equal(next_obs[:, -2:], obs[:, -2:]) and torch.equal(next_obs[-10:, -2:], start[:, -2:])
+    assert torch.equal(obs[10:20], next_obs[:10])
+
+
+# ------------------------------------------------------------------------------------------------ planner and expert
+def test_bfs_path_on_a_small_map():
+    maze = [[1, 1, 1, 1, 1], [1, 0, 0, 0, 1], [1, 1, 1, 0, 1], [1, "g", 0, 0, 1], [1, 1, 1, 1, 1]]
+    free = mb.free_cells(maze)
+    assert free[3, 1] and not free[2, 1]
+    assert mb.bfs_path(free, (1, 1), (3, 1)) == [(1, 1), (1, 2), (1, 3), (2, 3), (3, 3), (3, 2), (3, 1)]
+    maze[2][3] = 1
+    assert mb.bfs_path(mb.free_cells(maze), (1, 1), (3, 1)) == []
+
+
+def test_pd_action_points_at_the_waypoint_and_is_clipped():
+    a = mb.pd_action(np.zeros(2), np.zeros(2), np.array([0.05, -1.0]), kp=10.0, kd=1.0)
+    assert np.allclose(a, [0.5, -1.0])
+    assert np.allclose(mb.pd_action(np.zeros(2), np.array([0.3, 0.0]), np.zeros(2), 10.0, 1.0), [-0.3, 0.0])
+
+
+def test_planner_expert_reaches_the_goal_on_umaze_and_records_exact_state(umaze_demos):
+    d = umaze_demos
+    assert set(mb.REQUIRED_KEYS) <= set(d) and str(d["env_id"]) == ENV
+    ends = np.flatnonzero(d["terminals"] | d["timeouts"])
+    assert len(ends) == 12 and d["terminals"][ends].all()  # every episode ends AT the goal, none times out
+    assert mb.goal_reached(d["next_observations"][ends, :2], d["goal"][ends]).all()
+    assert np.allclose(d["observations"][:, -2:], d["goal"])
+    env = mb.make_env(ENV)
+    env.reset(seed=0)
+    data = mb.mujoco_data(env)
+    for i in (5, 40, len(d["actions"]) - 3):  # restoring the recorded state and action reproduces the next state
+        data.qpos[:], data.qvel[:], data.qacc_warmstart[:] = d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i]
+        env.unwrapped.goal = d["goal"][i]
+        next_obs, *_ = env.step(d["actions"][i])
+        assert np.allclose(next_obs, d["next_observations"][i], atol=1e-5)
+    env.close()
+
+
+# ---------------------------------------------------------------------------------------------- smoke, contract, resume
+@pytest.mark.slow
+def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, experts_dir):
+    rc, out, err = run_script(
+        "mbirl_antmaze.py", "--run-dir", run_dir, "--expert.experts-dir", experts_dir, *TINY, timeout=240
+    )
+    assert rc == 0, err[-3000:]
+    assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]
+    for name in (
+        "args.json",
+        "policy.pt",
+        "model_pretrained.pt",
+        "checkpoints/hyper.pt",
+        "learning_curve.png",
+        "maze.png",
+    ):
+        assert (run_dir / name).is_file(), name
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    saved = json.loads((run_dir / "args.json").read_text())
+    assert saved["script"] == "mbirl_antmaze.py" and saved["env_id"] == ENV
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["real_steps"] == 600 and res["disc_updates"] == 3 and res["disc_env_steps"] > 0
+    assert res["total_env_steps"] == 600 + res["disc_env_steps"] and res["model_trainings"] == 3
+    assert [h["step"] for h in res["history"]] == [0, 300, 600]
+    assert 0.0 <= res["success_rate"] <= 1.0 and res["expert_success_rate"] == 1.0
+    assert all(math.isfinite(v) for v in (res["wall_time_s"], res["success_rate"]))
+    # the five-line snippet of docs/CONTRACT.md
+    policy = mb.load_policy(str(run_dir / "policy.pt"))
+    envs = mb.make_policy_envs(policy, num_envs=2)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    assert actions.shape == (2, 2) and np.all(np.abs(actions) <= 1)
+    envs.close()
+    # --eval-only writes numbered files and never overwrites
+    for n in range(2):
+        rc, out, err = run_script("mbirl_antmaze.py", "--eval-only", run_dir, "--eval.episodes", "2", timeout=120)
+        assert rc == 0, err
+        assert json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())["episodes"] == 2
+    # a finished run is never overwritten
+    rc, _, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, timeout=120)
+    assert rc == 2 and "finished" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "mbirl_antmaze.py"),
+        "--run-dir",
+        str(run_dir),
+        "--expert.experts-dir",
+        str(experts_dir),
+        *TINY,
+        "--hyper.total-timesteps",
+        "1200",
+        "--eval.checkpoint-frequency",
+        "200",
+        "--eval.frequency",
+        "600",
+    ]
+    rc, _, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "hyper.pt", wait_s=180)
+    assert rc == 130, err[-2000:]
+    saved_step = torch.load(run_dir / "checkpoints" / "hyper.pt", weights_only=False)["counters"]["step"]
+    assert 0 < saved_step < 1200
+    from conftest import run_script_subprocess
+
+    rc, out, err = run_script_subprocess("mbirl_antmaze.py", "--run-dir", run_dir, timeout=240)
+    assert rc == 0, err[-2000:]
+    assert f"resumed at real step {saved_step}" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["real_steps"] == 1200 and res["history"][0]["step"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _validate(tmp_path, **overrides):
+    args = mb.Args(run_dir=str(tmp_path / "run"), **overrides)
+    return mb.RunContext.validate(args)
+
+
+def _numeric_fields():
+    for group in ("expert", "model", "hyper", "actor", "disc", "eval"):
+        for f in dataclasses.fields(getattr(mb.Args(), group)):
+            if f.type in (int, float, "int", "float"):
+                yield group, f.name
+
+
+@pytest.mark.parametrize("group, name", list(_numeric_fields()))
+def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name):
+    for bad in (-1, float("nan"), 1e15):
+        args = mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
+        setattr(getattr(args, group), name, bad)
+        with pytest.raises(mb.UsageError, match=name.replace("_", "-")):
+            mb.RunContext.validate(args)
+    args = mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
+    setattr(getattr(args, group), name, 0)
+    zero_ok = {
+        "kp",
+        "kd",
+        "waypoint_jitter",
+        "action_noise",
+        "weight_decay",
+        "max_epochs",
+        "exploration_steps",
+        "bc_init_steps",
+        "updates_per_step",
+        "p_tremble",
+        "gamma",
+        "policy_noise",
+        "noise_clip",
+        "bc_alpha",
+        "expl_noise",
+        "grad_clip",
+        "gp_weight",
+        "gp_target",
+    }
+    if name in zero_ok:  # 0 is a documented valid value
+        mb.RunContext.validate(args)
+    else:
+        with pytest.raises(mb.UsageError):
+            mb.RunContext.validate(args)
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
+    def check(demos, match, env_id=ENV):
+        path = tmp_path / "bad.npz"
+        np.savez(path, **demos)
+        with pytest.raises(mb.UsageError, match=match):
+            _validate(tmp_path, env_id=env_id, expert=mb.ExpertArgs(expert_path=str(path)))
+
+    d = dict(umaze_demos)
+    check({k: v for k, v in d.items() if k != "qpos"}, "qpos")
+    check({k: v for k, v in d.items() if k not in ("qpos", "qvel")}, "qpos, qvel")
+    check(d | {"env_id": np.array("PointMaze_Medium-v3")}, "PointMaze_Medium-v3")
+    check(d, "PointMaze_UMaze-v3, not PointMaze_Large-v3", env_id="PointMaze_Large-v3")
+    check(d | {"observations": d["observations"][:, :4]}, "observations")
+    obs = d["observations"].copy()
+    obs[3, 0] = np.nan
+    check(d | {"observations": obs}, "observations.*NaN")
+    check(d | {"actions": d["actions"].astype(np.int64)}, "actions.*dtype")
+    check(d | {"episode_ids": d["episode_ids"] * 2}, "episode_ids")
+    starts = d["episode_starts"].copy()
+    starts[1] = True
+    check(d | {"episode_starts": starts}, "episode_starts")
+    (tmp_path / "junk.npz").write_text("not a zip")
+    with pytest.raises(mb.UsageError, match="cannot read"):
+        _validate(tmp_path, expert=mb.ExpertArgs(expert_path=str(tmp_path / "junk.npz")))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "env_id, match",
+    [
+        ("PointMaze_Umaze-v3", "unknown env id.*PointMaze_UMaze-v3"),
+        ("Hopper-v5", "not supported"),
+        ("CartPole-v1", "not supported"),
+    ],
+)
+def test_unsupported_env_ids(tmp_path, env_id, match):
+    with pytest.raises(mb.UsageError, match=match):
+        _validate(tmp_path, env_id=env_id)
+
+
+def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run_dir, tmp_path, umaze_demos):
+    path = tmp_path / "noqvel.npz"
+    np.savez(path, **{k: v for k, v in umaze_demos.items() if k != "qvel"})
+    rc, out, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, "--expert.expert-path", path, timeout=120)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "qvel" in err, err
+    assert not run_dir.exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "args.json").write_text(json.dumps({"script": "hype_irl_mujoco.py", "env_id": "Hopper-v5"}))
+    with pytest.raises(mb.UsageError, match="hype_irl_mujoco.py"):
+        mb.RunContext.validate(mb.Args(run_dir=str(other)))
