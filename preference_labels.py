@@ -771,6 +771,7 @@ class LabellingServer(ThreadingHTTPServer):
     """The app's HTTP server: one thread per connection; `shutdown()` stops it and frees the port."""
 
     daemon_threads = True
+    request_queue_size = 128  # socketserver's default backlog of 5 resets connections when 20 people open pages
 
     def __init__(self, address, store: LabelStore, experiment: str, feedback: str, lease_s: float):
         self.store = store
@@ -982,5 +983,5 @@ def serve_labelling_app(
     if feedback not in ("pairwise", "sort-tree"):
         raise ValueError(f"feedback must be 'pairwise' or 'sort-tree', got {feedback!r}")
     server = LabellingServer((host, port), store, experiment, feedback, lease_s)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="labelling").start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="labelling").start()
     return server

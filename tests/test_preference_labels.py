@@ -282,3 +282,238 @@ def test_concurrent_answers_from_threads_are_each_stored_once(store):
     assert sorted(r["id"] for r in got) == ids
     assert [r["seq"] for r in got] == list(range(1, 201))
     assert len(stale) == 3 * 200
+
+
+# ---- the HTTP handlers ----
+def call(server, method: str, path: str, body=None, headers: dict | None = None):
+    """One request to the app; returns (status, parsed JSON or raw bytes, response headers)."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection(*server.server_address, timeout=30)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        conn.request(method, path, body=data, headers={"X-Client-Id": "tester", **(headers or {})})
+        response = conn.getresponse()
+        raw = response.read()
+        kind = response.getheader("Content-Type", "")
+        return response.status, json.loads(raw) if kind == "application/json" else raw, dict(response.getheaders())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def app(store):
+    """The app serving experiment "exp" (pairwise) on a free loopback port, with 2 clips and 3 pair queries."""
+    clips = [add_clip(store, seed=1, ret=1.0), add_clip(store, seed=2)]
+    queries = [store.add_query("exp", "pair", clips[0], clips[1]) for _ in range(3)]
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+    yield server, store, clips, queries
+    server.shutdown()
+
+
+API = "/api/experiments/exp"
+
+
+def test_http_next_answer_and_skip(app):
+    server, store, clips, queries = app
+    status, body, _ = call(server, "GET", API + "/next?kind=pair&count=2", headers={"X-Client-Id": "alice"})
+    assert status == 200 and [q["id"] for q in body["queries"]] == queries[:2]
+    first = body["queries"][0]
+    assert first["left"]["id"] == clips[0] and first["right"]["id"] == clips[1]
+    # Bob is offered what alice does not hold.
+    status, body, _ = call(server, "GET", API + "/next?count=2", headers={"X-Client-Id": "bob"})
+    assert [q["id"] for q in body["queries"]] == queries[2:]
+    # The clip is the file rendered at add_clip, cacheable for good.
+    status, gif, headers = call(server, "GET", first["left"]["media"])
+    assert status == 200 and headers["Content-Type"] == "image/gif"
+    assert gif == (store.clips_dir / store.clip_info(clips[0])["media"]).read_bytes()
+    assert "immutable" in headers["Cache-Control"]
+    status, _, _ = call(server, "GET", first["left"]["media"], headers={"If-None-Match": headers["ETag"]})
+    assert status == 304
+    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"},
+                           headers={"X-Client-Id": "alice"})  # fmt: skip
+    assert (status, body) == (200, {"ok": True, "query_id": queries[0], "answer": "left"})
+    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[1], "answer": "cant_tell"})
+    assert status == 200
+    got = store.answers_after("exp", 0)
+    assert [(r["id"], r["answer"], r["labeller"]) for r in got] == [
+        (queries[0], "left", "web:alice"), (queries[1], "cant_tell", "web:tester"),
+    ]  # fmt: skip
+    status, body, _ = call(server, "GET", API + "/status")
+    assert status == 200 and body["answers"] == 2 and body["pending"] == {"pair": 1, "tree": 0}
+
+
+def test_http_stale_and_unknown_queries(app):
+    server, store, clips, queries = app
+    assert call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "right"})[0] == 200
+    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"})
+    assert status == 409 and "no longer pending" in body["error"]
+    store.cancel_query("exp", queries[1])
+    assert call(server, "POST", API + "/answer", {"query_id": queries[1], "answer": "left"})[0] == 409
+    status, body, _ = call(server, "POST", API + "/answer", {"query_id": 12345, "answer": "left"})
+    assert status == 404 and "no query 12345" in body["error"]
+    assert [r["answer"] for r in store.answers_after("exp", 0)] == ["right"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[1, 2]", b"\xff\xfe", {"answer": "left"}, {"query_id": "1", "answer": "left"},
+     {"query_id": True, "answer": "left"}, {"query_id": 1, "answer": "up"}, {"query_id": 1}],
+)  # fmt: skip
+def test_http_malformed_answer_body_is_400(app, body):
+    server, store, clips, queries = app
+    status, reply, _ = call(server, "POST", API + "/answer", body)
+    assert status == 400 and isinstance(reply["error"], str)
+    assert store.count_answers("exp") == 0
+    # The server is still fine afterwards.
+    assert call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "equal"})[0] == 200
+
+
+def test_http_missing_length_oversized_body_and_wrong_methods(app):
+    import socket
+
+    server, store, clips, queries = app
+    with socket.create_connection(server.server_address, timeout=10) as s:
+        s.sendall(b"POST /api/experiments/exp/answer HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).split(b"\r\n")[0] == b"HTTP/1.1 411 Length Required"
+    big = b'{"query_id": 1, "answer": "left", "pad": "' + b"x" * 70000 + b'"}'
+    assert call(server, "POST", API + "/answer", big)[0] == 413
+    assert call(server, "GET", API + "/answer")[0] == 405
+    assert call(server, "POST", API + "/next", {})[0] == 405
+    assert call(server, "POST", "/experiments/exp/compare", {})[0] == 405
+    assert call(server, "GET", API + "/next?count=99")[0] == 400
+    assert call(server, "GET", API + "/next?kind=triple")[0] == 400
+    assert call(server, "GET", API + "/next", headers={"X-Client-Id": "bad id!"})[0] == 400
+    assert store.count_answers("exp") == 0
+
+
+def test_http_unknown_experiment_routes_and_files_are_404(app):
+    server, store, clips, queries = app
+    status, body, _ = call(server, "POST", "/api/experiments/other/answer", {"query_id": queries[0], "answer": "left"})
+    assert status == 404 and "unknown experiment 'other'" in body["error"]
+    assert call(server, "GET", "/api/experiments/other/next")[0] == 404
+    assert call(server, "GET", "/experiments/other/compare")[0] == 404
+    assert call(server, "GET", "/api/experiments/exp/nothing")[0] == 404
+    assert call(server, "GET", "/nothing")[0] == 404
+    assert call(server, "GET", "/clips/..%2F" + store.path.name)[0] == 404
+    assert call(server, "GET", "/clips/clip_0123456789abcdef.gif")[0] == 404
+    assert store.count_answers("exp") == 0 and store.count_answers("other") == 0
+
+
+def test_http_pages_redirect_and_set_a_client_cookie(app):
+    server, store, clips, queries = app
+    status, _, headers = call(server, "GET", "/")
+    assert status == 302 and headers["Location"] == "/experiments/exp/compare"
+    import http.client
+
+    conn = http.client.HTTPConnection(*server.server_address, timeout=10)
+    conn.request("GET", "/experiments/exp/sort")
+    response = conn.getresponse()
+    page = response.read().decode()
+    assert response.status == 200 and response.getheader("Set-Cookie").startswith("pl_client=")
+    assert "Tree clip is better" in page and '"kind": "tree"' in page
+    conn.close()
+    tree_server = labels.serve_labelling_app(store, "exp", "sort-tree", port=0)
+    try:
+        assert call(tree_server, "GET", "/")[2]["Location"] == "/experiments/exp/sort"
+    finally:
+        tree_server.shutdown()
+
+
+def test_tree_endpoint_adds_the_clips_media(app):
+    server, store, clips, queries = app
+    tree = {"root": 1, "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False,
+            "clips": [clips[0], clips[1]]}}, "pending": {}}  # fmt: skip
+    store.save_tree("exp", tree)
+    status, body, _ = call(server, "GET", API + "/tree")
+    assert status == 200 and body["tree"] == tree
+    name = store.clip_info(clips[1])["media"]
+    assert body["clips"][str(clips[1])] == {"media": "/clips/" + name, "poster": "/clips/" + name[:-4] + ".png"}
+
+
+def test_port_in_use_raises_oserror(app):
+    server = app[0]
+    with pytest.raises(OSError):
+        labels.serve_labelling_app(app[1], "exp", "pairwise", host="127.0.0.1", port=server.server_address[1])
+    with pytest.raises(ValueError):
+        labels.serve_labelling_app(app[1], "exp", "ranking", port=0)
+
+
+# ---- load ----
+def test_load_1000_answers_from_20_concurrent_clients(store):
+    """20 clients post 1,000 answers at once (50 each) and then repeat 100 of them: exactly 1,000 stored, each
+    query once, the repeats all 409."""
+    import http.client
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    ids = [store.add_query("exp", "pair", a, b) for _ in range(1000)]
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+    barrier = threading.Barrier(20)
+
+    def client(k: int):
+        conn = http.client.HTTPConnection(*server.server_address, timeout=60)  # one keep-alive connection each
+        statuses = []
+        barrier.wait()
+        mine = ids[k::20]
+        for qid in mine + mine[:5]:
+            body = json.dumps({"query_id": qid, "answer": labels.ANSWERS[qid % 4]})
+            conn.request("POST", API + "/answer", body=body, headers={"X-Client-Id": f"c{k}"})
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+        conn.close()
+        return statuses
+
+    try:
+        with ThreadPoolExecutor(20) as pool:
+            statuses = [s for result in pool.map(client, range(20)) for s in result]
+    finally:
+        server.shutdown()
+    assert statuses.count(200) == 1000 and statuses.count(409) == 100 and len(statuses) == 1100
+    got = store.answers_after("exp", 0)
+    assert sorted(r["id"] for r in got) == ids
+    assert [r["seq"] for r in got] == list(range(1, 1001))
+    assert all(r["answer"] == labels.ANSWERS[r["id"] % 4] for r in got)
+    assert store.pending_queries("exp") == []
+
+
+def test_leased_labelling_by_20_clients_never_offers_one_query_twice(store):
+    """20 clients each loop next -> answer over 200 queries: leases mean no two clients ever get the same one."""
+    import http.client
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = add_clip(store, seed=1), add_clip(store, seed=2)
+    ids = [store.add_query("exp", "pair", a, b) for _ in range(200)]
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+
+    def client(k: int):
+        conn = http.client.HTTPConnection(*server.server_address, timeout=60)
+        headers = {"X-Client-Id": f"c{k}"}
+        answered, conflicts = [], 0
+        while True:
+            conn.request("GET", API + "/next?kind=pair", headers=headers)
+            queries = json.loads(conn.getresponse().read())["queries"]
+            if not queries:
+                break
+            conn.request("POST", API + "/answer", json.dumps({"query_id": queries[0]["id"], "answer": "left"}), headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                answered.append(queries[0]["id"])
+            else:
+                conflicts += 1
+        conn.close()
+        return answered, conflicts
+
+    try:
+        with ThreadPoolExecutor(20) as pool:
+            results = list(pool.map(client, range(20)))
+    finally:
+        server.shutdown()
+    answered = [q for got, _ in results for q in got]
+    assert sorted(answered) == ids and sum(c for _, c in results) == 0
+    assert store.count_answers("exp") == 200
