@@ -175,14 +175,14 @@ class LabelStore:
         """Save a clip's arrays and its rendered GIF, then record it; returns the clip id.
 
         frames: uint8 (T + stack - 1, H, W) single grey frames (step t sees frames[t:t+stack]); actions (T,);
-        true_rewards (T,), the game's score change per step; stack >= 1 frames per observation.
+        true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1).
         """
         frames = np.asarray(frames)
         actions = np.asarray(actions)
         true_rewards = np.asarray(true_rewards)
-        stack = int(stack)
+        stack = max(1, int(stack)) if int(stack) >= 0 else int(stack)  # 0 = no stacking = 1 frame per observation
         if stack < 1:
-            raise ValueError(f"stack must be >= 1 frames per observation, got {stack}")
+            raise ValueError(f"stack must be >= 0 frames per observation (0 = no stacking), got {stack}")
         if frames.dtype != np.uint8 or frames.ndim != 3:
             raise ValueError(f"frames must be uint8 (T + stack - 1, H, W), got {frames.dtype} {frames.shape}")
         t = len(actions)
@@ -505,13 +505,8 @@ const SAID = {left: CONFIG.leftButton, right: CONFIG.rightButton, equal: "equall
 const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell",
               "1": "left", "2": "right", e: "equal", s: "cant_tell"};
 let current = null, preload = null, busy = false, loading = false;
-
-async function fetchJSON(url, options) {
-  const response = await fetch(url, Object.assign({cache: "no-store", credentials: "same-origin"}, options || {}));
-  let body = {};
-  try { body = await response.json(); } catch (e) { body = {}; }
-  return {ok: response.ok, status: response.status, body: body};
-}
+const done = new Set();
+__COMMON_JS__
 function warm(query) {
   for (const clip of [query.left, query.right]) { const img = new Image(); img.src = clip.media; }
 }
@@ -536,7 +531,7 @@ async function refill() {
   try {
     const r = await fetchJSON(api + "/next?kind=" + CONFIG.kind + "&count=2");
     if (!r.ok) { $("message").textContent = r.body.error || ("error " + r.status); return; }
-    const queries = r.body.queries;
+    const queries = r.body.queries.filter((q) => !done.has(q.id));  // answered while this request was out
     if (!current) {
       if (!queries.length) { showEmpty(); return; }
       show(queries[0]);
@@ -559,34 +554,19 @@ async function answer(choice) {
     if (r.ok) $("message").textContent = "Saved: " + SAID[choice] + ".";
     else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered elsewhere or "
                                                                                + "withdrawn; here is the next.";
-    else { $("message").textContent = r.body.error || ("error " + r.status); return; }
+    else { $("message").textContent = r.body.error || ("error " + r.status); busy = false; return; }
+    done.add(query.id);
     current = null;
-    if (preload && preload.id !== query.id) { show(preload); preload = null; }
-    await refill();
-    refreshStatus();
+    if (preload && !done.has(preload.id)) show(preload);  // the preloaded pair: its clips are already here
+    preload = null;
   } catch (e) {
     $("message").textContent = "The labelling server does not answer; your answer was not saved, try again.";
-  } finally {
     busy = false;
+    return;
   }
-}
-function format(value) {
-  if (typeof value === "number") return value.toLocaleString("en-US", {maximumFractionDigits: 3});
-  if (typeof value === "object") return JSON.stringify(value);
-  return String(value);
-}
-async function refreshStatus() {
-  try {
-    const r = await fetchJSON(api + "/status");
-    if (!r.ok) return;
-    const st = r.body.status, parts = [], both = ("labels" in st) && ("budget" in st);
-    if (both) parts.push("labels " + format(st.labels) + " / " + format(st.budget));
-    for (const [key, value] of Object.entries(st)) {
-      if (!(both && (key === "labels" || key === "budget"))) parts.push(key + ": " + format(value));
-    }
-    parts.push("waiting here: " + r.body.pending[CONFIG.kind]);
-    $("status").textContent = parts.join("  \\u00b7  ");
-  } catch (e) { /* the next poll retries */ }
+  busy = false;  // the next pair can be answered while the one after it loads
+  await refill();
+  refreshStatus();
 }
 async function renewLeases() {
   const ids = [current, preload].filter((q) => q).map((q) => q.id);
@@ -634,7 +614,7 @@ const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
 const $ = (id) => document.getElementById(id);
 const DX = 104, DY = 150, PAD = 8;
 let lastText = null, hovering = false;
-
+__COMMON_JS__
 function draw(data) {
   const box = $("tree");
   box.textContent = "";
@@ -706,20 +686,39 @@ async function load() {
     draw(JSON.parse(text));
   } catch (e) { /* the next poll retries */ }
 }
-async function refreshStatus() {
-  try {
-    const response = await fetch(api + "/status", {cache: "no-store", credentials: "same-origin"});
-    if (!response.ok) return;
-    const body = await response.json();
-    $("status").textContent = Object.entries(body.status).map(([k, v]) => k + ": " + v).join("  \\u00b7  ");
-  } catch (e) { /* the next poll retries */ }
-}
 load();
 refreshStatus();
 setInterval(load, 3000);
 setInterval(refreshStatus, 3000);
 </script>
 </body></html>
+"""
+
+COMMON_JS = """// fetch JSON without caching; the status line (shows whatever keys the training script writes)
+async function fetchJSON(url, options) {
+  const response = await fetch(url, Object.assign({cache: "no-store", credentials: "same-origin"}, options || {}));
+  let body = {};
+  try { body = await response.json(); } catch (e) { body = {}; }
+  return {ok: response.ok, status: response.status, body: body};
+}
+function format(value) {
+  if (typeof value === "number") return value.toLocaleString("en-US", {maximumFractionDigits: 3});
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+async function refreshStatus() {
+  try {
+    const r = await fetchJSON(api + "/status");
+    if (!r.ok) return;
+    const st = r.body.status, parts = [], both = ("labels" in st) && ("budget" in st);
+    if (both) parts.push("labels " + format(st.labels) + " / " + format(st.budget));
+    for (const [key, value] of Object.entries(st)) {
+      if (!(both && (key === "labels" || key === "budget"))) parts.push(key + ": " + format(value));
+    }
+    if (CONFIG.kind) parts.push("waiting here: " + r.body.pending[CONFIG.kind]);
+    $("status").textContent = parts.join("  \\u00b7  ");
+  } catch (e) { /* the next poll retries */ }
+}
 """
 
 CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
@@ -764,7 +763,7 @@ def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
         }  # fmt: skip
     text = text.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
     text = text.replace("__TITLE__", f"{html.escape(experiment)}: labelling").replace("__NAV__", nav)
-    return text.replace("__CSS__", PAGE_CSS).encode()
+    return text.replace("__COMMON_JS__", COMMON_JS).replace("__CSS__", PAGE_CSS).encode()
 
 
 class LabellingServer(ThreadingHTTPServer):
@@ -778,10 +777,12 @@ class LabellingServer(ThreadingHTTPServer):
         self.experiment = experiment
         self.feedback = feedback
         self.lease_s = lease_s
+        self.stopped = False
         self.pages = {view: _page_html(experiment, view, lease_s) for view in ("compare", "sort", "tree")}
         super().__init__(address, LabellingHandler)
 
     def shutdown(self) -> None:
+        self.stopped = True  # browsers keep connections open: their next request is refused, not served
         super().shutdown()
         self.server_close()
 
@@ -804,6 +805,10 @@ class LabellingHandler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def _dispatch(self, method: str) -> None:
+        if self.server.stopped:
+            self.close_connection = True
+            self._send_json(503, {"error": "the labelling app has stopped"})
+            return
         try:
             self._route(method)
         except HttpError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,8 +76,11 @@ def test_add_clip_rejects_inconsistent_shapes(store):
     with pytest.raises(ValueError, match="uint8"):
         store.add_clip(make_frames(5, 1).astype(np.float32), np.zeros(5), np.zeros(5, np.float32), 1, "x")
     with pytest.raises(ValueError, match="stack"):
-        store.add_clip(make_frames(5, 1), np.zeros(5), np.zeros(5, np.float32), 0, "x")
+        store.add_clip(make_frames(5, 1), np.zeros(5), np.zeros(5, np.float32), -1, "x")
     assert store.clip_ids() == []
+    # --stacked-frames 0 (no stacking): one frame per observation, stored as stack 1.
+    cid = store.add_clip(make_frames(5, 1), np.zeros(5), np.zeros(5, np.float32), 0, "x")
+    assert store.clip_arrays(cid)["stack"] == 1 and store.clip_info(cid)["length"] == 5
 
 
 def test_gif_frame_durations_average_the_game_speed():
@@ -517,3 +521,229 @@ def test_leased_labelling_by_20_clients_never_offers_one_query_twice(store):
     answered = [q for got, _ in results for q in got]
     assert sorted(answered) == ids and sum(c for _, c in results) == 0
     assert store.count_answers("exp") == 200
+
+
+# ---- a real browser ----
+SCREENSHOT_DIR_VAR = "PREFERENCE_WEBAPP_SCREENSHOTS"  # set to a folder (docs/assets/preference_ga3c_atari) to keep them
+
+
+def skip_or_fail(reason: str):
+    """Browser tests skip where the browser is missing, but fail in CI, where it must be installed."""
+    import os
+
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, so the browser tests must run: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium from the OS packages, driven by selenium (flags from the project's notes)."""
+    import shutil
+
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        skip_or_fail("selenium is not installed (pip install selenium==4.51.0)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        skip_or_fail("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--autoplay-policy=no-user-gesture-required", "--window-size=1000,760"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def pong_frames():
+    """Real Pong frames (84x84 grey, ale-py's AtariVectorEnv, random actions), past the serve so the ball moves."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv("pong", 1, stack_num=1, repeat_action_probability=0.0, reward_clipping=False, noop_max=0)
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    frames = []
+    for _ in range(200):
+        obs, *_ = env.step(rng.integers(0, 6, 1))
+        frames.append(obs[0, -1].copy())
+    env.close()
+    return np.stack(frames[50:])
+
+
+def add_pong_clip(store, frames, k: int, t: int = 25, stack: int = 4) -> int:
+    start = (17 * k) % (len(frames) - t - stack)
+    window = frames[start : start + t + stack - 1]
+    return store.add_clip(window, np.zeros(t, np.int64), np.zeros(t, np.float32), stack, f"random#{k}")
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def shown_query(driver) -> int | None:
+    value = driver.find_element("tag name", "body").get_attribute("data-query-id")
+    return int(value) if value else None
+
+
+def clip_loaded_width(driver, element_id: str) -> int:
+    return driver.execute_script(
+        "const img = document.getElementById(arguments[0]); return img.complete ? img.naturalWidth : 0;", element_id
+    )
+
+
+def assert_clips_playing(driver, ids=("clip-left", "clip-right")):
+    """Each clip is loaded (336 px wide) and playing: what the browser paints in its place changes over time.
+    (A canvas cannot tell: drawImage always draws an animated image's first frame.)"""
+    for element_id in ids:
+        wait_for(lambda: clip_loaded_width(driver, element_id) == 336, what=f"{element_id} to load")
+        element = driver.find_element("id", element_id)
+        first = element.screenshot_as_png
+        wait_for(lambda: element.screenshot_as_png != first, timeout=5, what=f"{element_id} to play")
+
+
+def save_screenshot(driver, tmp_path, name: str):
+    import os
+    import shutil
+
+    path = tmp_path / name
+    assert driver.save_screenshot(str(path))
+    keep = os.environ.get(SCREENSHOT_DIR_VAR)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / name)
+
+
+def press(driver, key: str):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).send_keys(key).perform()
+
+
+def test_browser_comparison_page(browser, pong_frames, store, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+
+    clips = [add_pong_clip(store, pong_frames, k) for k in range(4)]
+    queries = [store.add_query("exp", "pair", clips[i], clips[i + 1]) for i in range(3)]
+    store.set_status("exp", {"labels": 0, "budget": 3000, "agent": "training, step 12,800", "feedback": "pairwise"})
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+    try:
+        browser.get("http://127.0.0.1:%d/" % server.server_address[1])
+        assert browser.current_url.endswith("/experiments/exp/compare")
+        wait_for(lambda: shown_query(browser) == queries[0], what="the first pair")
+        assert_clips_playing(browser)
+        wait_for(lambda: "labels 0 / 3,000" in browser.find_element("id", "status").text, what="the status line")
+        assert "training, step 12,800" in browser.find_element("id", "status").text
+        save_screenshot(browser, tmp_path, "compare.png")
+        # By click: the label lands in the database and the next (preloaded) pair appears.
+        browser.find_element("id", "answer-left").click()
+        wait_for(lambda: store.count_answers("exp") == 1, what="the click's answer in the database")
+        wait_for(lambda: shown_query(browser) == queries[1], what="the second pair")
+        assert_clips_playing(browser)
+        # By key.
+        press(browser, Keys.ARROW_RIGHT)
+        wait_for(lambda: shown_query(browser) == queries[2], what="the third pair")
+        press(browser, Keys.ARROW_DOWN)
+        wait_for(lambda: store.count_answers("exp") == 3, what="the key answers in the database")
+        got = store.answers_after("exp", 0)
+        assert [(r["id"], r["answer"]) for r in got] == list(zip(queries, ["left", "right", "cant_tell"]))
+        assert got[0]["labeller"].startswith("web:") and got[0]["labeller"] != "web:ip-127.0.0.1"  # the cookie
+        # Nothing left: the page says so and polls until the agent asks again.
+        wait_for(lambda: browser.find_element("id", "empty").is_displayed(), what="the nothing-to-label state")
+        save_screenshot(browser, tmp_path, "compare_empty.png")
+        later = store.add_query("exp", "pair", clips[3], clips[0])
+        wait_for(lambda: shown_query(browser) == later, what="a new query to appear by polling")
+        press(browser, "e")
+        wait_for(lambda: store.count_answers("exp") == 4, what="the equal answer")
+        assert store.answers_after("exp", 0)[-1]["answer"] == "equal"
+    finally:
+        server.shutdown()
+
+
+def sort_tree_fixture(store, pong_frames):
+    """A 5-node red-black tree over Pong clips (node 2 holds a tie), two clips pending insertion."""
+    clips = [add_pong_clip(store, pong_frames, k) for k in range(8)]
+    node = lambda left, right, parent, red, bound: {  # noqa: E731
+        "left": left, "right": right, "parent": parent, "red": red, "clips": bound,
+    }  # fmt: skip
+    tree = {
+        "root": 2,
+        "nodes": {
+            "2": node(1, 4, None, False, [clips[2], clips[5]]), "1": node(None, None, 2, False, [clips[1]]),
+            "4": node(3, 5, 2, True, [clips[4]]), "3": node(None, None, 4, False, [clips[3]]),
+            "5": node(None, None, 4, False, [clips[0]]),
+        },
+        "pending": {str(clips[6]): 2, str(clips[7]): 2},
+    }  # fmt: skip
+    store.save_tree("exp", tree)
+    return clips, tree
+
+
+def test_browser_sort_tree_page(browser, pong_frames, store, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+
+    clips, tree = sort_tree_fixture(store, pong_frames)
+    q1 = store.add_query("exp", "tree", clips[6], clips[2], node=2)
+    q2 = store.add_query("exp", "tree", clips[7], clips[5], node=2)
+    store.add_query("exp", "pair", clips[0], clips[1])  # another kind: not shown on this page
+    store.set_status("exp", {"labels": 9, "budget": 100, "agent": "pretraining the reward model"})
+    server = labels.serve_labelling_app(store, "exp", "sort-tree", port=0)
+    try:
+        browser.get("http://127.0.0.1:%d/" % server.server_address[1])
+        assert browser.current_url.endswith("/experiments/exp/sort")
+        wait_for(lambda: shown_query(browser) == q1, what="the first tree comparison")
+        assert_clips_playing(browser)
+        assert "node 2" in browser.find_element("id", "caption-right").text
+        wait_for(lambda: "labels 9 / 100" in browser.find_element("id", "status").text, what="the status line")
+        save_screenshot(browser, tmp_path, "sort.png")
+        browser.find_element("id", "answer-equal").click()
+        wait_for(lambda: shown_query(browser) == q2, what="the second tree comparison")
+        press(browser, Keys.ARROW_LEFT)
+        wait_for(lambda: store.count_answers("exp", "tree") == 2, what="both tree answers")
+        assert [(r["id"], r["answer"]) for r in store.answers_after("exp", 0)] == [(q1, "equal"), (q2, "left")]
+        assert store.count_answers("exp", "pair") == 0
+        wait_for(lambda: browser.find_element("id", "empty").is_displayed(), what="the nothing-to-label state")
+    finally:
+        server.shutdown()
+
+
+def test_browser_tree_view(browser, pong_frames, store, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    clips, tree = sort_tree_fixture(store, pong_frames)
+    store.set_status("exp", {"labels": 14, "budget": 100, "agent": "training, step 40,960", "feedback": "sort-tree"})
+    server = labels.serve_labelling_app(store, "exp", "sort-tree", port=0)
+    try:
+        browser.get("http://127.0.0.1:%d/experiments/exp/tree" % server.server_address[1])
+        wait_for(lambda: "labels 14 / 100" in browser.find_element("id", "status").text, what="the status line")
+        nodes = wait_for(lambda: browser.find_elements("css selector", ".node"), what="the tree's nodes")
+        assert len(nodes) == 5
+        by_id = {n.get_attribute("data-node-id"): n for n in nodes}
+        assert {k for k, n in by_id.items() if "red" in n.get_attribute("class").split()} == {"4"}
+        # In-order, left to right = worst to best: nodes 1, 2, 3, 4, 5.
+        xs = {k: n.location["x"] for k, n in by_id.items()}
+        assert sorted(xs, key=xs.get) == ["1", "2", "3", "4", "5"]
+        assert by_id["2"].location["y"] < by_id["4"].location["y"] < by_id["5"].location["y"]
+        root_img = by_id["2"].find_element("tag name", "img")
+        assert root_img.get_attribute("src").endswith(".png")  # a still until hovered
+        assert "2 pending" in by_id["2"].text
+        ActionChains(browser).move_to_element(by_id["2"]).perform()
+        wait_for(lambda: root_img.get_attribute("src").endswith(store.clip_info(clips[2])["media"]), what="hover play")
+        by_id["2"].click()  # the second clip bound to the node (a tie)
+        wait_for(lambda: root_img.get_attribute("src").endswith(store.clip_info(clips[5])["media"]), what="click")
+        assert "(2/2)" in by_id["2"].text
+        save_screenshot(browser, tmp_path, "tree.png")
+    finally:
+        server.shutdown()
