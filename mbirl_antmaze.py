@@ -42,7 +42,7 @@ with contextlib.redirect_stderr(io.StringIO()):  # its import prints an Adroit n
 gym.register_envs(gymnasium_robotics)
 SCRIPT = "mbirl_antmaze.py"
 GOAL_RADIUS = 0.45  # Gymnasium-Robotics' success test (D4RL used 0.5)
-MAZE_FAMILIES = {"PointMaze_": "pointmaze"}  # AntMaze_ ids: not yet (see docs)
+MAZE_FAMILIES = {"PointMaze_": "pointmaze", "AntMaze_": "antmaze"}
 
 
 @dataclass
@@ -196,7 +196,7 @@ class Args:
     save_model: bool = True
     """write policy.pt at the end"""
     env_id: str = "PointMaze_UMaze-v3"
-    """a PointMaze_* id (AntMaze_* ids are not supported yet)"""
+    """a PointMaze_* id, or an AntMaze_* id with --expert.expert-path (no Ant controller ships yet)"""
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
     eval_only: str | None = None
@@ -227,25 +227,38 @@ def env_family(env_id: str) -> str | None:
 
 
 class FlatMazeObs(gym.ObservationWrapper):
-    """Dict observation -> [observation, desired_goal]; PointMaze's observation starts with (x, y)."""
+    """Dict observation -> flat vector that starts with (x, y) and ends with the goal: PointMaze [observation (x, y,
+    vx, vy), goal] = 6-D; AntMaze [achieved_goal (x, y), observation (qpos[2:], qvel) = 27, goal] = 31-D (D4RL's
+    29-D ant observation + goal, the reference's layout)."""
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, prepend_xy: bool):
         super().__init__(env)
-        dim = env.observation_space["observation"].shape[0] + 2
+        self.prepend_xy = prepend_xy
+        dim = env.observation_space["observation"].shape[0] + 2 + 2 * prepend_xy
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float64)
 
     def observation(self, obs: dict) -> np.ndarray:
-        return np.concatenate([obs["observation"], obs["desired_goal"]])
+        parts = [obs["achieved_goal"]] if self.prepend_xy else []
+        return np.concatenate(parts + [obs["observation"], obs["desired_goal"]])
 
 
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
-    """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed goal."""
-    env = gym.make(env_id, continuing_task=False, reset_target=False, render_mode=render_mode)
-    return FlatMazeObs(env)
+    """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed goal; AntMaze
+    v5 without the 78 contact forces (27-D ant observation, as the D4RL/Minari data)."""
+    kwargs = {"continuing_task": False, "reset_target": False, "render_mode": render_mode}
+    ant = env_family(env_id) == "antmaze"
+    if ant and not env_id.endswith("-v4"):
+        kwargs["include_cfrc_ext_in_observation"] = False
+    env = gym.make(env_id, **kwargs)
+    xml = getattr(env.unwrapped, "tmp_xml_file_path", None)
+    if xml and os.path.exists(xml):  # AntMaze leaves its generated maze XML in the temp dir; it is loaded already
+        os.remove(xml)
+    return FlatMazeObs(env, prepend_xy=ant)
 
 
 def mujoco_data(env: gym.Env):
-    return env.unwrapped.point_env.data
+    u = env.unwrapped
+    return (u.ant_env if hasattr(u, "ant_env") else u.point_env).data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -293,65 +306,57 @@ def pd_action(pos: np.ndarray, vel: np.ndarray, waypoint: np.ndarray, kp: float,
     return np.clip(kp * (waypoint - pos) - kd * vel, -1.0, 1.0)
 
 
-def make_expert_data(env_id: str, e: ExpertArgs, seed: int) -> dict[str, np.ndarray]:
-    """Roll out the planner + PD expert for `num_demos` episodes; record the shared npz layout with MuJoCo state."""
+class PlannerPD:
+    """D4RL maze2d's expert: waypoints from the shortest cell path, a PD controller toward the current one, and
+    Gaussian action noise. PointMaze only (an Ant needs a learned goal-reaching controller instead)."""
+
+    def __init__(self, e: ExpertArgs, rng: np.random.Generator):
+        self.e, self.rng = e, rng
+
+    def reset(self, maze, obs: np.ndarray) -> None:
+        self.maze, self.k = maze, 0
+        self.waypoints = plan_waypoints(maze, obs[:2], obs[-2:], self.rng, self.e.waypoint_jitter)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        near = np.linalg.norm(self.waypoints[self.k] - obs[:2]) < GOAL_RADIUS * self.maze.maze_size_scaling
+        if self.k < len(self.waypoints) - 1 and near:
+            self.k += 1
+        action = pd_action(obs[:2], obs[2:4], self.waypoints[self.k], self.e.kp, self.e.kd)
+        return np.clip(action + self.e.action_noise * self.rng.standard_normal(2), -1, 1)
+
+
+def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.ndarray]:
+    """Roll out `controller` (reset(maze, obs), __call__(obs) -> action) for complete episodes with reset seeds
+    0, 1, ...; record the shared npz layout plus the MuJoCo state before every step and the goal."""
     env = make_env(env_id)
-    maze = env.unwrapped.maze
-    rng = np.random.default_rng(seed)
-    rows = {
-        k: []
-        for k in (
-            "observations",
-            "actions",
-            "next_observations",
-            "rewards",
-            "terminals",
-            "timeouts",
-            "episode_ids",
-            "episode_starts",
-            "timesteps",
-            "qpos",
-            "qvel",
-            "qacc_warmstart",
-            "goal",
-        )
-    }
-    returns = []
-    for ep in range(e.num_demos):
+    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids",
+            "episode_starts", "timesteps", "qpos", "qvel", "qacc_warmstart", "goal")  # fmt: skip
+    rows, returns = {k: [] for k in keys}, []
+    for ep in range(num_episodes):
         obs, _ = env.reset(seed=ep)
-        waypoints = plan_waypoints(maze, obs[:2], obs[-2:], rng, e.waypoint_jitter)
-        k, ret, t, done = 0, 0.0, 0, False
+        controller.reset(env.unwrapped.maze, obs)
+        ret, t, done = 0.0, 0, False
         while not done:
-            if k < len(waypoints) - 1 and np.linalg.norm(waypoints[k] - obs[:2]) < GOAL_RADIUS * maze.maze_size_scaling:
-                k += 1
-            action = pd_action(obs[:2], obs[2:4], waypoints[k], e.kp, e.kd)
-            action = np.clip(action + e.action_noise * rng.standard_normal(2), -1, 1).astype(np.float32)
+            action = np.asarray(controller(obs), dtype=np.float32)
             data = mujoco_data(env)
             state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
             next_obs, reward, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
-            values = (
-                obs,
-                action,
-                next_obs,
-                reward,
-                terminated,
-                truncated and not terminated,
-                ep,
-                t == 0,
-                t,
-                *state,
-                obs[-2:],
-            )
-            for key, v in zip(rows, values):
+            values = (obs, action, next_obs, reward, terminated, truncated and not terminated, ep, t == 0, t, *state,
+                      obs[-2:])  # fmt: skip
+            for key, v in zip(keys, values):
                 rows[key].append(v)
             ret, obs, t = ret + float(reward), next_obs, t + 1
         returns.append(ret)
     env.close()
-    dtypes = dict(DEMO_DTYPES)
-    demos = {k: np.asarray(v, dtype=dtypes[k]) for k, v in rows.items()}
-    demos.update(returns=np.asarray(returns), seeds=np.arange(e.num_demos, dtype=np.int64), env_id=np.array(env_id))
+    demos = {k: np.asarray(v, dtype=DEMO_DTYPES[k]) for k, v in rows.items()}
+    demos.update(returns=np.asarray(returns), seeds=np.arange(num_episodes, dtype=np.int64), env_id=np.array(env_id))
     return demos
+
+
+def make_expert_data(env_id: str, e: ExpertArgs, seed: int) -> dict[str, np.ndarray]:
+    """PointMaze expert data: the planner + PD controller for `num_demos` episodes."""
+    return record_episodes(env_id, PlannerPD(e, np.random.default_rng(seed)), e.num_demos)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1034,7 +1039,7 @@ class RunContext:
             )
         if env_family(args.env_id) is None:
             raise UsageError(
-                f"{args.env_id} is not supported: pass a PointMaze_* id (AntMaze and MuJoCo ids: not yet implemented)"
+                f"{args.env_id} is not supported: pass a PointMaze_* or AntMaze_* id (MuJoCo ids: not yet)"
             )
         env = make_env(args.env_id)
         self.obs_dim, self.act_dim = env.observation_space.shape[0], env.action_space.shape[0]
@@ -1062,6 +1067,11 @@ class RunContext:
         self.demos = (
             None if path is None else load_demos(path, args.env_id, self.obs_dim, self.act_dim, self.nq, self.nv)
         )
+        if self.demos is None and env_family(args.env_id) == "antmaze":
+            raise UsageError(
+                f"{args.env_id} needs --expert.expert-path (demos recorded on it): the goal-reaching Ant controller "
+                "that would make them is not trained yet"
+            )
         for name in ("checkpoints/hyper.pt", "model_pretrained.pt"):
             if (self.run_dir / name).exists():
                 try:

@@ -447,3 +447,72 @@ def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run
     (other / "args.json").write_text(json.dumps({"script": "hype_irl_mujoco.py", "env_id": "Hopper-v5"}))
     with pytest.raises(mb.UsageError, match="hype_irl_mujoco.py"):
         mb.RunContext.validate(mb.Args(run_dir=str(other)))
+
+
+# ----------------------------------------------------------------------------------------------- AntMaze (expert given)
+class RandomController:
+    """Stand-in for the (not yet trained) Ant goal-reacher: uniform random actions, for layout and pipeline tests."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, maze, obs):
+        pass
+
+    def __call__(self, obs):
+        return self.rng.uniform(-1, 1, 8)
+
+
+@pytest.fixture(scope="module")
+def antmaze_demos():
+    return mb.record_episodes("AntMaze_UMaze-v5", RandomController(0), 2)
+
+
+def test_antmaze_flat_layout_is_31_d_and_leaves_no_temp_xml(antmaze_demos):
+    import glob
+    import tempfile
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/ant_maze*.xml"))
+    env = mb.make_env("AntMaze_UMaze-v5")
+    assert set(glob.glob(f"{tempfile.gettempdir()}/ant_maze*.xml")) == before
+    obs, _ = env.reset(seed=0)
+    data = mb.mujoco_data(env)
+    assert obs.shape == (31,) and np.allclose(obs[:2], data.qpos[:2]) and np.allclose(obs[2:15], data.qpos[2:])
+    assert np.allclose(obs[15:29], data.qvel) and np.allclose(obs[-2:], env.unwrapped.goal)
+    env.close()
+    d = antmaze_demos
+    assert d["observations"].shape[1] == 31 and d["qpos"].shape[1] == 15 and d["qvel"].shape[1] == 14
+    assert d["timeouts"].sum() == 2 and len(d["actions"]) == 2 * 700  # random actions never reach the goal
+
+
+def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
+    with pytest.raises(mb.UsageError, match="expert-path"):
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(experts_dir=str(tmp_path / "none")))
+    path = tmp_path / "point.npz"
+    np.savez(path, **umaze_demos)
+    with pytest.raises(mb.UsageError, match="not AntMaze_UMaze-v5"):
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+    d = dict(antmaze_demos)
+    wide = np.concatenate([d["observations"], np.zeros((len(d["observations"]), 78), np.float32)], 1)
+    np.savez(path, **(d | {"observations": wide}))  # recorded with Ant-v5's contact forces: the wrong layout
+    with pytest.raises(mb.UsageError, match="key observations has shape"):
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+
+
+@pytest.mark.slow
+def test_antmaze_smoke_run_with_given_expert_file(run_script, run_dir, tmp_path, antmaze_demos):
+    path = tmp_path / "ant.npz"
+    np.savez(path, **antmaze_demos)
+    rc, out, err = run_script(
+        "mbirl_antmaze.py", "--env-id", "AntMaze_UMaze-v5", "--run-dir", run_dir, "--expert.expert-path", path,
+        "--hyper.total-timesteps", "300", "--hyper.exploration-steps", "50", "--hyper.bc-init-steps", "20",
+        "--hyper.freq-train-model", "150", "--hyper.rollout-batch-size", "200", "--hyper.updates-per-step", "1",
+        "--disc.every", "300", "--disc.trajectories", "1", "--disc.batch-size", "128", "--eval.frequency", "300",
+        "--eval.episodes", "1", "--model.hidden", "16", "--model.max-epochs", "2", "--actor.hidden", "32",
+        "--disc.hidden", "32", timeout=300,
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["env_id"] == "AntMaze_UMaze-v5" and res["real_steps"] == 300 and res["disc_env_steps"] == 700
+    assert (run_dir / "maze.png").is_file() and (run_dir / "policy.pt").is_file()
+    assert mb.load_policy(str(run_dir / "policy.pt")).config["obs_dim"] == 31
