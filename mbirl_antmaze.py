@@ -2,19 +2,17 @@
 
 A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the reward -f. A 7-member Gaussian ensemble
 (5 elites) learns Δs from expert + learner transitions (1:1); the actor (TD3+BC hybrid) trains only on model rollouts
-started from expert states in a sliding window that moves from the end of the demonstrations back to their start.
-Paper: Juntao Ren, Gokul Swamy, Zhiwei Steven Wu, J. Andrew Bagnell, Sanjiban Choudhury (2024), "Hybrid Inverse
-Reinforcement Learning", ICML 2024. Defaults follow jren03/garage's antmaze HyPER config; differences in
-docs/mbirl_antmaze.md (PointMaze only so far; expert made by a BFS planner + PD controller; all real steps counted).
-Usage:
+started from expert states in a window sliding from the end of the demonstrations back to their start.
+Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
+antmaze HyPER config; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD controller; AntMaze
+needs an expert file, no Ant controller ships yet; every real step, the discriminator's included, is counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.freq-train-model 1000 \
         --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2 --eval.frequency 1000     # minutes on a CPU
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --run-dir runs/x  # same --run-dir again: resumes
     python mbirl_antmaze.py --eval-only runs/x                            # writes runs/x/evaluations/eval_NNN.json
 Run dir: args.json, events, checkpoints/hyper.pt, model_pretrained.pt, policy.pt, results.json, learning_curve.png,
-maze.png. Expert cache: {experts_dir}/{env_id}/demos.npz (format: docs/mbirl_antmaze.md) + expert_meta.json.
-"""
+maze.png. Expert cache: {experts_dir}/{env_id}/demos.npz (format: docs/mbirl_antmaze.md) + expert_meta.json."""
 
 import contextlib
 import dataclasses
@@ -1094,7 +1092,7 @@ class RunContext:
         self.generator = torch.Generator().manual_seed(args.seed)
         self.rng = np.random.default_rng(args.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.run_dir.rglob("*.tmp"):
+        for stale in self.run_dir.rglob("*.tmp*"):  # left by a killed atomic write
             stale.unlink()
         if not (self.run_dir / "args.json").exists():
             atomic_json(self.run_dir / "args.json", {"script": SCRIPT, **dataclasses.asdict(args)})

@@ -277,7 +277,14 @@ def test_planner_expert_reaches_the_goal_on_umaze_and_records_exact_state(umaze_
 @pytest.mark.slow
 def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, experts_dir):
     rc, out, err = run_script(
-        "mbirl_antmaze.py", "--run-dir", run_dir, "--expert.experts-dir", experts_dir, *TINY, timeout=240
+        "mbirl_antmaze.py",
+        "--run-dir",
+        run_dir,
+        "--expert.experts-dir",
+        experts_dir,
+        *TINY,
+        "--capture-video",
+        timeout=240,
     )
     assert rc == 0, err[-3000:]
     assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]
@@ -291,6 +298,10 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     ):
         assert (run_dir / name).is_file(), name
     assert list(run_dir.glob("events.out.tfevents.*"))
+    import cv2
+
+    video = cv2.VideoCapture(str(run_dir / "videos" / "final.webm"))
+    assert video.read()[0] and int(video.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90"
     saved = json.loads((run_dir / "args.json").read_text())
     assert saved["script"] == "mbirl_antmaze.py" and saved["env_id"] == ENV
     res = json.loads((run_dir / "results.json").read_text())
@@ -339,9 +350,13 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     assert 0 < saved_step < 1200
     from conftest import run_script_subprocess
 
+    stale = run_dir / "checkpoints" / "hyper.pt.tmp"
+    stale.write_bytes(b"half-written")
+
     rc, out, err = run_script_subprocess("mbirl_antmaze.py", "--run-dir", run_dir, timeout=240)
     assert rc == 0, err[-2000:]
     assert f"resumed at real step {saved_step}" in out
+    assert not stale.exists()
     res = json.loads((run_dir / "results.json").read_text())
     assert res["real_steps"] == 1200 and res["history"][0]["step"] == 0
 
