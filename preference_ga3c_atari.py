@@ -1264,11 +1264,11 @@ def resolve_env_id(env_id: str) -> tuple[str, float]:
     from ale_py import roms
 
     all_roms = roms.get_all_rom_ids()
-    match = re.fullmatch(r"(ALE/)?([A-Za-z0-9]+?)(NoFrameskip-v4|-v5)", env_id)
+    match = re.fullmatch(r"ALE/([A-Za-z0-9]+)-v5|([A-Za-z0-9]+)NoFrameskip-v4", env_id)
     if match:
-        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", match.group(2)).lower()
+        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", match.group(1) or match.group(2)).lower()
         if rom in all_roms:
-            return rom, 0.25 if match.group(3) == "-v5" else 0.0
+            return rom, 0.25 if match.group(1) else 0.0
     camel = ["".join(part.capitalize() for part in r.split("_")) for r in all_roms]
     known = [f"{c}NoFrameskip-v4" for c in camel] + [f"ALE/{c}-v5" for c in camel]
     close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)

@@ -1,18 +1,21 @@
 """Tests of preference_ga3c_atari.py: the math against hand-computed values, the red-black sort tree, GA3C learning a
 tiny problem, the reward model learning from synthetic preferences, smoke runs, resume, the contract and bad input."""
 
+import dataclasses
 import json
 import math
+import shutil
 import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO_ROOT, interrupt_when_exists
 
 import preference_ga3c_atari as pref
 
 SCRIPT = "preference_ga3c_atari.py"
-TINY = ["--total-timesteps", "1500", "--ga3c.workers", "4", "--ga3c.min-batch-segments", "4", "--eval.episodes", "1",
+TINY = ["--total-timesteps", "3000", "--ga3c.workers", "4", "--ga3c.min-batch-segments", "4", "--eval.episodes", "1",
         "--env.max-episode-frames", "800", "--labels.pretrain", "6", "--labels.budget", "12", "--labels.clip-length",
         "5", "--reward.pretrain-epochs", "2", "--reward.batch-size", "4", "--labels.rate-scale", "1000",
         "--reward.labels-per-step", "0.02", "--torch-threads", "1"]  # fmt: skip
@@ -279,3 +282,315 @@ def test_clip_recorder_cuts_clips_and_restarts_at_a_new_game():
     rec.observe(ids, obs, np.array([0]), np.array([0.0]), over, "test")
     assert rec.observe(ids, obs, np.array([0]), np.array([0.0]), np.array([True]), "test") == []
     assert rec.active[0]["actions"] == []  # a new game restarts the clip
+
+
+# ---- behaviour: the reward model learns from synthetic preferences -------------------------------------------------
+def synthetic_clip(rng, quality: float, length: int = 6) -> dict:
+    """A clip of a policy of known quality: each step scores with probability `quality`, and a scoring step shows a
+    bright square somewhere on a noisy screen (below the masked score rows)."""
+    rewards = (rng.random(length) < quality).astype(np.float32)
+    frames = rng.integers(0, 60, (length, 84, 84)).astype(np.uint8)
+    for t in np.flatnonzero(rewards):
+        y, x = rng.integers(15, 70), rng.integers(0, 70)
+        frames[t, y : y + 12, x : x + 12] = 255
+    return {"frames": frames, "actions": np.zeros(length, np.int64), "true_rewards": rewards, "source": f"q={quality}"}
+
+
+def make_teacher(tmp_path, feedback="pairwise", **reward):
+    from preference_labels import LabelStore
+
+    args = pref.Args(feedback=feedback, exp_name="behaviour")
+    args.labels.clip_length, args.labels.candidates = 6, 4
+    args.reward = dataclasses.replace(args.reward, **reward)
+    store = LabelStore(tmp_path / "store", "PongNoFrameskip-v4")
+    model = pref.RewardEnsemble(args.reward.ensemble, 1, (10, 0), args.reward.dropout, args.reward.output_std)
+    return pref.Teacher(args, store, model, 1, torch.device("cpu"), np.random.default_rng(0)), store
+
+
+def answer_synthetically(store, experiment):
+    for query in store.pending_queries(experiment):
+        left, right = store.clip_info(query["left"]), store.clip_info(query["right"])
+        store.answer(experiment, query["id"], pref.synthetic_answer(left["true_return"], right["true_return"]), "t")
+
+
+def spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
+
+
+@pytest.mark.parametrize("feedback", ["pairwise", "sort-tree"])
+def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, feedback):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    qualities = [0.05, 0.25, 0.5, 0.75, 0.95]
+    teacher, store = make_teacher(tmp_path, feedback, ensemble=2, batch_size=8, dropout=0.0, lr=1e-3)
+    for _ in range(6):  # clips arrive, queries are asked and answered, as in a run
+        teacher.add_clips([synthetic_clip(rng, qualities[i % 5]) for i in range(10)])
+        teacher.ask(10)
+        for _ in range(8):  # sort-tree insertions need several answers each
+            answer_synthetically(store, "behaviour")
+            teacher.absorb_answers()
+        teacher.train(20)
+    assert teacher.num_examples() >= 30
+    held_out = [synthetic_clip(rng, qualities[i % 5]) for i in range(60)]
+    sums = teacher.member_sums([c["frames"] for c in held_out]).mean(0).numpy()
+    true = [c["true_rewards"].sum() for c in held_out]
+    print("spearman", spearman(sums, true))
+    assert spearman(sums, true) >= 0.8
+    store.close()
+
+
+def test_disagreement_queries_prefer_pairs_the_members_dispute(tmp_path):
+    teacher, store = make_teacher(tmp_path, ensemble=3, dropout=0.0)
+    rng = np.random.default_rng(1)
+    clips = [synthetic_clip(rng, 0.5) for _ in range(10)]
+    teacher.add_clips(clips)
+    with torch.no_grad():  # make member 0 disagree with the others about clip 0 only
+        teacher.model.members[0].head[-1].bias.fill_(0.0)
+    sums = teacher.member_sums([c["frames"] for c in clips])
+    teacher.ask(3)
+    pairs = [(q["left"], q["right"]) for q in store.pending_queries("behaviour")]
+    ids = {c["id"]: i for i, c in enumerate(clips) if "id" in c}
+    probs = torch.sigmoid(sums[:, :, None] - sums[:, None, :])
+    var = probs.var(0, unbiased=False)
+    chosen = [var[ids[a], ids[b]].item() for a, b in pairs]
+    assert len(pairs) == 3 and min(chosen) >= np.median(var[np.triu_indices(10, 1)].numpy())
+    store.close()
+
+
+# ---- the real command: smoke runs, resume, the contract --------------------------------------------------------------
+def read_results(run_dir):
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def store_rows(store_dir, sql):
+    import sqlite3
+
+    with sqlite3.connect(store_dir / "PongNoFrameskip-v4.sqlite") as db:
+        return db.execute(sql).fetchall()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("labeler", "feedback"), [("synthetic", "pairwise"), ("synthetic", "sort-tree"), ("rl", "pairwise")])
+def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback):
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    rc, out, err = run_script(SCRIPT, *TINY, "--labeler", labeler, "--feedback", feedback, "--run-dir", run_dir,
+                              "--labels.store-dir", store, "--exp-name", f"smoke-{feedback}", timeout=300)  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]  # printed at start and end
+    results = read_results(run_dir)
+    assert results["agent_steps"] >= 3000 and results["updates"] > 0
+    assert all(math.isfinite(x) for x in results["eval"]["returns"]) and math.isfinite(results["sps"])
+    for name in ("args.json", "policy.pt", "learning_curve.png", "checkpoints/agent.pt"):
+        assert (run_dir / name).is_file(), name
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    assert not list(run_dir.rglob("*.tmp"))
+    if labeler == "rl":
+        assert not store.exists() and not (run_dir / "checkpoints/reward_model.pt").exists()
+        return
+    assert (run_dir / "checkpoints/reward_model.pt").is_file()
+    assert results["labels"] == 12  # the whole budget, answered through the store's queue
+    answers = store_rows(store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'")
+    assert len(answers) == 12 and {a[1] for a in answers} == {"synthetic"}
+    if feedback == "sort-tree":
+        from preference_labels import LabelStore
+
+        tree = pref.SortTree(LabelStore(store, "PongNoFrameskip-v4").load_tree("smoke-sort-tree"))
+        pref.check_red_black(tree)
+        assert len(tree.ranked_clips()) >= 2
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_agent_reward_model_and_store(tmp_path):
+    import subprocess
+    import sys
+
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, "--total-timesteps", "6000", "--run-dir", str(run_dir),
+           "--labels.store-dir", str(store), "--checkpoint-every-s", "1", "--exp-name", "resume"]  # fmt: skip
+    rc, out, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "agent.pt")
+    assert rc == 130, err[-2000:]
+    assert "resume" in out and not (run_dir / "results.json").exists()
+    before = torch.load(run_dir / "checkpoints" / "agent.pt", weights_only=False)
+    answered = store_rows(store, "select count(*) from queries where status='answered'")[0][0]
+    assert answered >= 6 and (run_dir / "checkpoints" / "reward_model.pt").is_file()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed the agent at step {before['steps']:,}" in proc.stdout and "resumed the reward model" in proc.stdout
+    results = read_results(run_dir)
+    assert results["agent_steps"] >= 6000 and results["updates"] > before["updates"]
+    assert store_rows(store, "select count(*) from queries where status='answered'")[0][0] >= answered  # none lost
+    # a finished run is never overwritten: the same command exits 0 and changes nothing
+    stamp = (run_dir / "results.json").stat().st_mtime_ns
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "finished" in proc.stdout
+    assert (run_dir / "results.json").stat().st_mtime_ns == stamp
+
+
+@pytest.fixture(scope="module")
+def finished_rl_run(tmp_path_factory):
+    from conftest import run_script_subprocess
+
+    run_dir = tmp_path_factory.mktemp("rl") / "run"
+    rc, _, err = run_script_subprocess(SCRIPT, *TINY, "--labeler", "rl", "--run-dir", run_dir, timeout=300)
+    assert rc == 0, err[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_policy_loads_with_the_five_line_snippet_and_acts(finished_rl_run):
+    policy = pref.load_policy(finished_rl_run / "policy.pt")
+    envs = pref.make_policy_envs(policy, num_envs=2)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    assert actions.shape == (2,) and policy.env_id == "PongNoFrameskip-v4"
+    assert all(0 <= a < envs.single_action_space.n for a in actions)
+    envs.close()
+
+
+@pytest.mark.slow
+def test_eval_only_never_overwrites_and_writes_a_vp9_video(run_script, finished_rl_run):
+    import cv2
+
+    for number in (1, 2):
+        rc, out, err = run_script(SCRIPT, "--eval-only", finished_rl_run, "--eval.episodes", "1", "--capture-video",
+                                  "--env.max-episode-frames", "400", timeout=120)  # fmt: skip
+        assert rc == 0, err[-2000:]
+        result = json.loads((finished_rl_run / "evaluations" / f"eval_{number:03d}.json").read_text())
+        assert len(result["returns"]) == 1
+    video = finished_rl_run / "evaluations" / "videos_002" / "eval_game_0.webm"
+    capture = cv2.VideoCapture(str(video))
+    fourcc = int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode(errors="replace")
+    ok, frame = capture.read()
+    assert ok and frame.shape[:2] == (336, 336) and fourcc.upper().startswith("VP9")
+    assert video.read_bytes()[:4] == b"\x1a\x45\xdf\xa3"  # the EBML header of a WebM file
+
+
+def test_help_is_grouped_by_phase(run_script):
+    rc, out, _ = run_script(SCRIPT, "--help", timeout=60)
+    assert rc == 0
+    for group in ("env options", "ga3c options", "reward options", "labels options", "eval options"):
+        assert group in out, group
+    assert "--ga3c.min-batch-segments" in out and "--labels.budget" in out
+
+
+# ---- bad input: one line, exit 2, nothing created --------------------------------------------------------------------
+def numeric_fields(cls, prefix=""):
+    """(flag path, field) for every int/float field of Args and its nested groups."""
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            yield from numeric_fields(f.type, f"{prefix}{f.name}.")
+        elif f.type in (int, float):
+            yield f"{prefix}{f.name}", f
+
+
+# values that are documented as valid (help text says what they mean)
+VALID = {("torch_threads", 0), ("env.stacked_frames", 0), ("env.noop_max", 0), ("ga3c.max_grad_norm", 0),
+         ("ga3c.reward_clip", 0), ("ga3c.env_threads", 0), ("ga3c.entropy_beta", 0), ("ga3c.gamma", 0),
+         ("ga3c.rms_decay", 0), ("reward.labels_per_step", 0), ("reward.pretrain_epochs", 0), ("reward.dropout", 0),
+         ("reward.l2_init", 0), ("reward.random_response", 0), ("reward.mask_top", 0), ("reward.mask_bottom", 0),
+         ("reward.mask_top", -1), ("reward.mask_bottom", -1), ("env.sticky_actions", 0), ("env.sticky_actions", -1),
+         ("labels.port", 0), ("seed", 0), ("seed", -1), ("seed", 10**12), ("eval.seed", 0), ("eval.seed", -1),
+         ("eval.seed", 10**12), ("labels.rate_scale", 10**12), ("total_timesteps", 10**12),
+         ("checkpoint_every_s", 10**12), ("env.max_episode_frames", 10**12), ("reward.label_buffer", 10**12),
+         ("labels.budget", 10**12), ("ga3c.max_grad_norm", 10**12), ("ga3c.reward_clip", 10**12)}  # fmt: skip
+
+
+def with_value(path: str, value):
+    args = pref.Args()
+    *groups, name = path.split(".")
+    target = args
+    for group in groups:
+        target = getattr(target, group)
+    setattr(target, name, value)
+    return args
+
+
+@pytest.mark.parametrize(("path", "field"), list(numeric_fields(pref.Args)), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_numeric_flag_is_checked(tmp_path, path, field):
+    for value in (0, -1, float("nan"), 10**12):
+        if field.type is int and isinstance(value, float):
+            continue  # tyro rejects a float for an int flag itself (exit 2)
+        args = with_value(path, value)
+        args.run_dir, args.labels.store_dir = str(tmp_path / "run"), str(tmp_path / "store")
+        if (path, value) in VALID:
+            pref.validate(args)
+        else:
+            with pytest.raises(pref.UsageError, match="--"):
+                pref.validate(args)
+        assert not (tmp_path / "run").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--env-id", "Hopper-v5"], "Atari"),
+        (["--env-id", "HalfCheetah-v5"], "Atari"),
+        (["--env-id", "PongNoFrameskip-v3"], "PongNoFrameskip-v4"),
+        (["--env-id", "Pong-v5"], "ALE/Pong-v5"),
+        (["--env-id", "NotAGame-v4"], "unknown Atari env id"),
+        (["--labels.budget", "10", "--labels.pretrain", "20"], "--labels.pretrain"),
+        (["--labels.clip-length", "0"], "--labels.clip-length"),
+        (["--ga3c.workers", "1"], "--ga3c.workers"),
+        (["--reward.ensemble", "1"], "--reward.ensemble"),
+        (["--reward.mask-top", "50", "--reward.mask-bottom", "40"], "mask"),
+        (["--ga3c.t-max", "1.5"], ""),
+        (["--eval-only", "/nonexistent/run"], "policy.pt"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(run_script, tmp_path, extra, message):
+    rc, out, err = run_script(SCRIPT, "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s", *extra, timeout=60)
+    assert rc == 2
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    if extra != ["--ga3c.t-max", "1.5"]:  # tyro's own message for a type error is a box, also exit 2
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+
+
+def test_run_dirs_of_other_scripts_envs_and_corrupt_checkpoints_are_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    args = pref.Args(run_dir=str(run_dir))
+    args.labels.store_dir = str(tmp_path / "store")
+    (run_dir / "args.json").write_text(json.dumps({"script": "trex_ppo_atari.py", "env_id": "PongNoFrameskip-v4"}))
+    with pytest.raises(pref.UsageError, match="trex_ppo_atari.py"):
+        pref.validate(args)
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "ALE/Breakout-v5"}))
+    with pytest.raises(pref.UsageError, match="Breakout"):
+        pref.validate(args)
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "PongNoFrameskip-v4"}))
+    for name in ("agent.pt", "reward_model.pt"):
+        (run_dir / "checkpoints" / name).write_bytes(np.random.default_rng(0).bytes(500))
+        with pytest.raises(pref.UsageError, match=name):
+            pref.validate(args)
+        (run_dir / "checkpoints" / name).unlink()
+    pref.validate(args)
+    (tmp_path / "notarun").mkdir()
+    (tmp_path / "notarun" / "x.txt").write_text("mine")
+    with pytest.raises(pref.UsageError, match="not a run"):
+        pref.validate(pref.Args(run_dir=str(tmp_path / "notarun")))
+
+
+def test_a_store_of_another_env_is_refused(run_script, tmp_path):
+    from preference_labels import LabelStore
+
+    store_dir = tmp_path / "store"
+    LabelStore(store_dir, "ALE/Breakout-v5").close()
+    shutil.copy(store_dir / "ALE_Breakout-v5.sqlite", store_dir / "PongNoFrameskip-v4.sqlite")
+    rc, _, err = run_script(SCRIPT, *TINY, "--run-dir", tmp_path / "run", "--labels.store-dir", store_dir, timeout=60)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Breakout" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_port_in_use_exits_2(run_script, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, _, err = run_script(SCRIPT, "--labeler", "human", "--labels.port", port, "--run-dir", tmp_path / "run",
+                                "--labels.store-dir", tmp_path / "s", timeout=60)  # fmt: skip
+    assert rc == 2 and "--labels.port" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
