@@ -747,3 +747,19 @@ def test_browser_tree_view(browser, pong_frames, store, tmp_path):
         save_screenshot(browser, tmp_path, "tree.png")
     finally:
         server.shutdown()
+
+
+def test_the_app_s_queries_use_indexes_not_table_scans(store):
+    """The speed of the next-query, answer and status requests with 10,000s of rows rests on these plans
+    (timings: benchmarks/results/preference_webapp.md)."""
+    plans = {
+        "next": ("SELECT id FROM queries WHERE experiment=? AND status='pending' AND kind=? AND (lease_client IS NULL "
+                 "OR lease_client=? OR lease_until < ?) ORDER BY id LIMIT ?", ("e", "pair", "c", 0.0, 2)),
+        "answers_after": ("SELECT seq, id FROM queries WHERE experiment=? AND seq > ? ORDER BY seq", ("e", 0)),
+        "count_answers": ("SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'", ("e",)),
+        "answer": ("UPDATE queries SET status='answered' WHERE id=? AND experiment=? AND status='pending'", (1, "e")),
+    }  # fmt: skip
+    for name, (sql, params) in plans.items():
+        plan = " ".join(row[-1] for row in store._read("EXPLAIN QUERY PLAN " + sql, params))
+        assert "SCAN" not in plan and ("INDEX" in plan or "PRIMARY KEY" in plan), (name, plan)
+        assert "TEMP B-TREE" not in plan, (name, plan)
