@@ -697,7 +697,11 @@ class Teacher:
         pool = list(self.pool)
         pairs = np.array([self.rng.choice(len(pool), 2, replace=False) for _ in range(count * self.args.labels.candidates)])
         if self.args.labels.query == "disagreement":
-            sums = self.member_sums([p["frames"] for p in pool])  # (E, clips)
+            stale = [p for p in pool if p.get("sums_version") != self.updates]  # scored once per model version
+            if stale:
+                for clip, sums in zip(stale, self.member_sums([p["frames"] for p in stale]).T):
+                    clip["sums"], clip["sums_version"] = sums, self.updates
+            sums = torch.stack([p["sums"] for p in pool], dim=1)  # (E, clips)
             probs = torch.sigmoid(sums[:, pairs[:, 0]] - sums[:, pairs[:, 1]])
             order = torch.argsort(disagreement(probs), descending=True).cpu().numpy()
         else:
