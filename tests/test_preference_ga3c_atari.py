@@ -594,3 +594,20 @@ def test_port_in_use_exits_2(run_script, tmp_path):
                                 "--labels.store-dir", tmp_path / "s", timeout=60)  # fmt: skip
     assert rc == 2 and "--labels.port" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
+    """GA3C's threads make whole runs non-reproducible (documented); reward learning on given labels is not."""
+    weights = []
+    for attempt in range(2):
+        torch.manual_seed(0)
+        rng = np.random.default_rng(0)
+        teacher, store = make_teacher(tmp_path / str(attempt), ensemble=2, batch_size=4)
+        teacher.add_clips([synthetic_clip(rng, q) for q in (0.1, 0.5, 0.9, 0.3, 0.7, 0.2)])
+        teacher.ask(6)
+        answer_synthetically(store, "behaviour")
+        teacher.absorb_answers()
+        teacher.train(5)
+        weights.append(torch.cat([p.detach().flatten() for p in teacher.model.parameters()]))
+        store.close()
+    assert torch.equal(weights[0], weights[1])
