@@ -838,8 +838,8 @@ class Teacher:
             infer_model.load_state_dict(self.model.state_dict())
 
     def accuracy(self) -> float:
-        """Share of decisive labels the ensemble orders correctly (pairwise), or Spearman-like agreement proxy."""
-        decisive = [label for label in self.labels[-500:] if label[2] != 0.5]
+        """Share of the last 100 decisive pairwise labels that the normalised ensemble orders correctly."""
+        decisive = [label for label in self.labels[-100:] if label[2] != 0.5]
         if not decisive:
             return float("nan")
         self.model.eval()
@@ -1130,6 +1130,8 @@ class RunLog:
             save_atomic(agent, ckpt_dir / "agent.pt")
         if self.teacher is not None:
             t = self.teacher
+            if t.tree is None:
+                self.writer.add_scalar("reward/label_accuracy", t.accuracy(), self.shared.steps)
             save_atomic({"model": t.model.state_dict(), "optimizers": [o.state_dict() for o in t.optimizers],
                          "l2": t.l2, "updates": t.updates}, ckpt_dir / "reward_model.pt")  # fmt: skip
         plot_progress(self.progress, None, self.run_dir / "learning_curve.png", self.args.env_id)
