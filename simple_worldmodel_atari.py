@@ -1,0 +1,1505 @@
+"""SimPLe: learn a video-prediction world model of an Atari game from real play, and train PPO inside it.
+
+Each epoch: train an action-conditioned next-frame model (conv encoder-decoder with skips, per-pixel 256-way
+softmax, a 3-class reward head, optionally a 128-bit stochastic latent with an LSTM prior) on all real frames;
+train PPO only inside that model (16 simulated envs x 50 steps from real start frames); collect 6,400 real steps
+with the policy; evaluate in the real game. 16 collections x 6,400 = 102,400 agent steps (the paper's "100K").
+Paper: Kaiser et al. (2020), "Model-Based Reinforcement Learning for Atari", ICLR (arXiv 1903.00374).
+Defaults follow tensor2tensor/rl (rlmb_base_stochastic_discrete); this file is frame-stacked, not recurrent.
+Usage:
+    python simple_worldmodel_atari.py --env-id PongNoFrameskip-v4                  # the paper's loop and budget
+    bash benchmarks/simple_worldmodel_atari.sh quick                               # every phase, CPU quick config
+    python simple_worldmodel_atari.py --mode model-free --env-id PongNoFrameskip-v4  # PPO on the real game
+    python simple_worldmodel_atari.py ... --run-dir runs/X     # re-run with the same run dir: resumes
+    python simple_worldmodel_atari.py --eval-only runs/X       # evaluate runs/X/policy.pt -> evaluations/eval_NNN.json
+Run dir: args.json, TensorBoard events, data/collection_NNN.npz, world_model.pt, policy.pt, checkpoints/state.pt,
+wm_strip.png (real / predicted / difference), learning_curve.png, results.json, videos/ (--capture-video).
+"""
+
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+
+# ale_py, tensorboard, cv2 and matplotlib are imported where they are used: importing this file (tests) and
+# rejecting bad input stay fast.
+
+
+@dataclass
+class EnvArgs:
+    sticky_actions: float = -1.0
+    """repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5"""
+    noop_max: int = 8
+    """up to this many no-ops at every reset of the real game (the reference's max_num_noops)"""
+    max_episode_frames: int = 108_000
+    """emulator frames per real game before truncation"""
+    num_envs: int = 16
+    """parallel real envs for collection (each plays steps-per-epoch / num-envs steps per collection)"""
+
+
+@dataclass
+class LoopArgs:
+    epochs: int = 15
+    """SimPLe epochs (world model -> PPO in the model -> real collection -> evaluation)"""
+    real_steps: int = 96_000
+    """agent steps collected by the policy over all epochs; one more equal collection of random play comes first"""
+
+
+@dataclass
+class WorldModelArgs:
+    model: Literal["stochastic-discrete", "deterministic"] = "stochastic-discrete"
+    """deterministic trunk, or the trunk with a 128-bit latent (inference net in training, LSTM prior at play)"""
+    hidden_size: int = 96
+    """channels after the input embedding"""
+    compress_steps: int = 6
+    """encoder blocks (conv 4x4 stride 2 each) and as many decoder blocks"""
+    filter_double_steps: int = 3
+    """the first this-many encoder blocks double the channels (the last decoder blocks halve them)"""
+    hidden_layers: int = 2
+    """3x3 conv layers at the bottleneck"""
+    dropout: float = 0.15
+    """dropout before every encoder and decoder block"""
+    residual_dropout: float = 0.5
+    """dropout of the bottleneck conv layers"""
+    target_frames: int = 6
+    """frames predicted per training sequence after the 4 context frames (scheduled sampling acts on them)"""
+    batch_size: int = 4
+    """sequences per optimiser step"""
+    optimizer: Literal["adafactor", "adam"] = "adafactor"
+    """adafactor as the reference; adam learns small models faster (the CPU quick configuration uses it)"""
+    learning_rate: float = 2e-3
+    """peak learning rate of the world-model optimiser"""
+    warmup_steps: int = 2000
+    """linear learning-rate warm-up, then constant"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip"""
+    loss_cutoff: float = 0.03
+    """per-pixel cross-entropy below this gives no gradient: loss = relu(xent - cutoff)"""
+    train_steps: int = 15_000
+    """optimiser steps per epoch"""
+    epoch_multiplier: int = 3
+    """train_steps x this at epochs 0, 1, 4, 9 and 14"""
+    ss_exp_steps: int = 10_000
+    """scheduled sampling: inverse-exponential ramp length (steps)"""
+    ss_lin_steps: int = 40_000
+    """scheduled sampling: inverse-linear ramp length (steps)"""
+    ss_max_prob: float = 1.0
+    """scheduled sampling: final probability of feeding back the model's own frame (0 = always the real frame)"""
+    bits: int = 128
+    """latent bits (a multiple of 8: the prior predicts 8 bits at a time)"""
+    bit_noise: float = 0.2
+    """std of the Gaussian noise added to the bit logits in training"""
+    bit_flip: float = 0.1
+    """bit dropout: probability of flipping each bit in training"""
+    discretize_warmup: int = 40_000
+    """steps over which the share of hard bits (vs continuous tanh) rises to 1"""
+    prior_max_sampling: float = 0.5
+    """final probability of replacing the posterior bits by the LSTM prior's in training"""
+    prior_warmup: int = 40_000
+    """steps over which that probability rises linearly"""
+    latent_use_max: float = 0.8
+    """final share of examples that use the latent in training (the rest train without it)"""
+    latent_use_warmup: int = 20_000
+    """steps over which that share rises"""
+    lstm_size: int = 128
+    """LSTM prior state size"""
+    inference_filters: int = 128
+    """filters of the inference net's first conv (the second has 4x)"""
+    pixel_temperature: float = 0.0
+    """sampling temperature of predicted pixels fed back in simulation (0 = argmax, the reference)"""
+    latent_temperature: float = 1.0
+    """sampling temperature of the LSTM prior's bits in simulation"""
+    eval_sequences: int = 16
+    """held-out real sequences for the open-loop evaluation"""
+    eval_horizon: int = 50
+    """open-loop steps of that evaluation (metrics at 1, 12 and this)"""
+
+
+@dataclass
+class PPOArgs:
+    iterations: int = 1000
+    """PPO iterations in the model per epoch (x3 on the last epoch, x2 on epochs 1, 7, 11)"""
+    num_envs: int = 16
+    """simulated envs (model-free mode: the real --env.num-envs are used)"""
+    num_steps: int = 50
+    """rollout length; every simulated rollout starts from fresh real frames"""
+    learning_rate: float = 1e-4
+    """Adam learning rate (beta1 0.85, beta2 0.997, eps 1e-6), constant"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    clip_coef: float = 0.1
+    """PPO ratio clip"""
+    vf_coef: float = 1.0
+    """value loss weight"""
+    ent_coef: float = 0.01
+    """entropy bonus weight"""
+    update_epochs: int = 3
+    """passes over a rollout: (num_steps - 1) x update_epochs // minibatch_steps minibatches"""
+    minibatch_steps: int = 20
+    """time indices per minibatch (x all envs)"""
+    max_grad_norm: float = 0.5
+    """gradient-norm clip"""
+    dropout: float = 0.1
+    """policy dropout before the dense layer"""
+    collect_temperature: float = 1.0
+    """policy sampling temperature when collecting real frames"""
+
+
+@dataclass
+class EvalArgs:
+    episodes: int = 8
+    """full real games per evaluation (0 = no evaluation)"""
+    num_envs: int = 8
+    """parallel envs of the evaluation"""
+    temperature: float = 0.5
+    """policy sampling temperature: logits / T (0 = argmax); the paper found 0.5 usually best"""
+    noop_max: int = 8
+    """up to this many no-ops at every reset of an evaluation game"""
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """use the GPU when one is available"""
+    track: bool = False
+    """log to Weights and Biases as well (needs wandb)"""
+    wandb_project_name: str = "cleanRL"
+    """the wandb project"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity"""
+    capture_video: bool = False
+    """record the first game of each evaluation to run_dir/videos/ (VP9 WebM)"""
+    torch_threads: int = 0
+    """CPU threads for torch (0 = torch's default)"""
+    env_id: str = "PongNoFrameskip-v4"
+    """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
+    mode: Literal["simple", "model-free", "world-model-only"] = "simple"
+    """simple: the SimPLe loop; model-free: PPO on the real game; world-model-only: random play + world model"""
+    run_dir: Optional[str] = None
+    """run directory (default runs/{env_id}__{exp_name}__{seed}__{time}); an existing one is resumed"""
+    eval_only: Optional[str] = None
+    """a run directory: evaluate its policy.pt with the --eval.* flags, write evaluations/eval_NNN.json"""
+    world_model: Optional[str] = None
+    """a world_model.pt of this script for the same game: kept fixed (no world-model training)"""
+    checkpoint_every: int = 200
+    """world-model steps or PPO iterations between resume checkpoints"""
+    env: EnvArgs = field(default_factory=EnvArgs)
+    loop: LoopArgs = field(default_factory=LoopArgs)
+    wm: WorldModelArgs = field(default_factory=WorldModelArgs)
+    ppo: PPOArgs = field(default_factory=PPOArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
+
+
+FRAME_SHAPE = (105, 80, 3)  # SimPLe's frames: 210x160 RGB downscaled x2 (area), height, width, channels
+STACK = 4
+WM_MULTIPLIER_EPOCHS = (0, 1, 4, 9, 14)  # epochs whose world-model steps are x epoch_multiplier
+PPO_X2_EPOCHS = (1, 7, 11)  # epochs whose PPO iterations are x2 (the last epoch: x3)
+PAPER_SIMPLE = {"pong": 12.8, "breakout": 16.4, "freeway": 16.7}  # SD-long, mean of 5 runs, 100K (iris SimPLe.json)
+
+
+class UsageError(Exception):
+    """Bad input: main prints one line and exits 2 before any work."""
+
+
+class NonFiniteLoss(Exception):
+    """A loss became NaN/inf: main prints the phase and step and exits 3."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: the phase saved its state; main exits 130."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Environments
+# ----------------------------------------------------------------------------------------------------------------
+def resolve_env_id(env_id: str) -> tuple[str, float]:
+    """'PongNoFrameskip-v4' / 'ALE/Pong-v5' -> (ale-py ROM name, default sticky-action probability)."""
+    from ale_py import roms
+
+    known = roms.get_all_rom_ids()
+    m = re.fullmatch(r"(ALE/)?([A-Za-z0-9]+?)(NoFrameskip-v4|-v5)", env_id)
+    if m and (m.group(1) is None) == (m.group(3) == "NoFrameskip-v4"):
+        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(2)).lower()
+        if rom in known:
+            return rom, 0.25 if m.group(3) == "-v5" else 0.0
+    camel = ["".join(p.capitalize() for p in r.split("_")) for r in known]
+    ids = [f"{c}NoFrameskip-v4" for c in camel] + [f"ALE/{c}-v5" for c in camel]
+    close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else "this script takes Atari ids like PongNoFrameskip-v4"
+    raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
+
+
+def make_envs(rom: str, num_envs: int, sticky: float, noop_max: int, max_frames: int):
+    """ale-py's C++ vector env, SimPLe's frames: 105x80 RGB, 4-stack, frameskip 4 with max-pool.
+
+    Returns uint8 observations (num_envs, 4, 105, 80, 3). No reward clipping (the true score is logged; the
+    reward head learns sign(r)), a lost life is not an episode end, no FIRE at reset (the reference presses
+    none), same-step autoreset (a done step returns the new game's first stack, whose older frames are zeros).
+    """
+    from ale_py.vector_env import AtariVectorEnv
+
+    return AtariVectorEnv(
+        rom, num_envs, repeat_action_probability=sticky, reward_clipping=False, episodic_life=False,
+        noop_max=noop_max, max_num_frames_per_episode=max_frames, autoreset_mode="SameStep", use_fire_reset=False,
+        full_action_space=False, frameskip=4, maxpool=True, stack_num=STACK,
+        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], grayscale=False,
+    )  # fmt: skip
+
+
+def make_policy_envs(policy, num_envs: int = 1):
+    """The real envs `policy` (from load_policy) was trained on, made as in training."""
+    c = policy.env_config
+    return make_envs(c["rom"], num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
+
+
+def valid_starts(dones: np.ndarray, targets: int) -> np.ndarray:
+    """Start indices t of windows in one env's timeline (frames f[t .. t+3+targets]) that are true game sequences.
+
+    dones[j] marks transition j (obs j -> obs j+1) as the end of a game. Stack t equals f[t:t+4] only if no game
+    ended in transitions t-3 .. t-1, and its targets are true successors only if none ended in t .. t+targets-1.
+    """
+    T = len(dones)
+    if targets > T:
+        return np.zeros(0, dtype=np.int64)
+    bad = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(dones.astype(np.int64))])  # bad[j] = dones before j
+    t = np.arange(0, T - targets + 1)
+    lo = np.maximum(t - 3, 0)
+    return t[(bad[t + targets] - bad[lo]) == 0]
+
+
+class RealData:
+    """Every real collection: per env a frame timeline f (T+4 frames: the first stack, then each new frame),
+    actions, rewards and game ends. Env 0 of each collection is held out for the world-model evaluation
+    (when a collection has more than one env)."""
+
+    def __init__(self):
+        self.collections: list[dict] = []
+
+    def add(self, collection: dict):
+        self.collections.append(collection)
+
+    @property
+    def real_steps(self) -> int:
+        return sum(c["actions"].size for c in self.collections)
+
+    def windows(self, targets: int, held_out: bool, latest_only: bool = False) -> np.ndarray:
+        """(collection, env, start) of every valid window with `targets` predicted frames."""
+        out = []
+        chosen = range(len(self.collections))[-1:] if latest_only else range(len(self.collections))
+        for c in chosen:
+            n_envs = self.collections[c]["actions"].shape[1]
+            envs = [0] if held_out else (range(1, n_envs) if n_envs > 1 else [0])
+            for e in envs:
+                for t in valid_starts(self.collections[c]["dones"][:, e], targets):
+                    out.append((c, e, t))
+        return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+    def sequences(self, windows: np.ndarray, targets: int):
+        """Frames (B, 4+targets, H, W, C) uint8, actions (B, targets), reward classes (B, targets)."""
+        frames, actions, rewards = [], [], []
+        for c, e, t in windows:
+            col = self.collections[c]
+            frames.append(col["frames"][t : t + STACK + targets, e])
+            actions.append(col["actions"][t : t + targets, e])
+            rewards.append(col["rewards"][t : t + targets, e])
+        rewards = reward_to_class(torch.as_tensor(np.stack(rewards)))
+        return torch.as_tensor(np.stack(frames)), torch.as_tensor(np.stack(actions)).long(), rewards
+
+    def start_stacks(self, n: int, rng: np.random.Generator, flip_first: bool = True) -> torch.Tensor:
+        """n random real 4-frame stacks from the latest collection (training envs), as the reference; with
+        flip_first, env 0 starts from the first stack of that collection (a game start on the first epoch)."""
+        w = self.windows(0, held_out=False, latest_only=True)
+        picks = w[rng.integers(0, len(w), size=n)]
+        if flip_first:
+            picks[0] = w[0]
+        return self.sequences(picks, 0)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Networks
+# ----------------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def timing_signal_2d(channels: int, height: int, width: int, device: str) -> torch.Tensor:
+    """Sinusoidal position signal (channels, height, width): a quarter of the channels each for sin/cos of the row
+    and of the column, at geometric timescales 1 .. 1e4; leftover channels are 0."""
+    n = channels // 4
+    sig = torch.zeros(channels, height, width, device=device)
+    if n == 0:
+        return sig
+    scales = torch.exp(-math.log(1e4) * torch.arange(n, device=device) / max(n - 1, 1))
+    rows = torch.arange(height, device=device)[:, None] * scales  # (H, n)
+    cols = torch.arange(width, device=device)[:, None] * scales  # (W, n)
+    sig[0:n] = rows.sin().T[:, :, None]
+    sig[n : 2 * n] = rows.cos().T[:, :, None]
+    sig[2 * n : 3 * n] = cols.sin().T[:, None, :]
+    sig[3 * n : 4 * n] = cols.cos().T[:, None, :]
+    return sig
+
+
+def add_timing(x: torch.Tensor) -> torch.Tensor:
+    return x + timing_signal_2d(x.shape[1], x.shape[2], x.shape[3], str(x.device)).to(x.dtype)
+
+
+class ChannelNorm(nn.LayerNorm):
+    """LayerNorm over the channels of a (B, C, H, W) map, at every position."""
+
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class Injection(nn.Module):
+    """x <- x * sigmoid(Dense(v)) + Dense(v): how actions ("multi_additive") and latent bits enter a feature map."""
+
+    def __init__(self, in_dim: int, channels: int):
+        super().__init__()
+        self.dense = nn.Linear(in_dim, 2 * channels)
+
+    def forward(self, x, v):
+        mul, add = self.dense(v).chunk(2, dim=-1)
+        return x * torch.sigmoid(mul)[:, :, None, None] + add[:, :, None, None]
+
+
+class InferenceNet(nn.Module):
+    """Posterior over the bits, training only: (4 context frames, true next frame, action) -> bit logits.
+    Two 8x8 stride-4 convs, each mean-pooled over space (the reference pools with learned attention weights)."""
+
+    def __init__(self, channels: int, num_actions: int, cfg: WorldModelArgs):
+        super().__init__()
+        f = cfg.inference_filters
+        self.num_actions = num_actions
+        self.embed = nn.Conv2d((STACK + 1) * channels, cfg.hidden_size, 1)
+        self.inject = Injection(num_actions, cfg.hidden_size)
+        self.conv1 = nn.Conv2d(cfg.hidden_size, f, 8, 4, 2)
+        self.conv2 = nn.Conv2d(f, 4 * f, 8, 4, 2)
+        self.to_bits = nn.Linear(5 * f, cfg.bits)
+
+    def forward(self, frames, target, actions):
+        x = add_timing(self.embed(standardize_frames(torch.cat([frames, target[:, None]], dim=1))))
+        x = self.inject(x, F.one_hot(actions, self.num_actions).float())
+        y1 = F.relu(self.conv1(x))
+        y2 = F.relu(self.conv2(y1))
+        return self.to_bits(torch.cat([y1.mean((2, 3)), y2.mean((2, 3))], dim=1))
+
+
+class BitPrior(nn.Module):
+    """Autoregressive LSTM prior over the bits, 8 at a time (a 256-way softmax per step), its state initialised
+    from the flattened bottleneck. Trained by teacher forcing on the posterior's clean bits; sampled at play."""
+
+    GROUP = 8
+
+    def __init__(self, context_dim: int, bits: int, size: int):
+        super().__init__()
+        self.steps = bits // self.GROUP
+        self.init_state = nn.Linear(context_dim, 2 * size)
+        self.embed = nn.Embedding(2**self.GROUP + 1, size)  # the last index is the start token
+        self.cell = nn.LSTMCell(size, size)
+        self.out = nn.Linear(size, 2**self.GROUP)
+
+    def _start(self, context):
+        h, c = self.init_state(context).chunk(2, dim=-1)
+        prev = torch.full((context.shape[0],), 2**self.GROUP, dtype=torch.long, device=context.device)
+        return (torch.tanh(h), c), prev
+
+    def loss(self, context, bits):
+        groups = bits_to_groups(bits, self.GROUP)
+        state, prev = self._start(context)
+        total = 0.0
+        for k in range(self.steps):
+            state = self.cell(self.embed(prev), state)
+            total = total + F.cross_entropy(self.out(state[0]), groups[:, k])
+            prev = groups[:, k]
+        return total / self.steps
+
+    @torch.no_grad()
+    def sample(self, context, temperature: float):
+        state, prev = self._start(context)
+        groups = []
+        for _ in range(self.steps):
+            state = self.cell(self.embed(prev), state)
+            logits = self.out(state[0])
+            prev = sample_logits(logits, temperature)
+            groups.append(prev)
+        return groups_to_bits(torch.stack(groups, dim=1), self.GROUP)
+
+
+class WorldModel(nn.Module):
+    """Next frame and reward from 4 stacked frames and an action (the paper's figure: frame-stacked, no recurrence).
+
+    standardise + 1x1 embed + position signal -> `compress_steps` x [dropout, pad to even, conv 4x4/2, ReLU, LN],
+    saving each block's input -> action injection -> (stochastic: bits injected) -> 3x3 conv layers -> decoder:
+    per block [dropout, action injection, deconv 4x4/2 + ReLU, crop, LN(x + skip), position signal] -> 1x1 conv to
+    256 logits per pixel and channel. Reward: 3 classes (-1, 0, +1) from the bottleneck and final feature means.
+    """
+
+    def __init__(self, num_actions: int, frame_shape: tuple, cfg: WorldModelArgs):
+        super().__init__()
+        height, width, channels = frame_shape
+        self.cfg, self.num_actions, self.frame_shape = cfg, num_actions, tuple(frame_shape)
+        self.stochastic = cfg.model == "stochastic-discrete"
+        chans = [cfg.hidden_size]
+        for i in range(cfg.compress_steps):
+            chans.append(chans[-1] * 2 if i < cfg.filter_double_steps else chans[-1])
+        mid = chans[-1]
+        self.embed = nn.Conv2d(STACK * channels, cfg.hidden_size, 1)
+        self.encoder = nn.ModuleList(nn.Conv2d(chans[i], chans[i + 1], 4, 2, 1) for i in range(cfg.compress_steps))
+        self.encoder_norms = nn.ModuleList(ChannelNorm(chans[i + 1]) for i in range(cfg.compress_steps))
+        self.action_in = Injection(num_actions, mid)
+        self.middle = nn.ModuleList(nn.Conv2d(mid, mid, 3, padding=1) for _ in range(cfg.hidden_layers))
+        self.middle_norms = nn.ModuleList(ChannelNorm(mid) for _ in range(cfg.hidden_layers))
+        rev = list(reversed(range(cfg.compress_steps)))
+        self.decoder_actions = nn.ModuleList(Injection(num_actions, chans[i + 1]) for i in rev)
+        self.decoder = nn.ModuleList(nn.ConvTranspose2d(chans[i + 1], chans[i], 4, 2, 1) for i in rev)
+        self.decoder_norms = nn.ModuleList(ChannelNorm(chans[i]) for i in rev)
+        self.frame_head = nn.Conv2d(cfg.hidden_size, channels * 256, 1)
+        self.reward_head = nn.Sequential(nn.Linear(mid + cfg.hidden_size, 128), nn.ReLU(), nn.Linear(128, 3))
+        if self.stochastic:
+            bh, bw = height, width
+            for _ in range(cfg.compress_steps):
+                bh, bw = (bh + 1) // 2, (bw + 1) // 2
+            self.inference = InferenceNet(channels, num_actions, cfg)
+            self.bits_in = Injection(cfg.bits, mid)
+            self.prior = BitPrior(mid * bh * bw, cfg.bits, cfg.lstm_size)
+
+    def forward(self, frames, actions, target=None, step: int = 0, latent_temperature: float = 1.0):
+        """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, 256, C, H, W), reward logits (B, 3),
+        auxiliary loss (the prior's cross-entropy; 0 outside stochastic training). The posterior is used only in
+        training mode with a target frame; otherwise the bits come from the LSTM prior."""
+        cfg = self.cfg
+        a = F.one_hot(actions, self.num_actions).float()
+        x = add_timing(self.embed(standardize_frames(frames)))
+        skips = []
+        for conv, norm in zip(self.encoder, self.encoder_norms):
+            x = F.dropout(x, cfg.dropout, self.training)
+            skips.append(x)
+            x = F.pad(x, (0, x.shape[3] % 2, 0, x.shape[2] % 2))
+            x = norm(F.relu(conv(add_timing(x))))
+        x = self.action_in(x, a)
+        aux = x.new_zeros(())
+        if self.stochastic:
+            x, aux = self.inject_latent(x, frames, actions, target, step, latent_temperature)
+        for i, (conv, norm) in enumerate(zip(self.middle, self.middle_norms)):
+            y = F.dropout(F.relu(conv(x)), cfg.residual_dropout, self.training)
+            x = y if i == 0 else norm(x + y)
+        x_mid = x.mean((2, 3))
+        for inject, deconv, norm, skip in zip(self.decoder_actions, self.decoder, self.decoder_norms, reversed(skips)):
+            x = inject(F.dropout(x, cfg.dropout, self.training), a)
+            x = F.relu(deconv(x))[:, :, : skip.shape[2], : skip.shape[3]]
+            x = add_timing(norm(x + skip))
+        B, _, H, W = x.shape
+        logits = self.frame_head(x).view(B, -1, 256, H, W).transpose(1, 2)
+        reward_logits = self.reward_head(torch.cat([x_mid, x.mean((2, 3))], dim=1))
+        return logits, reward_logits, aux
+
+    def inject_latent(self, x, frames, actions, target, step, latent_temperature):
+        cfg, B = self.cfg, x.shape[0]
+        context = x.flatten(1)
+        if not (self.training and target is not None):
+            return self.bits_in(x, self.prior.sample(context, latent_temperature)), x.new_zeros(())
+        post_logits = self.inference(frames, target, actions)
+        bits, soft = discrete_latent(post_logits, cfg.bit_noise, cfg.bit_flip, training=True)
+        hard = torch.rand(B, device=x.device) < min(1.0, step / max(1, cfg.discretize_warmup))
+        bits = torch.where(hard[:, None], bits, soft)  # warm-up: continuous tanh for a falling share of examples
+        prior_loss = self.prior.loss(context, torch.where(post_logits > 0, 1.0, -1.0).detach())
+        from_prior = torch.rand(B, device=x.device) < cfg.prior_max_sampling * min(1.0, step / max(1, cfg.prior_warmup))
+        if from_prior.any():  # the prior's bits on the forward pass, the posterior's gradient (straight-through)
+            sampled = self.prior.sample(context.detach(), 1.0)
+            bits = torch.where(from_prior[:, None], sampled + bits - bits.detach(), bits)
+        use = torch.rand(B, device=x.device) < cfg.latent_use_max * inverse_lin_decay(step, cfg.latent_use_warmup)
+        return torch.where(use[:, None, None, None], self.bits_in(x, bits), x), prior_loss
+
+    @torch.no_grad()
+    def predict(self, frames, actions, pixel_temperature: float = 0.0, latent_temperature: float = 1.0):
+        """Next frame (B, H, W, C) uint8 and reward (B,) in {-1, 0, 1}, as the simulated env uses them."""
+        logits, reward_logits, _ = self(frames, actions, latent_temperature=latent_temperature)
+        pixels = sample_logits(logits.movedim(1, -1), pixel_temperature)  # (B, C, H, W)
+        return pixels.permute(0, 2, 3, 1).to(torch.uint8), reward_logits.argmax(-1).float() - 1.0
+
+
+class Policy(nn.Module):
+    """The reference's small CNN policy: 4 RGB frames (12 channels) / 255 -> conv 32 5x5/2 -> conv 32 5x5/2 ->
+    dropout -> dense 128 -> policy logits and value. (The reference also feeds a loop-epoch embedding; not here.)"""
+
+    def __init__(self, num_actions: int, frame_shape: tuple = FRAME_SHAPE, dropout: float = 0.1):
+        super().__init__()
+        height, width, channels = frame_shape
+        self.config = {"num_actions": num_actions, "frame_shape": list(frame_shape), "dropout": dropout}
+        self.env_config: dict = {}
+        self.convs = nn.Sequential(
+            nn.Conv2d(STACK * channels, 32, 5, 2), nn.ReLU(), nn.Conv2d(32, 32, 5, 2), nn.ReLU(), nn.Flatten()
+        )
+        flat = self.convs(torch.zeros(1, STACK * channels, height, width)).shape[1]
+        self.dense = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, 128), nn.ReLU())
+        self.logits = nn.Linear(128, num_actions)
+        self.value = nn.Linear(128, 1)
+
+    def forward(self, obs):
+        """obs (B, 4, H, W, C) uint8 -> logits (B, A), value (B,)."""
+        x = obs.permute(0, 1, 4, 2, 3).flatten(1, 2).float() / 255.0
+        h = self.dense(self.convs(x))
+        return self.logits(h), self.value(h).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs, temperature: float = 1.0):
+        """numpy observations (B, 4, 105, 80, 3) uint8 -> numpy actions (B,), sampled from logits / temperature."""
+        device = next(self.parameters()).device
+        logits, _ = self(torch.as_tensor(np.asarray(obs), device=device))
+        return sample_logits(logits, temperature).cpu().numpy()
+
+
+def load_policy(path, device="cpu") -> Policy:
+    """policy.pt of this script -> the Policy in eval mode with .act(obs) and .env_config (for make_policy_envs)."""
+    ck = torch.load(path, map_location=device, weights_only=False)
+    if ck.get("script") != os.path.basename(__file__) or ck.get("network") != "Policy":
+        raise UsageError(f"{path} is not a policy.pt written by {os.path.basename(__file__)}: pass one of its run dirs")
+    policy = Policy(**{**ck["config"], "frame_shape": tuple(ck["config"]["frame_shape"])})
+    policy.load_state_dict(ck["state_dict"])
+    policy.env_config = ck["env_config"]
+    return policy.to(device).eval()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The math (pure functions)
+# ----------------------------------------------------------------------------------------------------------------
+def standardize_frames(frames: torch.Tensor) -> torch.Tensor:
+    """(B, n, H, W, C) uint8 -> (B, n*C, H, W): each frame to zero mean, unit std (std floored at 1/sqrt(size))."""
+    x = frames.float()
+    mean = x.mean(dim=(2, 3, 4), keepdim=True)
+    std = x.std(dim=(2, 3, 4), keepdim=True, correction=0).clamp_min(1.0 / math.sqrt(x[0, 0].numel()))
+    x = (x - mean) / std
+    return x.permute(0, 1, 4, 2, 3).flatten(1, 2)
+
+
+def discrete_latent(logits, noise_std: float, flip_prob: float, training: bool):
+    """Bit logits -> (bits in {-1, +1} with a straight-through gradient through tanh, the continuous tanh).
+    Training adds N(0, noise_std) to the logits and flips each bit with probability flip_prob (bit dropout)."""
+    if training and noise_std > 0:
+        logits = logits + noise_std * torch.randn_like(logits)
+    soft = torch.tanh(logits)
+    hard = torch.where(soft > 0, 1.0, -1.0)
+    bits = soft + (hard - soft).detach()
+    if training and flip_prob > 0:
+        bits = torch.where(torch.rand_like(bits) < flip_prob, -bits, bits)
+    return bits, soft
+
+
+def bits_to_groups(bits: torch.Tensor, group: int) -> torch.Tensor:
+    """(B, n*group) bits in {-1, +1} -> (B, n) integers in [0, 2**group): bit k of a group is 2**k."""
+    b = (bits > 0).long().view(bits.shape[0], -1, group)
+    return (b << torch.arange(group, device=bits.device)).sum(-1)
+
+
+def groups_to_bits(groups: torch.Tensor, group: int) -> torch.Tensor:
+    """Inverse of bits_to_groups."""
+    b = (groups[..., None] >> torch.arange(group, device=groups.device)) & 1
+    return (b.float() * 2 - 1).flatten(1)
+
+
+def sample_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Index per row of the last axis: argmax at temperature 0, else a sample from softmax(logits / T)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    flat = logits.reshape(-1, logits.shape[-1]) / temperature
+    return torch.multinomial(torch.softmax(flat.float(), -1), 1).view(logits.shape[:-1])
+
+
+def inverse_exp_decay(step: float, max_step: int, min_value: float = 0.01) -> float:
+    """Rises exponentially from min_value at step 0 to 1 at max_step (tensor2tensor's inverse_exp_decay)."""
+    return math.exp(math.log(min_value) / max_step) ** max(max_step - step, 0)
+
+
+def inverse_lin_decay(step: float, max_step: int, min_value: float = 0.01) -> float:
+    """Rises linearly from min_value at step 0 to 1 at max_step."""
+    return min(step / max_step, 1.0) * (1.0 - min_value) + min_value
+
+
+def scheduled_sampling_prob(step: float, exp_steps: int, lin_steps: int, max_prob: float) -> float:
+    """Probability of feeding the model its own predicted frame instead of the real one (prob_inverse_lin)."""
+    return max_prob * inverse_exp_decay(step, exp_steps) * inverse_lin_decay(step, lin_steps)
+
+
+def clipped_pixel_loss(logits: torch.Tensor, target: torch.Tensor, cutoff: float):
+    """Per-pixel cross-entropy (logits (B, 256, ...), target (B, ...) long) -> (mean of relu(xent - cutoff), mean
+    xent). Pixels already predicted to within the cutoff give no gradient."""
+    xent = F.cross_entropy(logits, target, reduction="none")
+    return F.relu(xent - cutoff).mean(), xent.mean().detach()
+
+
+def reward_to_class(rewards: torch.Tensor) -> torch.Tensor:
+    """Game reward -> class: clip to [-1, 1], round; class = that + 1 (0: -1, 1: 0, 2: +1)."""
+    return torch.round(torch.clamp(torch.as_tensor(rewards, dtype=torch.float32), -1, 1)).long() + 1
+
+
+def real_steps_schedule(real_steps: int, epochs: int, num_envs: int) -> dict:
+    """Accounting of real play: per_epoch = ceil(real_steps / epochs) agent steps (rounded up to a multiple of
+    num_envs); collections = 1 random + 1 per epoch; 96,000 / 15 -> 16 x 6,400 = 102,400 (the paper's "100K")."""
+    per_epoch = math.ceil(math.ceil(real_steps / epochs) / num_envs) * num_envs
+    return {"per_epoch": per_epoch, "per_env": per_epoch // num_envs, "collections": epochs + 1,
+            "total": per_epoch * (epochs + 1)}  # fmt: skip
+
+
+def world_model_steps(epoch: int, train_steps: int, multiplier: int) -> int:
+    return train_steps * (multiplier if epoch in WM_MULTIPLIER_EPOCHS else 1)
+
+
+def ppo_iterations(epoch: int, epochs: int, iterations: int) -> int:
+    return iterations * (3 if epoch == epochs - 1 else 2 if epoch in PPO_X2_EPOCHS else 1)
+
+
+def compute_gae(rewards, values, dones, last_value, gamma: float, lam: float):
+    """(T, N) rewards/values/dones (dones[t]: the game ended at step t), last_value (N,) -> advantages, returns."""
+    adv = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        keep = 1.0 - dones[t].float()
+        next_value = last_value if t == rewards.shape[0] - 1 else values[t + 1]
+        delta = rewards[t] + gamma * next_value * keep - values[t]
+        running = delta + gamma * lam * keep * running
+        adv[t] = running
+    return adv, adv + values
+
+
+class SimulatedEnv:
+    """A batch of envs inside the world model: each keeps a 4-frame stack; a step appends the predicted frame;
+    the reward is the reward head's class - 1; done is always False (every rollout starts with a reset)."""
+
+    def __init__(self, model: WorldModel, pixel_temperature: float, latent_temperature: float):
+        self.model, self.pixel_t, self.latent_t = model, pixel_temperature, latent_temperature
+        self.stacks = None
+
+    def reset(self, stacks: torch.Tensor) -> torch.Tensor:
+        self.stacks = stacks.clone()
+        return self.stacks
+
+    def step(self, actions: torch.Tensor):
+        frame, reward = self.model.predict(self.stacks, actions, self.pixel_t, self.latent_t)
+        self.stacks = torch.cat([self.stacks[:, 1:], frame[:, None]], dim=1)
+        return self.stacks, reward, torch.zeros_like(reward, dtype=torch.bool)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Phases
+# ----------------------------------------------------------------------------------------------------------------
+def make_wm_optimizer(model: WorldModel, cfg: WorldModelArgs):
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+    return torch.optim.Adafactor(model.parameters(), lr=cfg.learning_rate)
+
+
+def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: WorldModelArgs, step: int):
+    """Loss over `targets` next frames with scheduled sampling: the first 4 frames are real; each next input frame
+    is, per example, the model's argmax prediction with probability scheduled_sampling_prob, else the real one."""
+    targets = actions.shape[1]
+    p_own = scheduled_sampling_prob(step, cfg.ss_exp_steps, cfg.ss_lin_steps, cfg.ss_max_prob)
+    stack = frames[:, :STACK]
+    loss, xent, reward_acc = 0.0, 0.0, 0.0
+    for k in range(targets):
+        real = frames[:, STACK + k]
+        logits, reward_logits, aux = model(stack, actions[:, k], target=real, step=step)
+        pixel_loss, pixel_xent = clipped_pixel_loss(logits, real.permute(0, 3, 1, 2).long(), cfg.loss_cutoff)
+        loss = loss + pixel_loss + F.cross_entropy(reward_logits, reward_classes[:, k]) + aux
+        xent = xent + pixel_xent
+        reward_acc = reward_acc + (reward_logits.argmax(-1) == reward_classes[:, k]).float().mean()
+        own = logits.detach().argmax(1).permute(0, 2, 3, 1).to(torch.uint8)
+        feed = torch.where((torch.rand(real.shape[0], device=real.device) < p_own)[:, None, None, None], own, real)
+        stack = torch.cat([stack[:, 1:], feed[:, None]], dim=1)
+    return loss / targets, {"pixel_xent": xent / targets, "reward_accuracy": reward_acc / targets, "ss_prob": p_own}
+
+
+def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, ctx: dict, state: dict, steps: int):
+    """Phase 1 of an epoch: `steps` optimiser steps on random windows of all real data collected so far."""
+    cfg, device, rng = args.wm, ctx["device"], ctx["rng"]
+    windows = data.windows(cfg.target_frames, held_out=False)
+    if len(windows) == 0:
+        raise UsageError(f"no real sequence of {STACK + cfg.target_frames} frames without a game end: collect "
+                         "more steps per env (--loop.real-steps) or lower --wm.target-frames")  # fmt: skip
+    model.train()
+    bar = progress_bar(steps, f"epoch {state['epoch']} world model", state["phase_step"])
+    while state["phase_step"] < steps:
+        batch = data.sequences(windows[rng.integers(0, len(windows), cfg.batch_size)], cfg.target_frames)
+        frames, actions, rewards = (t.to(device) for t in batch)
+        loss, info = world_model_loss(model, frames, actions, rewards, cfg, state["wm_step"])
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"world-model loss is {loss.item()} at world-model step {state['wm_step']}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        state["wm_step"] += 1
+        state["phase_step"] += 1
+        bar.update(1)
+        if state["wm_step"] % 20 == 0 or state["phase_step"] == steps:
+            w = ctx["writer"]
+            for key, value in (("loss", loss), ("pixel_xent", info["pixel_xent"]), ("grad_norm", grad_norm),
+                               ("train_reward_accuracy", info["reward_accuracy"])):  # fmt: skip
+                w.add_scalar(f"world_model/{key}", float(value.detach()), state["wm_step"])
+            w.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], state["wm_step"])
+            bar.set_postfix(loss=f"{float(loss):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
+        maybe_checkpoint(ctx, state, state["phase_step"])
+    bar.close()
+
+
+@torch.no_grad()
+def evaluate_world_model(model: WorldModel, data: RealData, args: Args, ctx: dict) -> dict:
+    """Open-loop rollouts of the model on held-out real sequences (the reference's evaluate_world_model), beside
+    the copy-the-last-frame baseline (and reward always 0). Frame error: mean squared pixel error in [0, 1]
+    averaged over the first h steps; reward accuracy likewise; h in (1, 12, eval_horizon)."""
+    cfg = args.wm
+    horizon, windows = cfg.eval_horizon, np.zeros((0, 3), dtype=np.int64)
+    while horizon >= 1:  # the longest horizon (<= eval_horizon) that the held-out play allows
+        windows = data.windows(horizon, held_out=True)
+        if len(windows):
+            break
+        horizon //= 2
+    if not len(windows):
+        return {}
+    picks = windows[ctx["rng"].choice(len(windows), size=min(cfg.eval_sequences, len(windows)), replace=False)]
+    frames, actions, rewards = (t.to(ctx["device"]) for t in data.sequences(picks, horizon))
+    model.eval()
+    sim = SimulatedEnv(model, cfg.pixel_temperature, cfg.latent_temperature)
+    stack = sim.reset(frames[:, :STACK])
+    predicted, model_err, copy_err, model_acc, copy_acc = [], [], [], [], []
+    for k in range(horizon):
+        stack, reward, _ = sim.step(actions[:, k])
+        real = frames[:, STACK + k].float()
+        predicted.append(stack[:, -1])
+        model_err.append(((stack[:, -1].float() - real) / 255.0).pow(2).mean().item())
+        copy_err.append(((frames[:, STACK - 1].float() - real) / 255.0).pow(2).mean().item())
+        model_acc.append((reward + 1 == rewards[:, k]).float().mean().item())
+        copy_acc.append((rewards[:, k] == 1).float().mean().item())
+    out = {"horizon": horizon, "sequences": len(picks)}
+    for h in sorted({1, min(12, horizon), horizon}):
+        out[f"frame_mse_{h}"] = float(np.mean(model_err[:h]))
+        out[f"copy_frame_mse_{h}"] = float(np.mean(copy_err[:h]))
+        out[f"reward_accuracy_{h}"] = float(np.mean(model_acc[:h]))
+        out[f"copy_reward_accuracy_{h}"] = float(np.mean(copy_acc[:h]))
+    ctx["strip"] = (frames[0, STACK:].cpu().numpy(), torch.stack(predicted, 1)[0].cpu().numpy())
+    return out
+
+
+def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
+    """PPO on one rollout (T, N): advantages normalised over the rollout; (T-1) x update_epochs // minibatch_steps
+    minibatches, each `minibatch_steps` random time indices x all envs (the reference's optimisation batches)."""
+    T = rollout["actions"].shape[0]
+    adv = rollout["advantages"]
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    policy.train()
+    stats = {}
+    for _ in range(max(1, (T - 1) * cfg.update_epochs // cfg.minibatch_steps)):
+        idx = torch.randperm(T, device=adv.device)[: cfg.minibatch_steps]
+        logits, value = policy(rollout["obs"][idx].flatten(0, 1))
+        dist = torch.distributions.Categorical(logits=logits)
+        logp = dist.log_prob(rollout["actions"][idx].flatten())
+        ratio = (logp - rollout["logprobs"][idx].flatten()).exp()
+        a = adv[idx].flatten()
+        pg_loss = torch.max(-a * ratio, -a * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+        v_loss = 0.5 * (value - rollout["returns"][idx].flatten()).pow(2).mean()
+        entropy = dist.entropy().mean()
+        loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(f"PPO loss is {loss.item()}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        stats = {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
+                 "clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean().item()}  # fmt: skip
+    return stats
+
+
+def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps: int):
+    """Collect num_steps with `env_step(actions) -> (obs, reward, done)` from obs, then one PPO update."""
+    policy.eval()
+    buf = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards", "dones")}
+    for _ in range(num_steps):
+        with torch.no_grad():
+            logits, value = policy(obs)
+        dist = torch.distributions.Categorical(logits=logits)
+        action = dist.sample()
+        buf["obs"].append(obs)
+        buf["actions"].append(action)
+        buf["logprobs"].append(dist.log_prob(action))
+        buf["values"].append(value)
+        obs, reward, done = env_step(action)
+        buf["rewards"].append(reward)
+        buf["dones"].append(done)
+    with torch.no_grad():
+        last_value = policy(obs)[1]
+    rollout = {k: torch.stack(v) for k, v in buf.items()}
+    rollout["advantages"], rollout["returns"] = compute_gae(
+        rollout["rewards"], rollout["values"], rollout["dones"], last_value, cfg.gamma, cfg.gae_lambda
+    )
+    return obs, rollout, ppo_update(policy, optimizer, rollout, cfg)
+
+
+def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, ctx: dict, state: dict, iterations):
+    """Phase 2: PPO inside the world model. Every iteration resets the simulated envs to real 4-frame stacks
+    drawn from the latest collection and rolls out num_steps steps; the reward is the reward head's."""
+    cfg, device = args.ppo, ctx["device"]
+    model.eval()
+    sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
+    bar = progress_bar(iterations, f"epoch {state['epoch']} PPO in the model", state["phase_step"])
+    while state["phase_step"] < iterations:
+        t0 = time.time()
+        obs = sim.reset(data.start_stacks(cfg.num_envs, ctx["rng"]).to(device))
+        _, rollout, stats = rollout_and_update(policy, optimizer, sim.step, obs, cfg, cfg.num_steps)
+        state["ppo_iter"] += 1
+        state["phase_step"] += 1
+        sim_return = rollout["rewards"].sum(0).mean().item()
+        w, it = ctx["writer"], state["ppo_iter"]
+        w.add_scalar("sim/rollout_return", sim_return, it)
+        w.add_scalar("sim/SPS", cfg.num_envs * cfg.num_steps / max(time.time() - t0, 1e-9), it)
+        for key, value in stats.items():
+            w.add_scalar(f"losses/{key}", value, it)
+        state["last_sim_return"] = sim_return
+        bar.update(1)
+        bar.set_postfix(sim_return=f"{sim_return:.2f}")
+        maybe_checkpoint(ctx, state, state["phase_step"])
+    bar.close()
+
+
+def collect_real(policy, real: dict, args: Args, ctx: dict, random_policy: bool) -> dict:
+    """Phase 3: play steps-per-epoch real agent steps (per env: per_env steps) with the policy at the collection
+    temperature, or uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
+    envs, obs, steps = real["envs"], real["obs"], ctx["schedule"]["per_env"]
+    frames = [obs[:, k] for k in range(STACK)]
+    actions, rewards, dones = [], [], []
+    t0 = time.time()
+    for _ in range(steps):
+        if random_policy:
+            action = ctx["rng"].integers(0, ctx["num_actions"], size=obs.shape[0])
+        else:
+            action = policy.act(obs, args.ppo.collect_temperature)
+        obs, reward, term, trunc, _ = envs.step(action)
+        done = term | trunc
+        real["ep_return"] += reward
+        real["ep_length"] += 1
+        for i in np.flatnonzero(done):
+            real["episodes"].append((float(real["ep_return"][i]), int(real["ep_length"][i])))
+            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+        frames.append(obs[:, -1])
+        actions.append(action)
+        rewards.append(reward)
+        dones.append(done)
+    real["obs"] = obs
+    real["sps"] = steps * obs.shape[0] / max(time.time() - t0, 1e-9)
+    return {"frames": np.stack(frames), "actions": np.stack(actions).astype(np.int64),
+            "rewards": np.stack(rewards).astype(np.float32), "dones": np.stack(dones)}  # fmt: skip
+
+
+def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float, noop_max: int, seed: int,
+                    video_path: Optional[Path] = None) -> dict:  # fmt: skip
+    """Phase 4: full real games (up to max_episode_frames), each env a fixed quota of games, logits / T."""
+    if episodes == 0:
+        return {}
+    n = min(ctx["eval_envs"], episodes)
+    quota = np.array([episodes // n + (i < episodes % n) for i in range(n)])
+    envs = make_envs(ctx["rom"], n, ctx["sticky"], noop_max, ctx["max_episode_frames"])
+    obs, _ = envs.reset(seed=seed)
+    ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
+    while (done_count < quota).any():
+        if STOP["signal"]:
+            envs.close()
+            raise Interrupted("evaluation interrupted (it restarts on resume)")
+        obs, reward, term, trunc, _ = envs.step(policy.act(obs, temperature))
+        if video is not None:
+            video.append(obs[0, -1])
+        ret += reward
+        for i in np.flatnonzero(term | trunc):
+            if done_count[i] < quota[i]:
+                returns.append(float(ret[i]))
+            done_count[i] += 1
+            if i == 0 and video is not None:
+                write_video(video, video_path)
+                video = None
+            ret[i] = 0.0
+    envs.close()
+    return {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns,
+            "temperature": temperature, "noop_max": noop_max, "full_episodes": True}  # fmt: skip
+
+
+def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
+    """The SimPLe loop: a random collection first, then per epoch world model -> PPO in the model -> real
+    collection with the policy -> evaluation (the reference's order). world-model-only: world model and random
+    collection only. A killed run continues at its epoch and phase."""
+    data, writer = ctx["data"], ctx["writer"]
+    model, policy = modules["model"], modules["policy"]
+    phases = ("wm", "collect") if args.mode == "world-model-only" else ("wm", "ppo", "collect", "eval")
+    if not data.collections:
+        collect_phase(args, ctx, state, modules, random_policy=True)
+    while state["epoch"] < args.loop.epochs:
+        epoch = state["epoch"]
+        name = phases[state["phase"]]
+        if name == "wm":
+            if args.world_model is None:
+                steps = world_model_steps(epoch, args.wm.train_steps, args.wm.epoch_multiplier)
+                train_world_model(model, modules["wm_opt"], modules["wm_sched"], data, args, ctx, state, steps)
+            save_world_model(model, args, ctx)
+            wm_eval = evaluate_world_model(model, data, args, ctx)
+            for key, value in wm_eval.items():
+                writer.add_scalar(f"world_model/eval_{key}", value, epoch)
+            state["history"].append({"epoch": epoch, "world_model": wm_eval})
+            write_strip(ctx, args.env_id, epoch)
+            print(f"[epoch {epoch}] world model: " + ", ".join(f"{k} {v:.4g}" for k, v in wm_eval.items()))
+        elif name == "ppo":
+            iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
+            train_policy_in_model(policy, modules["ppo_opt"], model, data, args, ctx, state, iterations)
+            state["history"][-1]["sim_return"] = state.get("last_sim_return")
+        elif name == "collect":
+            collect_phase(args, ctx, state, modules, random_policy=args.mode == "world-model-only")
+        elif name == "eval":
+            video = video_path_for(args, ctx, f"eval_epoch{epoch:02d}")
+            ev = evaluate_policy(policy, ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
+                                 args.seed + 10_000 + epoch, video)  # fmt: skip
+            if ev:
+                writer.add_scalar("eval/episodic_return", ev["mean"], data.real_steps)
+                print(f"[epoch {epoch}] real score {ev['mean']:.2f} +- {ev['std']:.2f} over {len(ev['returns'])} games "
+                      f"({data.real_steps} real steps so far)")  # fmt: skip
+            state["history"][-1]["eval"] = ev
+            state["history"][-1]["real_steps"] = data.real_steps
+            save_policy(policy, ctx)
+        advance_phase(state, len(phases))
+        save_state(ctx, state, modules)
+        plot_learning_curve(state["history"], ctx["run_dir"] / "learning_curve.png", args.env_id)
+    final = state["history"][-1] if state["history"] else {}
+    return {"real_steps": data.real_steps, "world_model": final.get("world_model"), "eval": final.get("eval"),
+            "history": state["history"]}  # fmt: skip
+
+
+def collect_phase(args: Args, ctx: dict, state: dict, modules: dict, random_policy: bool):
+    data, real = ctx["data"], real_envs(ctx)
+    collection = collect_real(modules["policy"], real, args, ctx, random_policy)
+    save_collection(ctx, len(data.collections), collection)
+    data.add(collection)
+    for ret, length in real["episodes"]:
+        ctx["writer"].add_scalar("charts/episodic_return", ret, data.real_steps)
+        ctx["writer"].add_scalar("charts/episodic_length", length, data.real_steps)
+    real["episodes"].clear()
+    ctx["writer"].add_scalar("charts/SPS", real["sps"], data.real_steps)
+    ctx["writer"].add_scalar("charts/real_steps", data.real_steps, len(data.collections))
+    print(f"[collect] {'random' if random_policy else 'policy'} play: {data.real_steps} real agent steps in all "
+          f"({len(data.collections)} collections, {real['sps']:.0f} steps/s)")  # fmt: skip
+
+
+def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
+    """The baseline: PPO (same network and settings) on the real game for the same number of real agent steps."""
+    policy, optimizer, cfg, device = modules["policy"], modules["ppo_opt"], args.ppo, ctx["device"]
+    real = real_envs(ctx)
+    num_envs = real["obs"].shape[0]
+    iterations = ctx["schedule"]["total"] // (num_envs * cfg.num_steps)
+
+    def env_step(action):
+        obs, reward, term, trunc, _ = real["envs"].step(action.cpu().numpy())
+        real["ep_return"] += reward
+        real["ep_length"] += 1
+        done = term | trunc
+        for i in np.flatnonzero(done):
+            ctx["writer"].add_scalar("charts/episodic_return", real["ep_return"][i], state["real_steps"])
+            state["recent"] = (state.get("recent", []) + [float(real["ep_return"][i])])[-20:]
+            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+        state["real_steps"] += num_envs
+        return torch.as_tensor(obs, device=device), torch.as_tensor(reward, dtype=torch.float32, device=device), \
+            torch.as_tensor(done, device=device)  # fmt: skip
+
+    obs = torch.as_tensor(real["obs"], device=device)
+    bar = progress_bar(iterations, "model-free PPO", state["ppo_iter"])
+    while state["ppo_iter"] < iterations:
+        t0 = time.time()
+        obs, _, stats = rollout_and_update(policy, optimizer, env_step, obs, cfg, cfg.num_steps)
+        state["ppo_iter"] += 1
+        sps = num_envs * cfg.num_steps / max(time.time() - t0, 1e-9)
+        ctx["writer"].add_scalar("charts/SPS", sps, state["real_steps"])
+        for key, value in stats.items():
+            ctx["writer"].add_scalar(f"losses/{key}", value, state["real_steps"])
+        bar.update(1)
+        if state.get("recent"):
+            bar.set_postfix(score=f"{np.mean(state['recent']):.1f}")
+        maybe_checkpoint(ctx, state, state["ppo_iter"])
+    bar.close()
+    save_policy(policy, ctx)
+    ev = evaluate_policy(policy, ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
+                         args.seed + 10_000, video_path_for(args, ctx, "eval_final"))  # fmt: skip
+    if ev:
+        ctx["writer"].add_scalar("eval/episodic_return", ev["mean"], state["real_steps"])
+        print(f"[model-free] real score {ev['mean']:.2f} +- {ev['std']:.2f} after {state['real_steps']} real steps")
+    return {"real_steps": state["real_steps"], "eval": ev}
+
+
+def main(args: Args) -> None:
+    try:
+        ctx = validate(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.eval_only:
+        raise SystemExit(eval_only(args, ctx))
+    run_dir = ctx["run_dir"]
+    print(f"run dir: {run_dir}")
+    if ctx.get("finished"):
+        print(f"{run_dir} holds a finished run (results.json); nothing to do")
+        return
+    setup_run(args, ctx)
+    modules, state = build_modules(args, ctx)
+    with SignalGuard():
+        try:
+            if args.mode == "model-free":
+                result = run_model_free(args, ctx, state, modules)
+            else:
+                result = run_simple(args, ctx, state, modules)
+        except UsageError as e:  # a problem that only shows with the collected data
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        except NonFiniteLoss as e:
+            print(f"error: {e}; lower the learning rate or re-run to resume from the last checkpoint", file=sys.stderr)
+            raise SystemExit(3) from None
+        except Interrupted as e:
+            save_state(ctx, state, modules)
+            print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
+            raise SystemExit(130) from None
+        finally:
+            ctx["writer"].close()
+            if ctx.get("real"):
+                ctx["real"]["envs"].close()
+    finish(args, ctx, state, result)
+    print(f"run dir: {run_dir}")
+
+
+# ---- run management ----
+STOP = {"signal": 0}
+
+# Allowed ranges of every numeric flag (inclusive); the generated bad-input tests loop over these fields.
+LIMITS = {
+    "seed": (0, 2**31 - 1), "torch_threads": (0, 1024), "checkpoint_every": (1, 10**9),
+    "env.sticky_actions": (-1.0, 1.0), "env.noop_max": (0, 10_000), "env.max_episode_frames": (100, 10**8),
+    "env.num_envs": (1, 1024),
+    "loop.epochs": (1, 1000), "loop.real_steps": (1, 10**9),
+    "wm.hidden_size": (1, 4096), "wm.compress_steps": (1, 7), "wm.filter_double_steps": (0, 7),
+    "wm.hidden_layers": (0, 64), "wm.dropout": (0.0, 0.99), "wm.residual_dropout": (0.0, 0.99),
+    "wm.target_frames": (1, 256), "wm.batch_size": (1, 4096), "wm.learning_rate": (1e-12, 10.0),
+    "wm.warmup_steps": (1, 10**9), "wm.max_grad_norm": (1e-9, 1e9), "wm.loss_cutoff": (0.0, 10.0),
+    "wm.train_steps": (0, 10**9), "wm.epoch_multiplier": (1, 1000), "wm.ss_exp_steps": (1, 10**9),
+    "wm.ss_lin_steps": (1, 10**9), "wm.ss_max_prob": (0.0, 1.0), "wm.bits": (8, 4096), "wm.bit_noise": (0.0, 10.0),
+    "wm.bit_flip": (0.0, 0.5), "wm.discretize_warmup": (1, 10**9), "wm.prior_max_sampling": (0.0, 1.0),
+    "wm.prior_warmup": (1, 10**9), "wm.latent_use_max": (0.0, 1.0), "wm.latent_use_warmup": (1, 10**9),
+    "wm.lstm_size": (1, 65536), "wm.inference_filters": (1, 65536), "wm.pixel_temperature": (0.0, 100.0),
+    "wm.latent_temperature": (0.0, 100.0), "wm.eval_sequences": (1, 10**6), "wm.eval_horizon": (1, 10**6),
+    "ppo.iterations": (0, 10**9), "ppo.num_envs": (1, 65536), "ppo.num_steps": (2, 100_000),
+    "ppo.learning_rate": (1e-12, 10.0), "ppo.gamma": (0.0, 1.0), "ppo.gae_lambda": (0.0, 1.0),
+    "ppo.clip_coef": (1e-6, 10.0), "ppo.vf_coef": (0.0, 1e6), "ppo.ent_coef": (0.0, 1e6),
+    "ppo.update_epochs": (1, 1000), "ppo.minibatch_steps": (1, 100_000), "ppo.max_grad_norm": (1e-9, 1e9),
+    "ppo.dropout": (0.0, 0.99), "ppo.collect_temperature": (0.0, 100.0),
+    "eval.episodes": (0, 10**6), "eval.num_envs": (1, 1024), "eval.temperature": (0.0, 100.0),
+    "eval.noop_max": (0, 10_000),
+}  # fmt: skip
+ARCHITECTURE = ("model", "optimizer", "hidden_size", "compress_steps", "filter_double_steps", "hidden_layers", "bits",
+                "lstm_size", "inference_filters")  # fmt: skip
+
+
+def numeric_fields(obj, prefix: str = ""):
+    """(dotted name, value) of every int/float field of Args and its nested phase dataclasses."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from numeric_fields(value, f"{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + f.name, value
+
+
+def validate(args: Args) -> dict:
+    """Every check that can fail on user input, before anything is created. Returns what it loaded."""
+    for name, value in numeric_fields(args):
+        lo, hi = LIMITS[name]
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
+    if args.wm.filter_double_steps > args.wm.compress_steps:
+        raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
+    if args.wm.bits % BitPrior.GROUP:
+        raise UsageError(f"--wm.bits must be a multiple of {BitPrior.GROUP} (got {args.wm.bits})")
+    if args.eval_only:
+        return validate_eval_only(args)
+    rom, sticky_default = resolve_env_id(args.env_id)
+    sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
+    schedule = real_steps_schedule(args.loop.real_steps, args.loop.epochs, args.env.num_envs)
+    if args.mode == "model-free" and schedule["total"] < args.env.num_envs * args.ppo.num_steps:
+        raise UsageError("model-free: fewer real steps than one rollout: raise --loop.real-steps")
+    if args.mode != "model-free" and schedule["per_env"] < STACK + args.wm.target_frames:
+        raise UsageError(
+            f"{schedule['per_env']} real steps per env per collection cannot hold a training sequence of "
+            f"{STACK + args.wm.target_frames} frames: raise --loop.real-steps or lower --env.num-envs"
+        )
+    if args.mode != "model-free" and args.ppo.minibatch_steps > args.ppo.num_steps:
+        raise UsageError("--ppo.minibatch-steps must be <= --ppo.num-steps")
+    default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = Path(args.run_dir or default)
+    ctx = {"rom": rom, "sticky": sticky, "schedule": schedule, "run_dir": run_dir, "eval_envs": args.eval.num_envs,
+           "max_episode_frames": args.env.max_episode_frames}  # fmt: skip
+    check_run_dir(args, ctx)
+    if args.world_model:
+        if args.mode != "simple":
+            raise UsageError("--world-model is for --mode simple (a policy trained in an existing world model)")
+        ctx["world_model_ck"] = load_world_model_file(args.world_model, args)
+    return ctx
+
+
+def check_run_dir(args: Args, ctx: dict):
+    run_dir = ctx["run_dir"]
+    saved = run_dir / "args.json"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file: pass a directory")
+    if saved.exists():
+        try:
+            old = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"{saved} is unreadable: delete it or pass a new --run-dir") from None
+        if old.get("script") != os.path.basename(__file__):
+            raise UsageError(f"{run_dir} was made by {old.get('script')!r}, not this script: pass a new --run-dir")
+        if old.get("env_id") != args.env_id or old.get("mode") != args.mode:
+            raise UsageError(f"{run_dir} is a {old.get('mode')} run on {old.get('env_id')}: pass a new --run-dir")
+        changed = [k for k in ARCHITECTURE if old.get("wm", {}).get(k) != getattr(args.wm, k)]
+        if changed:
+            raise UsageError(f"{run_dir} was trained with other --wm.{changed[0].replace('_', '-')}: resume with "
+                             "the same world-model settings or pass a new --run-dir")  # fmt: skip
+        ctx["finished"] = (run_dir / "results.json").exists()
+        ctx["resume"] = load_state_file(run_dir / "checkpoints" / "state.pt")
+        ctx["data"] = load_collections(run_dir)
+    probe = run_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
+
+
+def load_world_model_file(path: str, args: Args) -> dict:
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        assert ck["script"] == os.path.basename(__file__)
+    except Exception:  # noqa: BLE001 -- any unreadable or foreign file is the same user error
+        raise UsageError(f"cannot read {path} as a world_model.pt of this script: pass one from a run dir") from None
+    if ck["env_id"] != args.env_id:
+        raise UsageError(f"{path} is a world model of {ck['env_id']}, not {args.env_id}: pass --env-id {ck['env_id']}")
+    if ck["config"]["model"] != args.wm.model:
+        raise UsageError(f"{path} is a {ck['config']['model']} world model: pass --wm.model {ck['config']['model']}")
+    return ck
+
+
+def load_state_file(path: Path):
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001
+        raise UsageError(f"{path} is corrupt: delete it to restart the run's training") from None
+
+
+def load_collections(run_dir: Path) -> RealData:
+    data = RealData()
+    for path in sorted((run_dir / "data").glob("collection_*.npz")):
+        try:
+            with np.load(path) as z:
+                data.add({k: z[k] for k in ("frames", "actions", "rewards", "dones")})
+        except Exception:  # noqa: BLE001
+            raise UsageError(f"{path} is corrupt: delete it (and later collections) to collect it again") from None
+    return data
+
+
+def validate_eval_only(args: Args) -> dict:
+    run_dir = Path(args.eval_only)
+    path = run_dir / "policy.pt"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist: pass --eval-only a run dir of this script that has a policy.pt")
+    try:
+        policy = load_policy(path)
+    except UsageError:
+        raise
+    except Exception:  # noqa: BLE001
+        raise UsageError(f"{path} is corrupt: pass another run dir") from None
+    if not os.access(run_dir, os.W_OK):
+        raise UsageError(f"{run_dir} is not writable: evaluations/ goes there")
+    c = policy.env_config
+    return {"run_dir": run_dir, "policy": policy, "rom": c["rom"], "sticky": c["sticky"],
+            "eval_envs": args.eval.num_envs, "max_episode_frames": c["max_episode_frames"]}  # fmt: skip
+
+
+def eval_only(args: Args, ctx: dict) -> int:
+    run_dir = ctx["run_dir"]
+    out_dir = run_dir / "evaluations"
+    out_dir.mkdir(exist_ok=True)
+    n = len(list(out_dir.glob("eval_*.json")))
+    video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
+    ev = evaluate_policy(ctx["policy"], ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
+                         args.seed, video)  # fmt: skip
+    ev.update(env_id=ctx["policy"].env_config["env_id"], seed=args.seed, episodes=args.eval.episodes)
+    write_json(out_dir / f"eval_{n:03d}.json", ev)
+    print(f"eval: {ev.get('mean', float('nan')):.2f} over {args.eval.episodes} games -> {out_dir}/eval_{n:03d}.json")
+    return 0
+
+
+def setup_run(args: Args, ctx: dict):
+    run_dir = ctx["run_dir"]
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / "data").mkdir(exist_ok=True)
+    for stale in run_dir.rglob("*.tmp"):
+        stale.unlink()
+    write_json(run_dir / "args.json", {"script": os.path.basename(__file__), **asdict(args)})
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    ctx["device"] = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    ctx["rng"] = np.random.default_rng(args.seed)
+    ctx.setdefault("data", RealData())
+    ctx["num_actions"] = num_actions_of(ctx["rom"])
+    ctx["last_save"] = time.time()
+    ctx["checkpoint_every"] = args.checkpoint_every
+    ctx["args_env"] = args.env
+    ctx["env_config"] = {"env_id": args.env_id, "rom": ctx["rom"], "sticky": ctx["sticky"],
+                         "noop_max": args.env.noop_max, "max_episode_frames": args.env.max_episode_frames}  # fmt: skip
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=run_dir.name, save_code=True, resume="allow")  # fmt: skip
+    from torch.utils.tensorboard import SummaryWriter
+
+    ctx["writer"] = SummaryWriter(str(run_dir))
+
+
+def num_actions_of(rom: str) -> int:
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.loadROM(roms.get_rom_path(rom))
+    return len(ale.getMinimalActionSet())
+
+
+def build_modules(args: Args, ctx: dict):
+    device = ctx["device"]
+    policy = Policy(ctx["num_actions"], FRAME_SHAPE, args.ppo.dropout).to(device)
+    policy.env_config = ctx["env_config"]
+    ppo_opt = torch.optim.Adam(policy.parameters(), lr=args.ppo.learning_rate, betas=(0.85, 0.997), eps=1e-6)
+    modules = {"policy": policy, "ppo_opt": ppo_opt}
+    if args.mode != "model-free":
+        wm_cfg = WorldModelArgs(**ctx["world_model_ck"]["config"]) if args.world_model else args.wm
+        model = WorldModel(ctx["num_actions"], FRAME_SHAPE, wm_cfg).to(device)
+        if args.world_model:
+            model.load_state_dict(ctx["world_model_ck"]["state_dict"])
+        opt = make_wm_optimizer(model, args.wm)
+        warmup = args.wm.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+        modules.update(model=model, wm_opt=opt, wm_sched=sched)
+    ctx["modules"] = modules
+    state = {"epoch": 0, "phase": 0, "phase_step": 0, "wm_step": 0, "ppo_iter": 0, "real_steps": 0, "history": []}
+    ck = ctx.get("resume")
+    if ck is not None:
+        state = ck["state"]
+        for name, module in modules.items():
+            module.load_state_dict(ck["modules"][name])
+        set_rng_states(ck["rng"], ctx)
+        print(f"resuming at epoch {state['epoch']}, phase {state['phase']}, step {state['phase_step']}")
+    return modules, state
+
+
+def real_envs(ctx: dict) -> dict:
+    """The persistent real envs of the collections (made on first use; a resumed run starts new games)."""
+    if ctx.get("real") is None:
+        envs = make_envs(ctx["rom"], ctx["args_env"].num_envs, ctx["sticky"], ctx["args_env"].noop_max,
+                         ctx["max_episode_frames"])  # fmt: skip
+        obs, _ = envs.reset(seed=int(ctx["rng"].integers(0, 2**31 - 1)))
+        n = obs.shape[0]
+        ctx["real"] = {"envs": envs, "obs": obs, "ep_return": np.zeros(n), "ep_length": np.zeros(n, dtype=np.int64),
+                       "episodes": []}  # fmt: skip
+    return ctx["real"]
+
+
+def advance_phase(state: dict, num_phases: int):
+    state["phase"] += 1
+    state["phase_step"] = 0
+    if state["phase"] == num_phases:
+        state["phase"], state["epoch"] = 0, state["epoch"] + 1
+
+
+def maybe_checkpoint(ctx: dict, state: dict, step: int):
+    """Saves the resume state every checkpoint_every steps; a pending signal stops the phase (main saves)."""
+    if STOP["signal"]:
+        raise Interrupted(f"signal {STOP['signal']}")
+    if step % ctx["checkpoint_every"] == 0:
+        save_state(ctx, state, ctx["modules"])
+
+
+def save_state(ctx: dict, state: dict, modules: dict):
+    ctx["modules"] = modules
+    save_atomic({"state": state, "modules": {k: m.state_dict() for k, m in modules.items()}, "rng": rng_states(ctx)},
+                ctx["run_dir"] / "checkpoints" / "state.pt")  # fmt: skip
+
+
+def save_atomic(obj, path: Path):
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def save_collection(ctx: dict, index: int, collection: dict):
+    path = ctx["run_dir"] / "data" / f"collection_{index:03d}.npz"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **collection)
+    os.replace(tmp, path)
+
+
+def save_world_model(model: WorldModel, args: Args, ctx: dict):
+    save_atomic({"script": os.path.basename(__file__), "env_id": args.env_id, "network": "WorldModel",
+                 "num_actions": model.num_actions, "frame_shape": list(model.frame_shape),
+                 "config": asdict(model.cfg), "state_dict": model.state_dict()},
+                ctx["run_dir"] / "world_model.pt")  # fmt: skip
+
+
+def save_policy(policy: Policy, ctx: dict):
+    save_atomic({"script": os.path.basename(__file__), "env_id": ctx["env_config"]["env_id"], "network": "Policy",
+                 "config": policy.config, "env_config": ctx["env_config"], "state_dict": policy.state_dict()},
+                ctx["run_dir"] / "policy.pt")  # fmt: skip
+
+
+def rng_states(ctx: dict) -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "generator": ctx["rng"].bit_generator.state}  # fmt: skip
+
+
+def set_rng_states(states: dict, ctx: dict):
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    ctx["rng"].bit_generator.state = states["generator"]
+
+
+class SignalGuard:
+    """SIGINT/SIGTERM set STOP; the running phase saves and raises Interrupted."""
+
+    def __enter__(self):
+        STOP["signal"] = 0
+        self.old = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    @staticmethod
+    def _stop(signum, _frame):
+        STOP["signal"] = signum
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
+def progress_bar(total: int, desc: str, initial: int = 0):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not sys.stderr.isatty())
+
+
+def finish(args: Args, ctx: dict, state: dict, result: dict):
+    result.update(env_id=args.env_id, mode=args.mode, seed=args.seed, device=str(ctx["device"]),
+                  schedule=ctx["schedule"], world_model_steps=state["wm_step"], ppo_iterations=state["ppo_iter"],
+                  paper_simple_sd_long=PAPER_SIMPLE.get(ctx["rom"]))  # fmt: skip
+    write_json(ctx["run_dir"] / "results.json", result)
+
+
+def video_path_for(args: Args, ctx: dict, name: str) -> Optional[Path]:
+    return ctx["run_dir"] / "videos" / f"{name}.webm" if args.capture_video else None
+
+
+def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
+    """RGB frames -> VP9 WebM (browser-playable) through opencv's VP90 writer."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h, w = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP90"), fps, (w * scale, h * scale))
+    for f in frames:
+        writer.write(cv2.resize(f[:, :, ::-1], (w * scale, h * scale), interpolation=cv2.INTER_NEAREST))
+    writer.release()
+
+
+def write_strip(ctx: dict, env_id: str, epoch: int, steps: int = 10, scale: int = 2):
+    """wm_strip.png: rows real / predicted (open loop from real frames) / |difference|, the first `steps` steps."""
+    if "strip" not in ctx:
+        return
+    import cv2
+
+    real, pred = ctx.pop("strip")
+    idx = np.unique(np.linspace(0, len(real) - 1, min(steps, len(real))).astype(int))
+    diff = np.abs(real[idx].astype(np.int16) - pred[idx].astype(np.int16)).astype(np.uint8)
+    rows = [np.concatenate(list(x), axis=1) for x in (real[idx], pred[idx], diff)]
+    img = np.concatenate(rows, axis=0)
+    img = cv2.resize(img, (img.shape[1] * scale, img.shape[0] * scale), interpolation=cv2.INTER_NEAREST)
+    header = np.full((24, img.shape[1], 3), 255, np.uint8)
+    cv2.putText(header, f"{env_id} epoch {epoch}: real / predicted / diff, steps {idx[0] + 1}..{idx[-1] + 1}",
+                (4, 17), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)  # fmt: skip
+    ok, png = cv2.imencode(".png", np.concatenate([header, img])[:, :, ::-1])
+    tmp = ctx["run_dir"] / "wm_strip.png.tmp"
+    tmp.write_bytes(png.tobytes())
+    os.replace(tmp, ctx["run_dir"] / "wm_strip.png")
+
+
+def plot_learning_curve(history: list, path: Path, env_id: str):
+    """Two panels: world-model open-loop frame error vs the copy baseline; real score and in-model return."""
+    if not history:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=100)
+    wm = [(h["epoch"], h["world_model"]) for h in history if h.get("world_model")]
+    if wm:
+        hz = wm[-1][1]["horizon"]
+        ax1.plot([e for e, _ in wm], [m.get(f"frame_mse_{hz}") for _, m in wm], "o-", label=f"model, {hz} steps")
+        ax1.plot([e for e, _ in wm], [m.get(f"copy_frame_mse_{hz}") for _, m in wm], "s--", label="copy last frame")
+        ax1.legend(fontsize=7)
+    ax1.set(xlabel="epoch", ylabel="open-loop frame MSE", title="world model (held-out real play)")
+    ev = [(h.get("real_steps"), h["eval"]["mean"]) for h in history if h.get("eval")]
+    if ev:
+        ax2.plot([s for s, _ in ev], [m for _, m in ev], "o-", label="real score (full games)")
+        ax2.plot(ev[-1][0], ev[-1][1], "r*", ms=12, label="final evaluation")
+        ax2.legend(fontsize=7)
+    ax2.set(xlabel="real agent steps", ylabel="score", title="policy")
+    fig.suptitle(env_id, fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

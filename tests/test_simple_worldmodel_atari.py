@@ -1,0 +1,412 @@
+"""Tests of simple_worldmodel_atari.py: the discrete latent, schedules, loss clipping, the simulated env, the real-data
+windows and the loop's accounting; a world model learning a tiny action-driven game; smoke runs of every mode; the
+user contract (policy.pt snippet, --eval-only); resume after SIGTERM; generated bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT, interrupt_when_exists
+
+import simple_worldmodel_atari as sw
+
+SCRIPT = "simple_worldmodel_atari.py"
+# Every phase at toy sizes: 2 real envs x 32 steps per collection, a 4-block world model, 2 PPO iterations.
+TINY = [
+    "--env.num-envs", "2", "--loop.epochs", "2", "--loop.real-steps", "128", "--env.max-episode-frames", "400",
+    "--wm.hidden-size", "8", "--wm.compress-steps", "4", "--wm.filter-double-steps", "2", "--wm.bits", "16",
+    "--wm.lstm-size", "16", "--wm.inference-filters", "8", "--wm.target-frames", "2", "--wm.batch-size", "2",
+    "--wm.train-steps", "3", "--wm.epoch-multiplier", "1", "--wm.eval-horizon", "8", "--wm.eval-sequences", "2",
+    "--ppo.iterations", "2", "--ppo.num-envs", "2", "--ppo.num-steps", "10", "--ppo.minibatch-steps", "5",
+    "--eval.episodes", "1", "--eval.num-envs", "1", "--torch-threads", "1",
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ unit: the latent
+def test_discrete_latent_is_sign_forward_and_tanh_gradient_backward():
+    logits = torch.tensor([[-2.0, -0.1, 0.3, 1.5]], requires_grad=True)
+    bits, soft = sw.discrete_latent(logits, noise_std=0.0, flip_prob=0.0, training=True)
+    assert bits.tolist() == [[-1.0, -1.0, 1.0, 1.0]]
+    assert torch.allclose(soft, torch.tanh(logits))
+    (bits * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+    expected = torch.tensor([1.0, 2.0, 3.0, 4.0]) * (1 - torch.tanh(logits.detach()) ** 2)  # straight through tanh
+    assert torch.allclose(logits.grad, expected)
+
+
+def test_bit_dropout_flips_the_given_share_in_training_only():
+    torch.manual_seed(0)
+    logits = torch.full((200, 128), 3.0)
+    bits, _ = sw.discrete_latent(logits, noise_std=0.0, flip_prob=0.1, training=True)
+    assert set(bits.unique().tolist()) == {-1.0, 1.0}
+    assert (bits < 0).float().mean().item() == pytest.approx(0.1, abs=0.01)
+    bits_eval, _ = sw.discrete_latent(logits, noise_std=0.2, flip_prob=0.1, training=False)
+    assert (bits_eval == 1).all()
+
+
+def test_bit_groups_round_trip_and_hand_value():
+    bits = torch.tensor([[1.0, -1, 1, -1, -1, -1, -1, 1, -1, -1, -1, -1, -1, -1, -1, -1]])
+    groups = sw.bits_to_groups(bits, 8)
+    assert groups.tolist() == [[1 + 4 + 128, 0]]
+    assert torch.equal(sw.groups_to_bits(groups, 8), bits)
+
+
+def test_stochastic_model_trains_the_prior_and_samples_bits_at_play():
+    torch.manual_seed(0)
+    cfg = sw.WorldModelArgs(hidden_size=8, compress_steps=2, filter_double_steps=1, bits=16, lstm_size=8,
+                            inference_filters=4, target_frames=2, prior_warmup=1, latent_use_warmup=1)  # fmt: skip
+    model = sw.WorldModel(3, (16, 16, 1), cfg)
+    frames = torch.randint(0, 256, (2, 6, 16, 16, 1), dtype=torch.uint8)
+    loss, info = sw.world_model_loss(model, frames, torch.tensor([[0, 1], [2, 0]]), torch.ones(2, 2).long(), cfg, 10)
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert model.prior.out.weight.grad.abs().sum() > 0  # the prior's cross-entropy is part of the loss
+    assert model.inference.to_bits.weight.grad.abs().sum() > 0  # the posterior is used in training
+    model.eval()
+    frame, reward = model.predict(frames[:, :4], torch.tensor([0, 1]))
+    assert frame.shape == (2, 16, 16, 1) and frame.dtype == torch.uint8 and set(reward.tolist()) <= {-1.0, 0.0, 1.0}
+
+
+# ------------------------------------------------------------------------------------------ unit: schedules, losses
+def test_scheduled_sampling_probability_schedule():
+    p = lambda step: sw.scheduled_sampling_prob(step, 10_000, 40_000, 1.0)  # noqa: E731
+    assert p(0) == pytest.approx(1e-4)  # 0.01 (exp ramp) x 0.01 (linear ramp)
+    assert p(10_000) == pytest.approx(0.01 + 0.25 * 0.99)  # exp ramp done, linear at a quarter
+    assert p(40_000) == pytest.approx(1.0) and p(10**6) == pytest.approx(1.0)
+    assert p(5_000) == pytest.approx(0.1 * (0.01 + 0.125 * 0.99))  # halfway up the exponential: sqrt(0.01)
+    assert all(p(a) < p(b) for a, b in [(0, 100), (100, 9_000), (9_000, 30_000)])
+    assert sw.scheduled_sampling_prob(40_000, 10_000, 40_000, 0.5) == pytest.approx(0.5)
+
+
+def test_clipped_loss_gives_no_gradient_below_the_cutoff():
+    # two pixels: class 0 with p = 0.99 (xent 0.01) and class 1 with p = 0.5 (xent log 2)
+    logits = torch.log(torch.tensor([[[0.99, 0.5], [0.01, 0.5]]])).requires_grad_(True)  # (B=1, classes=2, pixels=2)
+    target = torch.tensor([[0, 1]])
+    clipped, raw = sw.clipped_pixel_loss(logits, target, cutoff=0.03)
+    assert raw.item() == pytest.approx((-math.log(0.99) + math.log(2)) / 2, rel=1e-5)
+    assert clipped.item() == pytest.approx((math.log(2) - 0.03) / 2, rel=1e-5)
+    clipped.backward()
+    assert torch.all(logits.grad[0, :, 0] == 0) and torch.any(logits.grad[0, :, 1] != 0)
+
+
+def test_reward_classes_and_the_simulated_env_reward_mapping():
+    assert sw.reward_to_class(torch.tensor([-5.0, -1, -0.3, 0, 0.4, 0.6, 3])).tolist() == [0, 0, 1, 1, 1, 2, 2]
+    cfg = sw.WorldModelArgs(model="deterministic", hidden_size=8, compress_steps=2, filter_double_steps=1)
+    model = sw.WorldModel(2, (16, 16, 1), cfg).eval()
+    stacks = torch.randint(0, 256, (3, 4, 16, 16, 1), dtype=torch.uint8)
+    sim = sw.SimulatedEnv(model, pixel_temperature=0.0, latent_temperature=1.0)
+    for cls, expected in ((0, -1.0), (1, 0.0), (2, 1.0)):
+        with torch.no_grad():
+            model.reward_head[-1].weight.zero_()
+            model.reward_head[-1].bias.copy_(torch.nn.functional.one_hot(torch.tensor(cls), 3).float())
+        obs = sim.reset(stacks)
+        new, reward, done = sim.step(torch.tensor([0, 1, 0]))
+        assert reward.tolist() == [expected] * 3 and not done.any()
+        assert torch.equal(new[:, :3], obs[:, 1:])  # the stack shifts by the predicted frame
+
+
+def test_gae_matches_hand_computed_values_with_a_game_end():
+    rewards = torch.tensor([[1.0], [0.0], [2.0]])
+    values = torch.tensor([[0.5], [1.0], [0.0]])
+    dones = torch.tensor([[False], [True], [False]])
+    adv, ret = sw.compute_gae(rewards, values, dones, torch.tensor([4.0]), gamma=0.5, lam=0.5)
+    d2 = 2.0 + 0.5 * 4.0 - 0.0  # step 2 bootstraps from the last value
+    d1 = 0.0 - 1.0  # step 1 ends the game: no bootstrap, no carry
+    d0 = 1.0 + 0.5 * 1.0 - 0.5
+    assert adv[:, 0].tolist() == pytest.approx([d0 + 0.25 * d1, d1, d2])
+    assert torch.allclose(ret, adv + values)
+
+
+# ------------------------------------------------------------------------------------------ unit: real data
+def test_valid_windows_never_span_a_game_end():
+    dones = np.array([0, 0, 1, 0, 0, 0, 0, 0], bool)  # the game ends at transition 2
+    assert sw.valid_starts(dones, 1).tolist() == [0, 1, 6, 7]
+    assert sw.valid_starts(dones, 0).tolist() == [0, 1, 2, 6, 7, 8]  # stack 2 predates the end; 3..5 hold zeros
+    assert sw.valid_starts(dones, 2).tolist() == [0, 6] and sw.valid_starts(dones, 3).tolist() == []
+    assert sw.valid_starts(np.zeros(3, bool), 4).tolist() == []
+
+
+def toy_collection(T: int, n_envs: int, base: int) -> dict:
+    """Frames whose pixel value encodes (collection base, env, time) so a window can be traced back."""
+    t = np.arange(T + 4)[:, None, None, None, None]
+    e = np.arange(n_envs)[None, :, None, None, None]
+    frames = np.broadcast_to(base + 20 * e + t, (T + 4, n_envs, 2, 2, 1)).astype(np.uint8)
+    dones = np.zeros((T, n_envs), bool)
+    dones[5, 1] = True
+    return {"frames": frames.copy(), "actions": np.zeros((T, n_envs), np.int64),
+            "rewards": np.zeros((T, n_envs), np.float32), "dones": dones}  # fmt: skip
+
+
+def test_random_starts_come_from_the_latest_collection_training_envs_and_real_stacks():
+    data = sw.RealData()
+    data.add(toy_collection(12, 3, base=0))
+    data.add(toy_collection(12, 3, base=100))
+    assert data.real_steps == 72
+    stacks = data.start_stacks(64, np.random.default_rng(0)).numpy()[:, :, 0, 0, 0].astype(int)
+    assert (stacks >= 100).all()  # latest collection only
+    env = (stacks[:, 0] - 100) // 20
+    assert set(env.tolist()) <= {1, 2}  # env 0 is held out for the world-model evaluation
+    assert (np.diff(stacks, axis=1) == 1).all()  # four consecutive real frames of one env
+    t0 = stacks[:, 0] - 100 - 20 * env
+    assert not ((env == 1) & (t0 >= 6) & (t0 <= 8)).any()  # no stack spans env 1's game end (transition 5)
+    assert stacks[0].tolist() == [120, 121, 122, 123]  # env 0 of the batch: the collection's first stack
+    held = data.windows(2, held_out=True)
+    assert set(held[:, 1].tolist()) == {0} and len(held) == 2 * 11
+
+
+def test_loop_accounting_is_the_papers():
+    s = sw.real_steps_schedule(96_000, 15, 16)
+    assert s == {"per_epoch": 6400, "per_env": 400, "collections": 16, "total": 102_400}
+    wm = [sw.world_model_steps(e, 15_000, 3) for e in range(15)]
+    assert sum(wm) == 15_000 * (15 + 2 * 5) and wm[0] == 45_000 and wm[2] == 15_000
+    ppo = [sw.ppo_iterations(e, 15, 1000) for e in range(15)]
+    assert sum(ppo) * 16 * 50 == 16_000_000 and ppo[14] == 3000 and ppo[7] == 2000
+    assert sw.real_steps_schedule(100, 3, 4) == {"per_epoch": 36, "per_env": 9, "collections": 4, "total": 144}
+
+
+def test_env_ids_map_to_roms():
+    assert sw.resolve_env_id("PongNoFrameskip-v4") == ("pong", 0.0)
+    assert sw.resolve_env_id("ALE/MsPacman-v5") == ("ms_pacman", 0.25)
+    for bad in ("PongNoFrameskip-v3", "ALE/PongNoFrameskip-v4", "HalfCheetah-v5", "Pong-v5"):
+        with pytest.raises(sw.UsageError):
+            sw.resolve_env_id(bad)
+
+
+def test_env_frames_are_105x80_rgb_stacks():
+    envs = sw.make_envs("pong", 2, 0.0, 0, 400)
+    obs, _ = envs.reset(seed=0)
+    obs2, reward, *_ = envs.step(np.zeros(2, np.int64))
+    envs.close()
+    assert obs.shape == (2, 4, 105, 80, 3) and obs.dtype == np.uint8
+    assert np.array_equal(obs2[:, :3], obs[:, 1:])
+
+
+# ------------------------------------------------------------------------------------------ behaviour
+H = W = 16
+MOVES = {0: (0, 0), 1: (-2, 0), 2: (2, 0), 3: (0, -2), 4: (0, 2)}
+
+
+def block_frame(pos):
+    f = np.zeros((H, W, 1), np.uint8)
+    f[pos[0] : pos[0] + 3, pos[1] : pos[1] + 3] = 255
+    return f
+
+
+def block_step(pos, a):
+    return int(np.clip(pos[0] + MOVES[a][0], 0, H - 3)), int(np.clip(pos[1] + MOVES[a][1], 0, W - 3))
+
+
+def block_batch(rng, n):
+    """n sequences of 5 frames of a 3x3 block moved by random actions; the action before the 5th frame."""
+    frames, actions = [], []
+    for _ in range(n):
+        pos = tuple(rng.integers(0, H - 2, 2))
+        seq = [block_frame(pos)]
+        for _ in range(4):
+            a = int(rng.integers(0, 5))
+            pos = block_step(pos, a)
+            seq.append(block_frame(pos))
+        frames.append(np.stack(seq))
+        actions.append(a)
+    return torch.as_tensor(np.stack(frames)), torch.tensor(actions)
+
+
+def test_world_model_learns_an_action_driven_block_game_better_than_copying():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    cfg = sw.WorldModelArgs(model="deterministic", hidden_size=16, compress_steps=2, filter_double_steps=1,
+                            dropout=0.0, residual_dropout=0.0, target_frames=1, optimizer="adam",
+                            learning_rate=1e-2, warmup_steps=50)  # fmt: skip
+    model = sw.WorldModel(5, (H, W, 1), cfg)
+    opt = sw.make_wm_optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
+    for step in range(450):
+        frames, actions = block_batch(rng, 16)
+        loss, _ = sw.world_model_loss(model, frames, actions[:, None], torch.ones(16, 1).long(), cfg, step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    model.eval()
+    frames, _ = block_batch(np.random.default_rng(1), 64)
+    context = frames[:, :4]
+    last = [tuple(np.argwhere(f[..., 0].numpy())[0]) for f in frames[:, 3]]
+    model_err, copy_err, follows = [], [], []
+    for a in range(1, 5):  # every move, from the same context: the prediction must follow the action
+        pred, _ = model.predict(context, torch.full((64,), a))
+        truth = torch.as_tensor(np.stack([block_frame(block_step(p, a)) for p in last]))
+        moved = torch.as_tensor([block_step(p, a) != p for p in last])
+        err = ((pred.float() - truth.float()) / 255).pow(2).flatten(1).mean(1)
+        err_copy = ((frames[:, 3].float() - truth.float()) / 255).pow(2).flatten(1).mean(1)
+        model_err.append(err[moved].mean().item())
+        copy_err.append(err_copy[moved].mean().item())
+        follows.append((err[moved] < err_copy[moved]).float().mean().item())
+    assert np.mean(model_err) < 0.25 * np.mean(copy_err), (model_err, copy_err)
+    assert min(follows) > 0.8, follows
+
+
+# ------------------------------------------------------------------------------------------ smoke runs
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from conftest import run_script_subprocess
+
+    run_dir = tmp_path_factory.mktemp("simple") / "run"
+    rc, out, err = run_script_subprocess(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=400)
+    assert rc == 0, err[-3000:]
+    return run_dir, out
+
+
+def tags(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def test_simple_loop_smoke_run_writes_every_artifact(finished_run):
+    run_dir, out = finished_run
+    assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["real_steps"] == 3 * 64 == res["schedule"]["total"]  # 1 random + 2 policy collections
+    assert len(list((run_dir / "data").glob("collection_*.npz"))) == 3
+    assert res["world_model_steps"] == 6 and res["ppo_iterations"] == 2 + 2 * 3  # epoch 1 = last: x3
+    wm = res["world_model"]
+    assert wm["horizon"] == 8 and all(math.isfinite(v) for v in wm.values())
+    assert math.isfinite(res["eval"]["mean"]) and len(res["eval"]["returns"]) == 1
+    assert json.loads((run_dir / "args.json").read_text())["script"] == SCRIPT
+    for name in ("policy.pt", "world_model.pt", "wm_strip.png", "learning_curve.png", "checkpoints/state.pt"):
+        assert (run_dir / name).stat().st_size > 0, name
+    t = tags(run_dir)
+    for tag in ("world_model/loss", "world_model/eval_frame_mse_8", "world_model/eval_copy_frame_mse_8",
+                "world_model/eval_reward_accuracy_8", "sim/rollout_return", "sim/SPS", "charts/SPS",
+                "eval/episodic_return"):  # fmt: skip
+        assert tag in t, tag
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+def test_contract_snippet_eval_only_and_finished_run(finished_run, run_script):
+    run_dir, _ = finished_run
+    sys.path.insert(0, str(REPO_ROOT))
+    import simple_worldmodel_atari as script
+
+    policy = script.load_policy(str(run_dir / "policy.pt"))
+    envs = script.make_policy_envs(policy, num_envs=1)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    envs.close()
+    assert actions.shape == (1,) and 0 <= actions[0] < 6
+    before = (run_dir / "results.json").read_text()
+    rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=120)
+    assert rc == 0 and "finished" in out and (run_dir / "results.json").read_text() == before
+    for n in range(2):
+        rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "1", timeout=200)
+        assert rc == 0, err[-2000:]
+        ev = json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())
+        assert ev["env_id"] == "PongNoFrameskip-v4" and len(ev["returns"]) == 1
+
+
+def test_model_free_smoke_run(run_script, run_dir):
+    rc, out, err = run_script(SCRIPT, *TINY, "--mode", "model-free", "--run-dir", str(run_dir), timeout=300)
+    assert rc == 0, err[-3000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["mode"] == "model-free" and res["real_steps"] == 9 * 2 * 10  # 192 // (2 envs x 10 steps) iterations
+    assert math.isfinite(res["eval"]["mean"]) and (run_dir / "policy.pt").exists()
+    assert "charts/SPS" in tags(run_dir) and "losses/policy_loss" in tags(run_dir)
+
+
+def test_world_model_file_from_another_game_or_type_is_refused(finished_run, run_script, tmp_path):
+    run_dir, _ = finished_run
+    wm = str(run_dir / "world_model.pt")
+    for extra, needle in ((["--env-id", "BreakoutNoFrameskip-v4"], "PongNoFrameskip-v4"),
+                          (["--wm.model", "deterministic"], "stochastic-discrete")):  # fmt: skip
+        target = tmp_path / f"r{len(extra[1])}"
+        rc, out, err = run_script(SCRIPT, *TINY, *extra, "--world-model", wm, "--run-dir", str(target), timeout=60)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert not target.exists()
+
+
+def test_resume_after_sigterm_continues_at_its_phase(run_dir, run_script):
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, "--wm.train-steps", "12", "--checkpoint-every", "2"]
+    cmd += ["--run-dir", str(run_dir)]
+    rc, out, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "state.pt", wait_s=300)
+    assert rc == 130, err[-2000:]
+    saved = torch.load(run_dir / "checkpoints" / "state.pt", weights_only=False)["state"]
+    assert saved["epoch"] == 0 and saved["phase"] == 0 and 2 <= saved["wm_step"] < 12
+    rc, out, err = run_script(*cmd[1:], timeout=400)
+    assert rc == 0, err[-3000:]
+    assert "resuming at epoch 0, phase 0" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["world_model_steps"] == 24 and res["real_steps"] == 192  # nothing trained or collected twice
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def set_field(args, dotted, value):
+    if "." in dotted:
+        group, name = dotted.split(".")
+        return dataclasses.replace(args, **{group: dataclasses.replace(getattr(args, group), **{name: value})})
+    return dataclasses.replace(args, **{dotted: value})
+
+
+def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path, capsys):
+    base = sw.Args(run_dir=str(tmp_path / "never"))
+    fields = list(sw.numeric_fields(base))
+    assert {name for name, _ in fields} == set(sw.LIMITS)  # every numeric flag has a documented range
+    checked = 0
+    for name, _ in fields:
+        lo, hi = sw.LIMITS[name]
+        for value in (0, -1, float("nan"), 1e12):
+            if lo <= value <= hi:  # a documented valid value (e.g. 0 = off, -1 = the id's default)
+                continue
+            with pytest.raises(SystemExit) as exc:
+                sw.main(set_field(base, name, value))
+            err = capsys.readouterr().err
+            assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, (name, value, err)
+            checked += 1
+    assert checked > 150 and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--env-id", "PongNoFrameskip-v3"], "PongNoFrameskip-v4"),
+        (["--env-id", "HalfCheetah-v5"], "Atari"),
+        (["--wm.bits", "12"], "multiple of 8"),
+        (["--loop.real-steps", "20"], "training sequence"),
+        (["--eval-only", "/nonexistent/run"], "policy.pt"),
+        (["--world-model", "/nonexistent/wm.pt"], "world_model.pt"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(extra, needle, tmp_path, run_script):
+    target = tmp_path / "run"
+    rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(target), *extra, timeout=60)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not target.exists()
+
+
+def test_run_dir_of_another_script_or_game_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "other"
+    run_dir.mkdir()
+    for saved in ({"script": "trex_ppo_atari.py", "env_id": "PongNoFrameskip-v4"},
+                  {"script": SCRIPT, "env_id": "BreakoutNoFrameskip-v4", "mode": "simple"}):  # fmt: skip
+        (run_dir / "args.json").write_text(json.dumps(saved))
+        with pytest.raises(SystemExit) as exc:
+            sw.main(sw.Args(run_dir=str(run_dir)))
+        assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert sorted(os.listdir(run_dir)) == ["args.json"]
+
+
+def test_help_is_grouped_by_phase(capsys):
+    import tyro
+
+    with pytest.raises(SystemExit):
+        tyro.cli(sw.Args, args=["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--env.noop-max", "--loop.epochs", "--wm.loss-cutoff", "--ppo.num-steps", "--eval.temperature"):
+        assert flag in text
