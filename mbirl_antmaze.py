@@ -41,6 +41,22 @@ gym.register_envs(gymnasium_robotics)
 SCRIPT = "mbirl_antmaze.py"
 GOAL_RADIUS = 0.45  # Gymnasium-Robotics' success test (D4RL used 0.5)
 MAZE_FAMILIES = {"PointMaze_": "pointmaze", "AntMaze_": "antmaze"}
+MUJOCO_IDS = ("Hopper-v5", "Walker2d-v5")  # the locomotion ids with a termination function below
+# Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
+FAMILY_DEFAULTS = {
+    "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
+             "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2, "hyper.updates_per_step": 20,
+             "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4, "disc.every": 100, "disc.lr": 8e-3,
+             "disc.ensemble": 1, "eval.episodes": 25},
+    "Hopper": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
+               "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 30,
+               "hyper.p_tremble": 0.01, "actor.hidden": 512, "actor.lr": 3e-4, "disc.every": 1000, "disc.lr": 8e-4,
+               "disc.ensemble": 7, "eval.episodes": 10},
+    "Walker2d": {"model.hidden": 200, "model.pretrain": False, "hyper.exploration_steps": 1000,
+                 "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 10,
+                 "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4, "disc.every": 1000,
+                 "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10},
+}  # fmt: skip
 
 
 @dataclass
@@ -67,8 +83,8 @@ class ModelArgs:
     """members of the Gaussian ensemble"""
     num_elites: int = 5
     """members with the lowest validation MSE, used for rollouts"""
-    hidden: int = 200
-    """width of each member's hidden layers (antmaze: 200)"""
+    hidden: int | None = None
+    """width of each member's hidden layers (default: mazes 200, Hopper 400, Walker2d 200)"""
     layers: int = 4
     """hidden layers per member"""
     lr: float = 3e-4
@@ -85,42 +101,45 @@ class ModelArgs:
     """cap on epochs per (re)training; 0 = no cap (train until patience, as the reference)"""
     pretrain_bins: int = 50
     """bins per axis of the (x, y) histogram of the pretraining split"""
-    pretrain: bool = True
-    """pretrain the model on the expert data before the loop (the reference's antmaze recipe)"""
+    pretrain: bool | None = None
+    """pretrain the model on the expert data before the loop (default: on for mazes, the reference's antmaze recipe)"""
 
 
 @dataclass
 class HyperArgs:
     total_timesteps: int = 150_000
     """real env steps of the learner (the discriminator's real rollouts are counted separately, and reported)"""
-    exploration_steps: int = 10_000
-    """first real steps without model or policy updates, counted in total_timesteps unlike the reference; 0 = none"""
+    exploration_steps: int | None = None
+    """first real steps without model or policy updates, counted in the budget unlike the reference (default: mazes
+    10,000, MuJoCo 1,000); 0 = none"""
     bc_init_steps: int = 10_000
-    """behaviour-cloning updates of the actor before any real step; 0 = none"""
-    freq_train_model: int = 2000
-    """retrain the model on the hybrid buffer and refill the model rollouts every this many real steps"""
+    """behaviour-cloning updates of the TD3+BC actor (mazes) before any real step; 0 = none"""
+    freq_train_model: int | None = None
+    """retrain the model on the hybrid buffer and refill the model rollouts every this many real steps (default:
+    mazes 2,000, MuJoCo 125)"""
     rollout_batch_size: int = 50_000
     """start states per rollout refill (reference antmaze: 800,000)"""
     rollout_schedule: str = "20,100,1,25"
     """rollout length: 'e0,e1,l0,l1' goes from l0 at epoch e0 to l1 at epoch e1 (epochs of epoch_length steps)"""
     epoch_length: int = 1000
     """real steps per epoch of the rollout schedule"""
-    retain_epochs: int = 2
-    """rollout refills kept in the learner buffer"""
+    retain_epochs: int | None = None
+    """epochs of rollout refills kept in the learner buffer (default: mazes 2, MuJoCo 1)"""
     window: float = 0.1
     """width of the sliding backward window over expert time, as a fraction of the demo horizon"""
-    updates_per_step: int = 20
-    """actor updates per real step; 0 = none (the policy stays the behaviour-cloned one)"""
-    p_tremble: float = 0.0
-    """trembling hand: probability of a uniform random action (real steps, discriminator rollouts, evaluation)"""
+    updates_per_step: int | None = None
+    """actor updates per real step (default: mazes 20, Hopper 30, Walker2d 10); 0 = none"""
+    p_tremble: float | None = None
+    """trembling hand: probability of a uniform random action in real steps, discriminator rollouts and evaluation
+    (default: mazes 0, MuJoCo 0.01)"""
 
 
 @dataclass
 class ActorArgs:
-    hidden: int = 256
-    """width of the two hidden layers of actor and critics"""
-    lr: float = 3e-4
-    """actor and critic learning rate"""
+    hidden: int | None = None
+    """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, Walker2d 1024)"""
+    lr: float | None = None
+    """actor and critic learning rate (default: 3e-4; Walker2d 1e-4)"""
     weight_decay: float = 1e-4
     """actor and critic weight decay"""
     gamma: float = 0.99
@@ -145,10 +164,10 @@ class ActorArgs:
 
 @dataclass
 class DiscArgs:
-    every: int = 100
-    """real learner steps between discriminator updates"""
-    lr: float = 8e-3
-    """lr0; update k uses lr0 / k with a fresh Adam"""
+    every: int | None = None
+    """real learner steps between discriminator updates (default: mazes 100, MuJoCo 1,000)"""
+    lr: float | None = None
+    """lr0; update k uses lr0 / k with a fresh Adam (default: mazes 8e-3, MuJoCo 8e-4)"""
     batch_size: int = 4096
     """expert and learner (s, a) pairs per step"""
     trajectories: int = 4
@@ -159,14 +178,17 @@ class DiscArgs:
     """gradient-penalty target norm"""
     hidden: int = 256
     """width of the two hidden layers"""
+    ensemble: int | None = None
+    """members; f is their minimum, so the reward -f is optimistic (default: mazes 1, MuJoCo 7)"""
 
 
 @dataclass
 class EvalArgs:
     frequency: int = 10_000
     """evaluate every this many real steps (and at the end)"""
-    episodes: int = 25
-    """evaluation episodes (reset seeds seed + 10000, +1, ...); success = goal within 0.45"""
+    episodes: int | None = None
+    """evaluation episodes, reset seeds seed + 10000, +1, ... (default: mazes 25, success = goal within 0.45;
+    MuJoCo 10, return)"""
     log_frequency: int = 1000
     """TensorBoard scalars every this many real steps"""
     checkpoint_frequency: int = 5000
@@ -194,7 +216,7 @@ class Args:
     save_model: bool = True
     """write policy.pt at the end"""
     env_id: str = "PointMaze_UMaze-v3"
-    """a PointMaze_* id, or an AntMaze_* id with --expert.expert-path (no Ant controller ships yet)"""
+    """PointMaze_*, AntMaze_* (with --expert.expert-path: no Ant controller ships yet), Hopper-v5 or Walker2d-v5"""
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
     eval_only: str | None = None
@@ -221,7 +243,24 @@ class NonFiniteLoss(Exception):
 # Environments: mazes with a flat observation (state, then the 2-D goal) that end at the goal
 # ----------------------------------------------------------------------------------------------------------------
 def env_family(env_id: str) -> str | None:
+    """'pointmaze', 'antmaze', 'mujoco' or None (unsupported)."""
+    if env_id in MUJOCO_IDS:
+        return "mujoco"
     return next((fam for prefix, fam in MAZE_FAMILIES.items() if env_id.startswith(prefix)), None)
+
+
+def goal_dims(env_id: str) -> int:
+    """Trailing observation entries that are the goal (constant within an episode, not predicted by the model)."""
+    return 0 if env_family(env_id) == "mujoco" else 2
+
+
+def resolve_defaults(args: "Args") -> None:
+    """Fill every per-env setting left unset (None) from FAMILY_DEFAULTS."""
+    key = "maze" if env_family(args.env_id) in ("pointmaze", "antmaze") else args.env_id.split("-")[0]
+    for name, value in FAMILY_DEFAULTS.get(key, FAMILY_DEFAULTS["maze"]).items():
+        group, field_name = name.split(".")
+        if getattr(getattr(args, group), field_name) is None:
+            setattr(getattr(args, group), field_name, value)
 
 
 class FlatMazeObs(gym.ObservationWrapper):
@@ -243,6 +282,8 @@ class FlatMazeObs(gym.ObservationWrapper):
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed goal; AntMaze
     v5 without the 78 contact forces (27-D ant observation, as the D4RL/Minari data)."""
+    if env_family(env_id) == "mujoco":
+        return gym.make(env_id, render_mode=render_mode)
     kwargs = {"continuing_task": False, "reset_target": False, "render_mode": render_mode}
     ant = env_family(env_id) == "antmaze"
     if ant and not env_id.endswith("-v4"):
@@ -256,7 +297,7 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
 
 def mujoco_data(env: gym.Env):
     u = env.unwrapped
-    return (u.ant_env if hasattr(u, "ant_env") else u.point_env).data
+    return (u.ant_env if hasattr(u, "ant_env") else u.point_env if hasattr(u, "point_env") else u).data
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -332,7 +373,7 @@ def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.
     rows, returns = {k: [] for k in keys}, []
     for ep in range(num_episodes):
         obs, _ = env.reset(seed=ep)
-        controller.reset(env.unwrapped.maze, obs)
+        controller.reset(getattr(env.unwrapped, "maze", None), obs)
         ret, t, done = 0.0, 0, False
         while not done:
             action = np.asarray(controller(obs), dtype=np.float32)
@@ -431,6 +472,43 @@ class Actor(nn.Module):
         device = next(self.parameters()).device
         return self(torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=device)).cpu().numpy()
 
+    def rollout_action(self, obs: torch.Tensor, noise: float, generator=None) -> torch.Tensor:
+        act = self(obs)
+        return (act + noise * torch.randn(act.shape, generator=generator).to(act)).clamp(-1, 1)
+
+
+class GaussianActor(nn.Module):
+    """SAC actor (the reference's MuJoCo HyPER actor): obs -> h -> h ReLU, mean and log-std heads, tanh squash to
+    [-1, 1], xavier init. act() is deterministic (tanh of the mean)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.mean, self.log_std = nn.Linear(hidden, act_dim), nn.Linear(hidden, act_dim)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        self.config = {"obs_dim": obs_dim, "act_dim": act_dim, "hidden": hidden}
+        self.env_id = ""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mean(self.trunk(obs)))
+
+    def sample(self, obs: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised tanh-Gaussian action and its log-probability."""
+        h = self.trunk(obs)
+        mean, log_std = self.mean(h), self.log_std(h).clamp(-20, 2)
+        eps = torch.randn(mean.shape, generator=generator).to(mean)
+        y = torch.tanh(mean + log_std.exp() * eps)
+        logp = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi) - torch.log(1 - y.pow(2) + 1e-6)).sum(-1)
+        return y, logp
+
+    act = Actor.act
+
+    def rollout_action(self, obs: torch.Tensor, noise: float, generator=None) -> torch.Tensor:  # noqa: ARG002
+        return self.sample(obs, generator)[0]
+
 
 class TwinQ(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256):
@@ -453,19 +531,25 @@ class TwinQ(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """f(s, a): MLP h-h ReLU -> scalar, orthogonal weights (reference); the policy's reward is -f."""
+    """f(s, a): `members` MLPs h-h ReLU -> scalar with orthogonal weights (reference); f is the MINIMUM over members,
+    so the policy's reward -f is optimistic (the reference's DiscriminatorEnsemble; 1 member on antmaze)."""
 
-    def __init__(self, in_dim: int, hidden: int = 256):
+    def __init__(self, in_dim: int, hidden: int = 256, members: int = 1):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
-        )
-        for m in self.net:
-            if isinstance(m, nn.Linear):
-                nn.init.orthogonal_(m.weight)
+
+        def mlp():
+            net = nn.Sequential(
+                nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+            )
+            for m in net:
+                if isinstance(m, nn.Linear):
+                    nn.init.orthogonal_(m.weight)
+            return net
+
+        self.nets = nn.ModuleList(mlp() for _ in range(members))
 
     def forward(self, sa: torch.Tensor) -> torch.Tensor:
-        return self.net(sa).squeeze(-1)
+        return torch.stack([net(sa).squeeze(-1) for net in self.nets]).min(0).values
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -535,6 +619,11 @@ def walker2d_termination(next_obs: torch.Tensor) -> torch.Tensor:
     height, angle = next_obs[:, 0], next_obs[:, 1]
     healthy = (height > 0.8) & (height < 2.0) & (angle > -1.0) & (angle < 1.0)
     return ~(healthy & torch.isfinite(next_obs).all(-1))
+
+
+def termination_fn(env_id: str):
+    """The hand-written done function model rollouts use (the reference's termination_fns)."""
+    return {"Hopper-v5": hopper_termination, "Walker2d-v5": walker2d_termination}.get(env_id, no_termination)
 
 
 def goal_reached(xy: np.ndarray, goal: np.ndarray, radius: float = GOAL_RADIUS) -> np.ndarray:
@@ -631,9 +720,10 @@ def padded_reset_states(demos: dict) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 # Phases
 # ----------------------------------------------------------------------------------------------------------------
-def model_io(obs, act, next_obs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Model input (s, a) and target Δstate, where the state is the observation without its 2 goal entries."""
-    return torch.cat([obs, act], -1), next_obs[:, :-2] - obs[:, :-2]
+def model_io(obs, act, next_obs, goal: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model input (s, a) and target Δstate, where the state is the observation without its `goal` last entries."""
+    d = obs.shape[1] - goal
+    return torch.cat([obs, act], -1), next_obs[:, :d] - obs[:, :d]
 
 
 def train_ensemble(model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None):
@@ -689,14 +779,15 @@ def model_rollout(
     expl_noise: float,
     done_fn,
     generator=None,
+    goal: int = 2,
 ):
     """Batched rollouts in the model: each row's next state comes from a uniformly random elite (rows are shuffled
-    and split into one equal group per elite, so only the elites run), sampled from its Gaussian; the goal is kept."""
+    and split into one equal group per elite, so only the elites run), sampled from its Gaussian; the goal is kept.
+    Actions: the actor's (TD3: plus N(0, expl_noise^2); SAC: sampled). Rows that terminate stop."""
     obs, out = start_obs, []
     k = len(elites)
     for _ in range(length):
-        act = actor(obs)
-        act = (act + expl_noise * torch.randn(act.shape, generator=generator).to(act)).clamp(-1, 1)
+        act = actor.rollout_action(obs, expl_noise, generator)
         x = torch.cat([obs, act], -1)
         B = len(x)
         per = -(-B // k)
@@ -706,7 +797,8 @@ def model_rollout(
         delta = torch.empty(B, mean.shape[-1], device=x.device)
         noise = torch.randn(mean.shape, generator=generator).to(mean)
         delta[idx] = (mean + torch.exp(0.5 * logvar) * noise).reshape(-1, mean.shape[-1])
-        next_obs = torch.cat([obs[:, :-2] + delta, obs[:, -2:]], -1)
+        d = obs.shape[1] - goal
+        next_obs = torch.cat([obs[:, :d] + delta, obs[:, d:]], -1)
         done = done_fn(next_obs)
         out.append((obs, act, next_obs, done))
         obs = next_obs[~done]
@@ -782,22 +874,87 @@ class TD3BC:
         self.updates = state["updates"]
 
 
+class SAC:
+    """SAC on model rollouts (the reference's MuJoCo HyPER actor, pranz24-style): tanh-Gaussian actor, twin critics,
+    entropy temperature tuned toward -|A|. Same interface as TD3BC."""
+
+    def __init__(self, obs_dim: int, act_dim: int, a: ActorArgs, device: torch.device):
+        self.actor = GaussianActor(obs_dim, act_dim, a.hidden).to(device)
+        self.critic = TwinQ(obs_dim, act_dim, a.hidden).to(device)
+        self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=a.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=a.lr)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=a.lr)
+        self.a, self.target_entropy, self.updates = a, -float(act_dim), 0
+
+    def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
+        a, alpha = self.a, self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_act, next_logp = self.actor.sample(next_obs)
+            q1t, q2t = self.critic_target(next_obs, next_act)
+            target = reward + a.gamma * (1.0 - done) * (torch.min(q1t, q2t) - alpha * next_logp)
+        q1, q2 = self.critic(obs, act)
+        critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.critic_opt.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        if a.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.critic.parameters(), a.grad_clip)
+        self.critic_opt.step()
+        pi, logp = self.actor.sample(obs)
+        actor_loss = (alpha * logp - torch.min(*self.critic(obs, pi))).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+        with torch.no_grad():
+            for p, tp in zip(self.critic.parameters(), self.critic_target.parameters()):
+                tp.lerp_(p, a.tau)
+        self.updates += 1
+        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q1.detach().mean(),
+                "alpha": alpha.squeeze()}  # fmt: skip
+
+    def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002
+        with torch.no_grad():
+            device = self.log_alpha.device
+            return self.actor.sample(torch.as_tensor(obs[None], dtype=torch.float32, device=device))[0][0].cpu().numpy()
+
+    def state_dict(self) -> dict:
+        parts = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+        return {k: getattr(self, k).state_dict() for k in parts} | {
+            "log_alpha": self.log_alpha.detach(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt"):
+            getattr(self, k).load_state_dict(state[k])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.updates = state["updates"]
+
+
 def collect_real_trajectories(env: gym.Env, actor: Actor, n: int, seed: int, rng, p_tremble: float):
-    """n complete real episodes with the deterministic actor (and trembling hand): (s, a) pairs, steps, paths,
-    successes."""
-    pairs, steps, paths, successes = [], 0, [], []
+    """n complete real episodes with the deterministic actor (and trembling hand): (s, a) pairs, steps, (x, y)
+    paths, terminations (mazes: the goal was reached) and true returns."""
+    pairs, steps, paths, terminations, returns = [], 0, [], [], []
     for i in range(n):
         obs, _ = env.reset(seed=seed + i)
-        path, done, terminated = [obs[:2].copy()], False, False
+        path, done, terminated, ret = [obs[:2].copy()], False, False, 0.0
         while not done:
             action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
             pairs.append(np.concatenate([obs, action]))
-            obs, _, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
             path.append(obs[:2].copy())
-            steps, done = steps + 1, terminated or truncated
+            steps, done, ret = steps + 1, terminated or truncated, ret + float(reward)
         paths.append(np.array(path))
-        successes.append(bool(terminated))
-    return np.array(pairs, np.float32), steps, paths, successes
+        terminations.append(bool(terminated))
+        returns.append(ret)
+    return np.array(pairs, np.float32), steps, paths, terminations, returns
 
 
 def update_discriminator(
@@ -821,25 +978,26 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     """Deterministic episodes ending at the goal: success rate (goal within 0.45), returns and paths."""
     env = make_env(env_id)
     rng = np.random.default_rng(seed)
-    _, steps, paths, successes = collect_real_trajectories(env, actor, episodes, seed, rng, p_tremble)
+    _, steps, paths, successes, returns = collect_real_trajectories(env, actor, episodes, seed, rng, p_tremble)
     env.close()
     return {
-        "success_rate": float(np.mean(successes)),
-        "successes": successes,
+        "success_rate": float(np.mean(successes)) if env_family(env_id) != "mujoco" else None,
+        "mean_return": float(np.mean(returns)),
+        "returns": returns,
         "episode_lengths": [len(p) - 1 for p in paths],
         "paths": [p.tolist() for p in paths],
         "steps": steps,
     }
 
 
-def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng):
+def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng, goal: int = 2):
     """The ensemble on the expert data with the density-binned split over (x, y) and patience as intended (10)."""
-    model = GaussianEnsemble(obs_dim + act_dim, obs_dim - 2, m.ensemble_size, m.hidden, m.layers).to(device)
+    model = GaussianEnsemble(obs_dim + act_dim, obs_dim - goal, m.ensemble_size, m.hidden, m.layers).to(device)
     t = {
         k: torch.as_tensor(demos[k], dtype=torch.float32, device=device)
         for k in ("observations", "actions", "next_observations")
     }
-    inputs, targets = model_io(t["observations"], t["actions"], t["next_observations"])
+    inputs, targets = model_io(t["observations"], t["actions"], t["next_observations"], goal)
     train_idx, val_idx = density_binned_split(demos["observations"][:, :2], m.pretrain_bins, m.val_ratio, rng)
     elites, info = train_ensemble(
         model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator
@@ -855,11 +1013,13 @@ def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device
 def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsemble, elites: torch.Tensor):
     """The HyPER loop; returns (counters, agent), or None when interrupted (after saving a checkpoint)."""
     h, device, gen, rng = args.hyper, run.device, run.generator, run.rng
+    maze, goal = env_family(args.env_id) != "mujoco", goal_dims(args.env_id)
     env, disc_env = make_env(args.env_id), make_env(args.env_id)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
-    agent = TD3BC(obs_dim, act_dim, args.actor, device)
-    disc = Discriminator(obs_dim + act_dim, args.disc.hidden).to(device)
+    agent = (TD3BC if maze else SAC)(obs_dim, act_dim, args.actor, device)
+    disc = Discriminator(obs_dim + act_dim, args.disc.hidden, args.disc.ensemble).to(device)
+    done_fn = termination_fn(args.env_id)
     t = {
         k: torch.as_tensor(demos[k], dtype=torch.float32, device=device)
         for k in ("observations", "actions", "next_observations", "terminals")
@@ -888,17 +1048,17 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
         c = ckpt["counters"]
         run.set_rng_state(ckpt["rng"])
         print(f"[hyper] resumed at real step {c['step']}", flush=True)
-    if not c["bc_done"]:
+    if maze and not c["bc_done"]:
         for _ in range(h.bc_init_steps):
             o, a, _, _ = expert.sample(args.actor.batch_size, gen)
             agent.bc_update(o, a)
-        c["bc_done"] = True
+    c["bc_done"] = True
 
     obs, _ = env.reset(seed=args.seed + c["step"])
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
     if not c["history"]:
-        run.run_eval(0, c, agent.actor)  # the behaviour-cloned starting point
+        run.run_eval(0, c, agent.actor)  # the starting point (mazes: behaviour-cloned)
     while c["step"] < h.total_timesteps:
         if run.stop_requested():
             run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
@@ -918,60 +1078,54 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
             continue
 
         # 2. Every freq_train_model steps: retrain the model on the hybrid buffer, refill the model rollouts from
-        #    expert states in the sliding backward window.
+        #    expert states in the sliding backward window (mazes) or from expert OR policy states (MuJoCo coin flip).
         if step % h.freq_train_model == 0 or learner.size == 0:
             o, a, no, _ = hybrid.all()
-            inputs, targets = model_io(o, a, no)
+            inputs, targets = model_io(o, a, no, goal)
             perm = torch.randperm(len(inputs), generator=gen)
             n_val = int(args.model.val_ratio * len(inputs))
             elites, info = train_ensemble(model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen)
             c["model_trainings"] += 1
-            lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
-            rows = torch.randint(reset_states.shape[0], (h.rollout_batch_size,), generator=gen)
-            cols = torch.randint(lo, hi, (h.rollout_batch_size,), generator=gen)
+            if maze:
+                lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
+                rows = torch.randint(reset_states.shape[0], (h.rollout_batch_size,), generator=gen)
+                cols = torch.randint(lo, hi, (h.rollout_batch_size,), generator=gen)
+                start = reset_states[rows, cols]
+                last.update(window_lo=lo, window_hi=hi)
+            else:
+                source = expert if coin_flip_source(rng) == "expert" or policy.size == 0 else policy
+                start = source.sample(h.rollout_batch_size, gen)[0]
+                last.update(rollout_from_expert=float(source is expert))
             length = rollout_length_at(step // h.epoch_length, schedule)
             learner.add(
-                *model_rollout(
-                    model,
-                    elites,
-                    agent.actor,
-                    reset_states[rows, cols],
-                    length,
-                    args.actor.expl_noise,
-                    no_termination,
-                    gen,
-                )
+                *model_rollout(model, elites, agent.actor, start, length, args.actor.expl_noise, done_fn, gen, goal)
             )
             last.update(
-                model_epochs=info["epochs"],
-                model_val_mse=float(np.mean(info["val_mse"])),
-                window_lo=lo,
-                window_hi=hi,
-                rollout_length=length,
+                model_epochs=info["epochs"], model_val_mse=float(np.mean(info["val_mse"])), rollout_length=length
             )
 
-        # 3. Actor updates on model rollouts + expert transitions, all relabelled with the current discriminator.
-        half = args.actor.batch_size // 2
+        # 3. Actor updates on model rollouts (mazes: half model rollouts, half expert transitions, as the reference's
+        #    TD3+BC hybrid), all relabelled with the current discriminator.
+        n_model = args.actor.batch_size // 2 if maze else args.actor.batch_size
         for _ in range(h.updates_per_step):
-            mo, ma, mn, md = learner.sample(half, gen)
-            eo, ea, en, ed = expert.sample(args.actor.batch_size - half, gen)
-            o, a, no, d = torch.cat([mo, eo]), torch.cat([ma, ea]), torch.cat([mn, en]), torch.cat([md, ed])
+            o, a, no, d = learner.sample(n_model, gen)
+            if maze:
+                eo, ea, en, ed = expert.sample(args.actor.batch_size - n_model, gen)
+                o, a, no, d = torch.cat([o, eo]), torch.cat([a, ea]), torch.cat([no, en]), torch.cat([d, ed])
             with torch.no_grad():
                 reward = -disc(torch.cat([o, a], -1))
             last.update(agent.update(o, a, no, d, reward))
 
         # 4. The discriminator: fresh real trajectories of the current policy (their steps counted).
         if step % args.disc.every == 0:
-            pairs, n, _, _ = collect_real_trajectories(
-                disc_env, agent.actor, args.disc.trajectories, args.seed + 1_000_000 + step, rng, h.p_tremble
+            seed = args.seed + 1_000_000 + step
+            pairs, n, *_ = collect_real_trajectories(
+                disc_env, agent.actor, args.disc.trajectories, seed, rng, h.p_tremble
             )
             c["disc_env_steps"] += n
             c["disc_updates"] += 1
-            last.update(
-                update_discriminator(
-                    disc, c["disc_updates"], expert_sa, torch.as_tensor(pairs, device=device), args.disc, gen
-                )
-            )
+            learner_sa = torch.as_tensor(pairs, device=device)
+            last.update(update_discriminator(disc, c["disc_updates"], expert_sa, learner_sa, args.disc, gen))
         run.after_step(step, c, last, agent, disc, model, elites, hybrid, policy)
     run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
     return c, agent
@@ -994,14 +1148,14 @@ def main(args: Args) -> None:
             run.save_expert_cache(demos)
         run.demos_used = demos
         print(
-            f"[expert] {len(demos['returns'])} episodes, {len(demos['observations'])} transitions, success "
-            f"{np.mean(demos['terminals'][demos['terminals'] | demos['timeouts']]):.2f}",
+            f"[expert] {len(demos['returns'])} episodes, {len(demos['observations'])} transitions, "
+            f"{run.metric} {run.expert_score:.2f}",
             flush=True,
         )
         model, elites = run.load_pretrained()
         if model is None:
             model, elites, info = pretrain_model(
-                demos, run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng
+                demos, run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng, goal_dims(args.env_id)
             )
             run.save_pretrained(model, elites, info)
         out = train_hyper(args, run, demos, model, elites)
@@ -1027,6 +1181,8 @@ class RunContext:
             if not path.is_file():
                 raise UsageError(f"{path} does not exist; pass a finished run dir of {SCRIPT} to --eval-only")
             self.run_dir = Path(args.eval_only)
+            args.env_id = torch.load(path, map_location="cpu", weights_only=False)["env_id"]
+            resolve_defaults(args)
             return self
         if args.env_id not in gym.registry:
             import difflib
@@ -1037,13 +1193,17 @@ class RunContext:
             )
         if env_family(args.env_id) is None:
             raise UsageError(
-                f"{args.env_id} is not supported: pass a PointMaze_* or AntMaze_* id (MuJoCo ids: not yet)"
+                f"{args.env_id} is not supported: pass a PointMaze_* or AntMaze_* id, {' or '.join(MUJOCO_IDS)}"
             )
         env = make_env(args.env_id)
         self.obs_dim, self.act_dim = env.observation_space.shape[0], env.action_space.shape[0]
         data = mujoco_data(env)
         self.nq, self.nv = data.qpos.shape[0], data.qvel.shape[0]
+        bounded = np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
         env.close()
+        if not bounded:
+            raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
+        resolve_defaults(args)
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
         if (self.run_dir / "results.json").exists():
@@ -1065,6 +1225,11 @@ class RunContext:
         self.demos = (
             None if path is None else load_demos(path, args.env_id, self.obs_dim, self.act_dim, self.nq, self.nv)
         )
+        if self.demos is None and env_family(args.env_id) == "mujoco":
+            raise UsageError(
+                f"no expert data for {args.env_id}: build the shared SAC expert cache first (python hype_irl_mujoco.py "
+                f"--env-id {args.env_id}, or filter_irl_mujoco.py) or pass --expert.expert-path"
+            )
         if self.demos is None and env_family(args.env_id) == "antmaze":
             raise UsageError(
                 f"{args.env_id} needs --expert.expert-path (demos recorded on it): the goal-reaching Ant controller "
@@ -1144,9 +1309,9 @@ class RunContext:
     def load_pretrained(self):
         path = self.run_dir / "model_pretrained.pt"
         m = self.args.model
-        model = GaussianEnsemble(self.obs_dim + self.act_dim, self.obs_dim - 2, m.ensemble_size, m.hidden, m.layers).to(
-            self.device
-        )
+        out_dim = self.obs_dim - goal_dims(self.args.env_id)
+        model = GaussianEnsemble(self.obs_dim + self.act_dim, out_dim, m.ensemble_size, m.hidden, m.layers)
+        model = model.to(self.device)
         if path.exists():
             saved = torch.load(path, map_location=self.device, weights_only=False)
             model.load_state_dict(saved["model"])
@@ -1223,49 +1388,65 @@ class RunContext:
     def run_eval(self, step: int, c: dict, actor: Actor) -> None:
         args = self.args
         r = evaluate(actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
+        score = r["success_rate"] if self.metric == "success_rate" else r["mean_return"]
         c["history"].append(
             {
                 "step": step,
                 "total_env_steps": step + c["disc_env_steps"],
+                "score": score,
                 "success_rate": r["success_rate"],
+                "mean_return": r["mean_return"],
                 "mean_length": float(np.mean(r["episode_lengths"])),
-                "paths": r["paths"][:8],
+                "paths": r["paths"][:8] if self.metric == "success_rate" else [],
             }
         )
-        self.writer.add_scalar("charts/success_rate", r["success_rate"], step)
-        self.writer.add_scalar("charts/episodic_return", r["success_rate"], step)
+        if r["success_rate"] is not None:
+            self.writer.add_scalar("charts/success_rate", r["success_rate"], step)
+        self.writer.add_scalar("charts/episodic_return", r["mean_return"], step)
         self.writer.add_scalar("charts/episodic_length", float(np.mean(r["episode_lengths"])), step)
         self.bar.write(
-            f"[eval] step {step}: success {r['success_rate']:.2f} (real steps incl. discriminator "
+            f"[eval] step {step}: {self.metric} {score:.2f} (real steps incl. discriminator "
             f"{step + c['disc_env_steps']})"
         )
         save_curve(
-            self.run_dir / "learning_curve.png", c["history"], self.pretrain_info, self.expert_success, args.env_id
-        )
+            self.run_dir / "learning_curve.png", c["history"], self.pretrain_info, self.expert_score, args.env_id,
+            self.metric,
+        )  # fmt: skip
 
     @property
-    def expert_success(self) -> float:
+    def metric(self) -> str:
+        return "mean_return" if env_family(self.args.env_id) == "mujoco" else "success_rate"
+
+    @property
+    def expert_score(self) -> float:
+        """The expert data's success rate (mazes) or mean return (MuJoCo)."""
         d = self.demos_used
+        if self.metric == "mean_return":
+            return float(np.mean(d["returns"]))
         return float(np.mean(d["terminals"][d["terminals"] | d["timeouts"]]))
 
-    def finish(self, c: dict, agent: TD3BC, demos: dict) -> None:
+    def finish(self, c: dict, agent, demos: dict) -> None:
         args = self.args
         self.bar.close()
         final = c["history"][-1]
         if args.save_model:
             save_policy(self.run_dir / "policy.pt", agent.actor, args.env_id)
-        save_maze_picture(self.run_dir / "maze.png", args.env_id, demos, final["paths"])
+        if self.metric == "success_rate":
+            save_maze_picture(self.run_dir / "maze.png", args.env_id, demos, final["paths"])
         if args.capture_video:
             record_video(agent.actor, args.env_id, self.run_dir / "videos" / "final.webm", args.seed + 10_000)
         results = {
             "script": SCRIPT,
             "env_id": args.env_id,
             "method": "HyPER",
-            "actor": "TD3+BC hybrid",
+            "actor": "TD3+BC hybrid" if isinstance(agent, TD3BC) else "SAC",
             "seed": args.seed,
+            "metric": self.metric,
+            "score": final["score"],
             "success_rate": final["success_rate"],
+            "mean_return": final["mean_return"],
             "eval_episodes": args.eval.episodes,
-            "expert_success_rate": self.expert_success,
+            "expert_score": self.expert_score,
             "num_demos": int(len(demos["returns"])),
             "real_steps": c["step"],
             "disc_env_steps": c["disc_env_steps"],
@@ -1281,7 +1462,7 @@ class RunContext:
         atomic_json(self.run_dir / "results.json", results)
         self.writer.close()
         print(
-            f"final success rate {final['success_rate']:.2f} after {c['step']} real steps "
+            f"final {self.metric} {final['score']:.2f} after {c['step']} real steps "
             f"(+{c['disc_env_steps']} discriminator steps) -> {self.run_dir}",
             flush=True,
         )
@@ -1344,6 +1525,7 @@ def check_numbers(args: Args) -> None:
             "gp_weight": (0, 1e6),
             "gp_target": (0, 1e3),
             "hidden": (1, 8192),
+            "ensemble": (1, 64),
         },
         "eval": {
             "frequency": (1, 1e10),
@@ -1397,10 +1579,8 @@ REQUIRED_KEYS = (
     "episode_starts",
     "returns",
     "env_id",
-    "qpos",
-    "qvel",
-    "goal",
 )
+MAZE_KEYS = ("qpos", "qvel", "goal")  # required for mazes only (the siblings' MuJoCo demos carry no goal)
 
 
 def load_demos(path, env_id: str, obs_dim: int, act_dim: int, nq: int, nv: int) -> dict[str, np.ndarray]:
@@ -1416,7 +1596,8 @@ def load_demos(path, env_id: str, obs_dim: int, act_dim: int, nq: int, nv: int) 
         raise UsageError(
             f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another file"
         ) from None
-    missing = [k for k in REQUIRED_KEYS if k not in demos]
+    needed = REQUIRED_KEYS + (MAZE_KEYS if env_family(env_id) != "mujoco" else ())
+    missing = [k for k in needed if k not in demos]
     if missing:
         raise UsageError(
             f"{path} lacks key(s) {', '.join(missing)}; mazes need qpos, qvel, goal (format: docs/mbirl_antmaze.md)"
@@ -1488,7 +1669,7 @@ def save_policy(path: Path, actor: Actor, env_id: str) -> None:
         {
             "script": SCRIPT,
             "env_id": env_id,
-            "network": "Actor",
+            "network": type(actor).__name__,
             "config": actor.config,
             "state_dict": {k: v.cpu() for k, v in actor.state_dict().items()},
         },
@@ -1498,7 +1679,7 @@ def save_policy(path: Path, actor: Actor, env_id: str) -> None:
 def load_policy(path, device: str = "cpu") -> Actor:
     """policy.pt -> the actor in eval mode, with act(obs) and env_id."""
     saved = torch.load(path, map_location=device, weights_only=False)
-    actor = Actor(**saved["config"]).to(device)
+    actor = {"Actor": Actor, "GaussianActor": GaussianActor}[saved["network"]](**saved["config"]).to(device)
     actor.load_state_dict(saved["state_dict"])
     actor.env_id = saved["env_id"]
     return actor.eval()
@@ -1517,16 +1698,18 @@ def eval_only(args: Args, run: RunContext) -> None:
     result = {
         "env_id": actor.env_id,
         "success_rate": r["success_rate"],
+        "mean_return": r["mean_return"],
+        "returns": r["returns"],
         "episodes": args.eval.episodes,
         "episode_lengths": r["episode_lengths"],
         "seed": args.seed + 10_000,
         "p_tremble": args.hyper.p_tremble,
     }
     atomic_json(out_dir / f"eval_{number:03d}.json", result)
-    print(json.dumps({k: result[k] for k in ("env_id", "success_rate", "episodes")}))
+    print(json.dumps({k: result[k] for k in ("env_id", "success_rate", "mean_return", "episodes")}))
 
 
-def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert_success: float, env_id: str) -> None:
+def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert: float, env_id: str, metric: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1538,18 +1721,20 @@ def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert_su
         a0.semilogy([p["epoch"] for p in pre], [p["val_mse"] for p in pre])
     a0.set(title="model pretraining", xlabel="epoch", ylabel="validation MSE (mean of members)")
     steps = [h["step"] for h in history]
-    a1.plot(steps, [h["success_rate"] for h in history], "o-", label="HyPER (real learner steps)")
+    a1.plot(steps, [h["score"] for h in history], "o-", label="HyPER (real learner steps)")
     a1.plot(
         [h["total_env_steps"] for h in history],
-        [h["success_rate"] for h in history],
+        [h["score"] for h in history],
         "x--",
         alpha=0.6,
         label="same, x = real steps incl. discriminator",
     )
-    a1.axhline(expert_success, color="k", ls=":", label="expert data")
+    a1.axhline(expert, color="k", ls=":", label="expert data")
     if history:
-        a1.annotate(f"final {history[-1]['success_rate']:.2f}", (steps[-1], history[-1]["success_rate"]))
-    a1.set(title="HyPER loop", xlabel="env steps", ylabel="success rate", ylim=(-0.05, 1.05))
+        a1.annotate(f"final {history[-1]['score']:.2f}", (steps[-1], history[-1]["score"]))
+    a1.set(title="HyPER loop", xlabel="env steps", ylabel=metric.replace("_", " "))
+    if metric == "success_rate":
+        a1.set_ylim(-0.05, 1.05)
     a1.legend(fontsize=8)
     fig.suptitle(f"HyPER on {env_id}")
     fig.tight_layout()

@@ -308,7 +308,7 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     assert res["real_steps"] == 600 and res["disc_updates"] == 3 and res["disc_env_steps"] > 0
     assert res["total_env_steps"] == 600 + res["disc_env_steps"] and res["model_trainings"] == 3
     assert [h["step"] for h in res["history"]] == [0, 300, 600]
-    assert 0.0 <= res["success_rate"] <= 1.0 and res["expert_success_rate"] == 1.0
+    assert 0.0 <= res["success_rate"] <= 1.0 and res["expert_score"] == 1.0 and res["metric"] == "success_rate"
     assert all(math.isfinite(v) for v in (res["wall_time_s"], res["success_rate"]))
     # the five-line snippet of docs/CONTRACT.md
     policy = mb.load_policy(str(run_dir / "policy.pt"))
@@ -370,7 +370,7 @@ def _validate(tmp_path, **overrides):
 def _numeric_fields():
     for group in ("expert", "model", "hyper", "actor", "disc", "eval"):
         for f in dataclasses.fields(getattr(mb.Args(), group)):
-            if f.type in (int, float, "int", "float"):
+            if f.type in (int, float, int | None, float | None):
                 yield group, f.name
 
 
@@ -383,6 +383,7 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
             mb.RunContext.validate(args)
     args = mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
     setattr(getattr(args, group), name, 0)
+    assert getattr(getattr(args, group), name) == 0
     zero_ok = {
         "kp",
         "kd",
@@ -442,7 +443,7 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
     "env_id, match",
     [
         ("PointMaze_Umaze-v3", "unknown env id.*PointMaze_UMaze-v3"),
-        ("Hopper-v5", "not supported"),
+        ("Ant-v5", "not supported"),
         ("CartPole-v1", "not supported"),
     ],
 )
@@ -468,14 +469,14 @@ def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run
 class RandomController:
     """Stand-in for the (not yet trained) Ant goal-reacher: uniform random actions, for layout and pipeline tests."""
 
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, seed: int, act_dim: int = 8):
+        self.rng, self.act_dim = np.random.default_rng(seed), act_dim
 
     def reset(self, maze, obs):
         pass
 
     def __call__(self, obs):
-        return self.rng.uniform(-1, 1, 8)
+        return self.rng.uniform(-1, 1, self.act_dim)
 
 
 @pytest.fixture(scope="module")
@@ -531,3 +532,91 @@ def test_antmaze_smoke_run_with_given_expert_file(run_script, run_dir, tmp_path,
     assert res["env_id"] == "AntMaze_UMaze-v5" and res["real_steps"] == 300 and res["disc_env_steps"] == 700
     assert (run_dir / "maze.png").is_file() and (run_dir / "policy.pt").is_file()
     assert mb.load_policy(str(run_dir / "policy.pt")).config["obs_dim"] == 31
+
+
+# --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
+def test_family_defaults_follow_the_reference_and_keep_explicit_values():
+    hop = mb.Args(env_id="Hopper-v5", disc=mb.DiscArgs(every=77))
+    mb.resolve_defaults(hop)
+    assert (hop.hyper.freq_train_model, hop.hyper.updates_per_step, hop.disc.ensemble, hop.disc.lr) == (
+        125,
+        30,
+        7,
+        8e-4,
+    )
+    assert (hop.eval.episodes, hop.hyper.p_tremble, hop.model.hidden, hop.actor.hidden) == (10, 0.01, 400, 512)
+    assert hop.disc.every == 77 and hop.model.pretrain is False
+    maze = mb.Args(env_id="AntMaze_Large_Diverse_GR-v5")
+    mb.resolve_defaults(maze)
+    assert (maze.hyper.freq_train_model, maze.hyper.updates_per_step, maze.disc.ensemble, maze.disc.lr) == (
+        2000,
+        20,
+        1,
+        8e-3,
+    )
+    assert (maze.eval.episodes, maze.hyper.p_tremble, maze.model.hidden, maze.model.pretrain) == (25, 0.0, 200, True)
+    assert (
+        mb.termination_fn("Hopper-v5") is mb.hopper_termination
+        and mb.termination_fn("PointMaze_UMaze-v3") is mb.no_termination
+    )
+
+
+def test_discriminator_ensemble_is_the_minimum_of_its_members():
+    torch.manual_seed(0)
+    disc = mb.Discriminator(5, 8, members=3)
+    x = torch.randn(20, 5)
+    members = torch.stack([net(x).squeeze(-1) for net in disc.nets])
+    assert torch.equal(disc(x), members.min(0).values) and not torch.equal(members[0], members[1])
+
+
+def test_sac_update_is_finite_and_fits_a_constant_reward():
+    torch.manual_seed(0)
+    agent = mb.SAC(4, 2, mb.ActorArgs(hidden=32, lr=1e-3, gamma=0.0), torch.device("cpu"))
+    obs = torch.randn(64, 4)
+    for _ in range(300):
+        out = agent.update(obs, torch.rand(64, 2) * 2 - 1, obs, torch.zeros(64), torch.full((64,), 3.0))
+    assert all(torch.isfinite(v) for v in out.values())
+    assert abs(float(out["q"]) - 3.0) < 0.3  # gamma = 0: Q is the reward
+    a = agent.actor.act(np.zeros((3, 4), np.float32))
+    assert a.shape == (3, 2) and np.all(np.abs(a) <= 1)
+
+
+@pytest.fixture(scope="module")
+def hopper_demos():
+    """The siblings' MuJoCo demos layout (no goal key), from random actions: only the format matters here."""
+    demos = mb.record_episodes("Hopper-v5", RandomController(0, 3), 4)
+    return {k: v for k, v in demos.items() if k != "goal"}
+
+
+def test_hopper_needs_the_shared_expert_cache(tmp_path, umaze_demos):
+    with pytest.raises(mb.UsageError, match="hype_irl_mujoco.py"):
+        _validate(tmp_path, env_id="Hopper-v5", expert=mb.ExpertArgs(experts_dir=str(tmp_path / "none")))
+    path = tmp_path / "maze.npz"
+    np.savez(path, **umaze_demos)
+    with pytest.raises(mb.UsageError, match="not Hopper-v5"):
+        _validate(tmp_path, env_id="Hopper-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+
+
+@pytest.mark.slow
+def test_hopper_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_path, hopper_demos):
+    cache = tmp_path / "experts" / "Hopper-v5"
+    cache.mkdir(parents=True)
+    np.savez_compressed(cache / "demos.npz", **hopper_demos)
+    rc, out, err = run_script(
+        "mbirl_antmaze.py", "--env-id", "Hopper-v5", "--run-dir", run_dir, "--expert.experts-dir", tmp_path / "experts",
+        "--hyper.total-timesteps", "300", "--hyper.exploration-steps", "50", "--hyper.freq-train-model", "100",
+        "--hyper.rollout-batch-size", "200", "--hyper.updates-per-step", "1", "--disc.every", "150",
+        "--disc.trajectories", "1", "--disc.batch-size", "128", "--disc.ensemble", "2", "--eval.frequency", "300",
+        "--eval.episodes", "2", "--model.hidden", "16", "--model.max-epochs", "2", "--actor.hidden", "32",
+        "--disc.hidden", "32", timeout=300,
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["actor"] == "SAC" and res["metric"] == "mean_return" and res["success_rate"] is None
+    assert (
+        res["real_steps"] == 300 and res["disc_updates"] == 2 and res["model_trainings"] == 4
+    )  # steps 51 (first), 100, 200, 300
+    assert math.isfinite(res["mean_return"]) and res["expert_score"] == pytest.approx(np.mean(hopper_demos["returns"]))
+    assert not (run_dir / "maze.png").exists() and (run_dir / "learning_curve.png").is_file()
+    policy = mb.load_policy(str(run_dir / "policy.pt"))
+    assert isinstance(policy, mb.GaussianActor) and policy.act(np.zeros((1, 11), np.float32)).shape == (1, 3)
