@@ -29,9 +29,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def in_window_seconds_per_step(
-    points: list[tuple[int, float]], windows: list[tuple[float, float]]
-) -> list[float]:
+def in_window_seconds_per_step(points: list[tuple[int, float]], windows: list[tuple[float, float]]) -> list[float]:
     """Seconds per step of each interval between consecutive (step, wall time) points that lies entirely inside one
     of the (start, end) running windows."""
     out = []
@@ -65,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="alternate_"))
     procs, windows = {}, {name: [] for name, _ in args.cmd}
     for name, cmd in args.cmd:
-        procs[name] = subprocess.Popen([*shlex.split(cmd), "--run-dir", str(tmp / name)], cwd=REPO_ROOT,
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+        procs[name] = subprocess.Popen(
+            [*shlex.split(cmd), "--run-dir", str(tmp / name)],
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         procs[name].send_signal(signal.SIGSTOP)
     names = [name for name, _ in args.cmd]
     end, turn = time.time() + args.seconds, 0
@@ -91,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: no iteration fitted inside a window (raise --window)")
             continue
         q1, _, q3 = statistics.quantiles(spp, n=4) if len(spp) > 1 else (spp[0], None, spp[0])
-        print(f"{name}: {len(spp)} in-window iterations, median {1 / statistics.median(spp):.1f} SPS, "
-              f"mean {len(spp) / sum(spp):.1f} SPS, quartiles {1 / q3:.1f}-{1 / q1:.1f}")  # fmt: skip
+        print(
+            f"{name}: {len(spp)} in-window iterations, median {1 / statistics.median(spp):.1f} SPS, "
+            f"mean {len(spp) / sum(spp):.1f} SPS, quartiles {1 / q3:.1f}-{1 / q1:.1f}"
+        )
     print(f"run dirs kept in {tmp}")
     return 0
 

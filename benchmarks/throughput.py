@@ -198,9 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-fraction", type=float, default=0.2, help="leading fraction of SPS values ignored")
     parser.add_argument("--label", default=None, help="short name for this measurement in the results file")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to throughput.jsonl")
-    parser.add_argument("--in-run-dir", action="store_true",
-                        help="run the command inside the temporary run dir instead of passing --run-dir (baselines "
-                        "such as CleanRL's scripts, which log under their working directory; give absolute paths)")
+    parser.add_argument(
+        "--in-run-dir",
+        action="store_true",
+        help="run the command inside the temporary run dir instead of passing --run-dir (baselines "
+        "such as CleanRL's scripts, which log under their working directory; give absolute paths)",
+    )
     args = parser.parse_args(own)
     if not cmd:
         parser.error("missing the training command after --")
@@ -220,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         shutil.rmtree(tmp, ignore_errors=True)
     if not values:
-        print(f"no '{args.tag}' values were logged (exit code {rc}): run the command longer or check the tag", file=sys.stderr)
+        fix = "run the command longer or check the tag"
+        print(f"no '{args.tag}' values were logged (exit code {rc}): {fix}", file=sys.stderr)
         return 1
     train = after_warmup_median(values, args.skip_fraction)
     ratio = train / raw
-    print(f"training SPS ({args.tag}, median of {len(values)} values after the first {args.skip_fraction:.0%}): {train:,.0f}")
+    skipped = f"{args.skip_fraction:.0%}"
+    print(f"training SPS ({args.tag}, median of {len(values)} values after the first {skipped}): {train:,.0f}")
     slope = slope_sps(points, args.skip_fraction)
     if slope is not None:
         print(f"training SPS from logged steps / wall time after the first {args.skip_fraction:.0%}: {slope:,.0f}")

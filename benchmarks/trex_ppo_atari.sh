@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Every number in docs/trex_ppo_atari.md and benchmarks/results/trex_ppo_atari.md comes from these commands.
 # Run from the repository root with the venv active. Results: benchmarks/results/trex_ppo_atari.md.
+# The flags are spelled as the script spells them now (nested groups, issue 17: --ppo.*, --reward.*, ...); the
+# recorded runs used the earlier flat spelling of the same settings (--demo-total-timesteps, --reward-num-pairs, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. Quick configuration (all five phases, minutes on a laptop CPU); also provides a reward model for 3.
-/usr/bin/time -v python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --demo-total-timesteps 8192 \
-    --policy-total-timesteps 8192 --reward-num-pairs 300 --reward-epochs 1 --eval-episodes 2 \
-    --max-episode-frames 4000 --run-dir runs/trex_quick
+/usr/bin/time -v python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --demonstrator.total-timesteps 8192 \
+    --policy.total-timesteps 8192 --reward.num-pairs 300 --reward.epochs 1 --eval.episodes 2 \
+    --env.max-episode-frames 4000 --run-dir runs/trex_quick
 
 # 2. Evidence run on Breakout at the budget that fit on a shared 2-core CPU, niced because four other agents
 #    used the machine. It was started with 102,400 agent steps per PPO phase, SIGTERMed in the demonstrator at
@@ -16,32 +18,32 @@ cd "$(dirname "$0")/.."
 #    with 1,500 pairs; when the machine got quieter the policy phase (iteration 4 of 40) was SIGTERMed and resumed
 #    with 102,400 policy steps (0.41M frames). The commands in order (the sleeps stand for when it was stopped by hand):
 nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
-    --demo-total-timesteps 102400 --policy-total-timesteps 102400 --reward-epochs 1 --checkpoint-every 5 \
+    --demonstrator.total-timesteps 102400 --policy.total-timesteps 102400 --reward.epochs 1 --checkpoint-every 5 \
     --run-dir runs/trex_evidence_breakout_s1 &
 sleep 840; kill -TERM $!; wait || true   # stopped at demonstrator iteration 20 (20,480 steps)
 nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
-    --demo-total-timesteps 40960 --policy-total-timesteps 40960 --reward-epochs 1 --checkpoint-every 5 \
+    --demonstrator.total-timesteps 40960 --policy.total-timesteps 40960 --reward.epochs 1 --checkpoint-every 5 \
     --run-dir runs/trex_evidence_breakout_s1 &
 sleep 1080; kill -TERM $!; wait || true   # demonstrator and demos done, stopped inside reward learning
 nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
-    --demo-total-timesteps 40960 --policy-total-timesteps 40960 --reward-num-pairs 1500 --reward-epochs 1 \
-    --reward-eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1 &
+    --demonstrator.total-timesteps 40960 --policy.total-timesteps 40960 --reward.num-pairs 1500 --reward.epochs 1 \
+    --reward.eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1 &
 sleep 300; kill -TERM $!; wait || true   # reward model done, stopped at policy iteration 4
 nice -n 15 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
-    --demo-total-timesteps 40960 --policy-total-timesteps 102400 --reward-num-pairs 1500 --reward-epochs 1 \
-    --reward-eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1
+    --demonstrator.total-timesteps 40960 --policy.total-timesteps 102400 --reward.num-pairs 1500 --reward.epochs 1 \
+    --reward.eval-every 250 --checkpoint-every 5 --run-dir runs/trex_evidence_breakout_s1
 
 # 2b. Second evidence run (second session, quiet machine apart from short benchmark pauses by SIGSTOP/SIGCONT),
 #     niced: the demonstrator at ~2M frames (480 iterations), 6,000 reward pairs for one epoch, the policy phase
 #     started with a 1,024,000-step budget and stopped by SIGTERM when the session's time ran out, then resumed
-#     with --policy-total-timesteps set to the steps it had reached so that it finishes and evaluates (see
+#     with --policy.total-timesteps set to the steps it had reached so that it finishes and evaluates (see
 #     benchmarks/results/trex_ppo_atari.md for the exact step count).
-nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
-    --policy-total-timesteps 1024000 --reward-epochs 1 --checkpoint-every 10 \
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
+    --policy.total-timesteps 1024000 --reward.epochs 1 --checkpoint-every 10 \
     --run-dir runs/trex_evidence2_breakout_s1 &
 wait $! || true   # SIGTERMed by hand inside the policy phase
-nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
-    --policy-total-timesteps "${POLICY_STEPS_REACHED:?set to the policy steps reached}" --reward-epochs 1 \
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
+    --policy.total-timesteps "${POLICY_STEPS_REACHED:?set to the policy steps reached}" --reward.epochs 1 \
     --checkpoint-every 10 --run-dir runs/trex_evidence2_breakout_s1
 
 # 2c. Evidence run 3 (third session): run 2's policy extended from 2.63M to 5.0M frames (1,250,304 agent steps) in a
@@ -51,8 +53,8 @@ nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --d
 #     rule: its policy checkpoint's done flag was cleared by hand, which is what the rule now does.)
 rm -rf runs/trex_evidence3_breakout_s1 && cp -a runs/trex_evidence2_breakout_s1 runs/trex_evidence3_breakout_s1
 rm runs/trex_evidence3_breakout_s1/results.json
-nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demo-total-timesteps 491520 \
-    --policy-total-timesteps 1250304 --reward-epochs 1 --checkpoint-every 10 --run-dir runs/trex_evidence3_breakout_s1
+nice -n 10 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
+    --policy.total-timesteps 1250304 --reward.epochs 1 --checkpoint-every 10 --run-dir runs/trex_evidence3_breakout_s1
 
 # 3. Policy-phase throughput with the default settings (8 envs x 128 steps), phases 1-3 skipped by
 #    --reward-model; the harness SIGTERMs the run after --train-seconds and reads charts/SPS.
@@ -63,7 +65,7 @@ python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs
 #    b) the same PPO loop without reward inference (clipped true reward): the inference overhead is 1 - a/b
 python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy-no-reward-net \
     --train-seconds 240 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
-    --reward-model runs/trex_quick/reward_model.pt --policy-reward env
+    --reward-model runs/trex_quick/reward_model.pt --policy.reward env
 
 #    c) the baseline in the same window: CleanRL's ppo_atari.py (the same PPO settings on gymnasium's Python
 #       SyncVectorEnv with SB3's Atari wrappers), fetched at a pinned commit, patched only for gymnasium 1.x's
@@ -93,7 +95,7 @@ python benchmarks/alternate.py --window 20 --seconds 480 \
 
 # 4. Peak memory of the reward phase alone on the 12 Breakout demos of run 2 (phases 1-2 skipped by --demos).
 /usr/bin/time -v python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
-    --demos runs/trex_evidence_breakout_s1/demos.npz --reward-num-pairs 600 --reward-epochs 1 \
+    --demos runs/trex_evidence_breakout_s1/demos.npz --reward.num-pairs 600 --reward.epochs 1 \
     --stop-after reward --run-dir runs/trex_reward_memory
 
 # 5. Test-suite runtime of this script's tests.

@@ -71,7 +71,8 @@ def run_script_subprocess(script: str, *args: str, timeout: float = 300.0, env: 
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout:.0f}s\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}")
+        tail = f"--- stdout ---\n{out[-3000:]}\n--- stderr ---\n{err[-3000:]}"
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout:.0f}s\n{tail}")
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -123,3 +124,97 @@ def write_minari_dataset(demos: dict, dataset_id: str) -> None:
         buffers.append(EpisodeBuffer(id=e, observations=obs, actions=demos["actions"][m], rewards=demos["rewards"][m],
                                      terminations=demos["terminals"][m], truncations=demos["timeouts"][m]))  # fmt: skip
     minari.create_dataset_from_buffers(dataset_id, buffers, env=gym.make(str(demos["env_id"])), algorithm_name="PD")
+
+
+# ---- generated bad input (issue 15): the cases come from the code, so a new flag or key is covered without a test edit
+ABSURD_INT, ABSURD_FLOAT = "1000000000000000", "1e30"
+
+
+def numeric_flag_cases(args_cls, prefix: str = "") -> list[tuple[str, str]]:
+    """(flag, value) for every int/float field of a tyro Args dataclass, nested dataclasses as ``--group.field``:
+    0, -1, NaN and an absurd value (10**15 for ints, 1e30 for floats). Optional[int]/Optional[float] count; bools,
+    strings and lists do not."""
+    import dataclasses
+    import typing
+
+    cases = []
+    hints = typing.get_type_hints(args_cls)
+    for f in dataclasses.fields(args_cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            cases += numeric_flag_cases(kind, f"{prefix}{f.name}.")
+            continue
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        kind = inner[0] if typing.get_origin(kind) is typing.Union and len(inner) == 1 else kind
+        if kind in (int, float):
+            flag = "--" + (prefix + f.name).replace("_", "-")
+            cases += [(flag, v) for v in ("0", "-1", "nan", ABSURD_INT if kind is int else ABSURD_FLOAT)]
+    return cases
+
+
+def mutated_arrays(valid: dict) -> list[tuple[str, str, dict]]:
+    """(key, how, arrays) for every key of a valid dict of arrays (an npz's content): the key dropped, its values as
+    strings, a NaN in it, its first axis one shorter, and one more axis (a wrong width)."""
+    cases = []
+    for key, value in valid.items():
+        value = np.asarray(value)
+        with_nan = value.astype(np.float64).copy()
+        with_nan.flat[0] = np.nan
+        mutations = {
+            "dropped": None,
+            "strings": value.astype(str),
+            "nan": with_nan,
+            "truncated": value[:-1],
+            "wrong width": np.stack([value, value], axis=-1),
+        }
+        for how, new in mutations.items():
+            arrays = {k: v for k, v in valid.items() if k != key}
+            if new is not None:
+                arrays[key] = new
+            cases.append((key, how, arrays))
+    return cases
+
+
+def corrupt_file(path: Path, how: str, seed: int = 0) -> None:
+    """Damage a file in place: ``truncated`` keeps the first half of its bytes, ``random`` replaces them all by
+    random bytes (at least 64)."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.write_bytes(np.random.default_rng(seed).integers(0, 256, max(64, len(data)), dtype=np.uint8).tobytes())
+
+
+def one_line_exit_2(call) -> str:
+    """Run ``call()`` (a script's main on bad input, in-process) and return its stderr line, asserting that it
+    exited with code 2 and printed exactly one line without a traceback."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        call()
+    text = err.getvalue().strip()
+    assert exit_info.value.code == 2, text
+    assert len(text.splitlines()) == 1 and "Traceback" not in text, text
+    return text
+
+
+def apply_flag(args, flag: str, value: str) -> bool:
+    """Set ``--group.field value`` on a parsed Args object in place, converting the value to the field's int/float
+    type as the parser would; False when it does not convert (then the parser's own exit 2 is what to test). Much
+    faster than parsing the whole command line again for each generated case."""
+    import typing
+
+    *groups, name = flag.removeprefix("--").replace("-", "_").split(".")
+    target = args
+    for group in groups:
+        target = getattr(target, group)
+    kind = typing.get_type_hints(type(target))[name]
+    inner = [a for a in typing.get_args(kind) if a is not type(None)]
+    kind = inner[0] if inner else kind
+    try:
+        setattr(target, name, kind(value) if kind is float else int(value))
+    except ValueError:
+        return False
+    return True

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("throughput", REPO_ROOT / "benchmarks" / "throughput.py")
@@ -83,9 +82,8 @@ def test_harness_end_to_end_reads_the_scripts_sps_and_records_it(tmp_path, monke
     script.write_text(FAKE_SCRIPT)
     results = tmp_path / "throughput.jsonl"
     monkeypatch.setattr(throughput, "RESULTS", results)
-    rc = throughput.main(
-        ["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--label", "fake", "--", sys.executable, str(script)]
-    )
+    harness = ["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--label", "fake"]
+    rc = throughput.main([*harness, "--", sys.executable, str(script)])
     assert rc == 0
     record = json.loads(results.read_text().splitlines()[-1])
     # 5 values, skip 20 % -> median of [100, 200, 200, 300] = 200.
@@ -101,8 +99,8 @@ def test_harness_runs_a_baseline_without_run_dir_inside_the_temp_dir(tmp_path, m
     script.write_text(FAKE_SCRIPT.replace('sys.argv[sys.argv.index("--run-dir") + 1]', '"runs/baseline__1"'))
     results = tmp_path / "throughput.jsonl"
     monkeypatch.setattr(throughput, "RESULTS", results)
-    rc = throughput.main(["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--in-run-dir", "--",
-                          sys.executable, str(script)])  # fmt: skip
+    harness = ["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--in-run-dir"]
+    rc = throughput.main([*harness, "--", sys.executable, str(script)])
     assert rc == 0
     record = json.loads(results.read_text().splitlines()[-1])
     assert record["train_sps"] == 200.0 and record["sps_points"] == 5

@@ -1,10 +1,12 @@
-"""Tests of trex_ppo_atari.py: the math, a behavioural reward-learning check, the whole pipeline, resume, bad input."""
+"""Tests of trex_ppo_atari.py: the math, reward learning and the learned reward's path into PPO, the whole pipeline,
+the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducibility), resume, generated bad input."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-import signal
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +14,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    REPO_ROOT,
+    apply_flag,
+    corrupt_file,
+    interrupt_when_exists,
+    mutated_arrays,
+    numeric_flag_cases,
+    one_line_exit_2,
+    subprocess_env,
+)
 
 import trex_ppo_atari as trex
-from conftest import REPO_ROOT, interrupt_when_exists, subprocess_env
 
 SCRIPT = "trex_ppo_atari.py"
-# Tiny PPO settings shared by the subprocess runs: 2 envs x 32 steps per iteration, short games.
-TINY = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1",
-        "--max-episode-frames", "1200", "--eval-num-envs", "2"]
+# Tiny PPO settings shared by the runs: 2 envs x 32 steps per iteration, short games.
+TINY = ["--ppo.num-envs", "2", "--ppo.num-steps", "32", "--ppo.num-minibatches", "2", "--ppo.update-epochs", "1"]
+TINY += ["--env.max-episode-frames", "1200", "--eval.num-envs", "2", "--torch-threads", "1"]
+TINY_REWARD = [
+    "--reward.num-pairs",
+    "20",
+    "--reward.batch-size",
+    "4",
+    "--reward.min-len",
+    "10",
+    "--reward.max-len",
+    "20",
+]
 
 
 # ----------------------------------------------------------------------------------------------- unit: math
@@ -50,19 +71,12 @@ def test_compute_gae_with_more_steps_than_envs():
     next_value, next_done = torch.tensor([0.7, 0.9]), torch.tensor([1.0, 0.0])
     g, lam = 0.9, 0.5
     adv, ret = trex.compute_gae(rewards, values, dones, next_value, next_done, g, lam)
-    # env 0: the episode ends after t = 2 (next_done)
-    d2 = 1.0 - 0.1
-    d1 = 0.0 + g * 0.1 - 0.2
-    d0 = 1.0 + g * 0.2 - 0.5
+    d2, d1, d0 = 1.0 - 0.1, 0.0 + g * 0.1 - 0.2, 1.0 + g * 0.2 - 0.5  # env 0 ends after t = 2 (next_done)
     a2, a1 = d2, d1 + g * lam * d2
     a0 = d0 + g * lam * a1
-    # env 1: bootstraps from next_value at t = 2; no bootstrap across the done at t = 2
-    e2 = 1.0 + g * 0.9 - 0.3
-    e1 = 2.0 - 0.4
-    e0 = 0.0 + g * 0.4 - 1.0
-    b2, b1 = e2, e1
-    b0 = e0 + g * lam * b1
-    expected = torch.tensor([[a0, b0], [a1, b1], [a2, b2]])
+    e2, e1, e0 = 1.0 + g * 0.9 - 0.3, 2.0 - 0.4, 0.0 + g * 0.4 - 1.0  # env 1: no bootstrap across the done at t = 2
+    b0 = e0 + g * lam * e1
+    expected = torch.tensor([[a0, b0], [a1, e1], [a2, e2]])
     assert torch.allclose(adv, expected, atol=1e-6)
     assert torch.allclose(ret, expected + values, atol=1e-6)
 
@@ -75,10 +89,13 @@ def test_policy_rewards_come_from_the_next_frame_and_close_games():
         for n in range(N):
             frames[t, n] = 10 * t + n
     next_obs = torch.stack([torch.full((4, 84, 84), 30 + n, dtype=torch.uint8) for n in range(N)])
-    final = torch.stack([torch.full((4, 84, 84), v, dtype=torch.uint8) for v in (99, 11)])  # env 0 ended at t = 0
-    net = lambda obs: obs.float().mean(dim=(1, 2, 3))  # noqa: E731
-    r_hat = trex.next_frame_reward_hat(net, frames, next_obs, {0: final}, chunk=4)
-    assert r_hat.tolist() == [[99.0, 11.0], [20.0, 21.0], [30.0, 31.0]]
+    final = torch.full((1, 4, 84, 84), 99, dtype=torch.uint8)  # only env 0's game ended at t = 0
+
+    def net(obs):
+        return obs.float().mean(dim=(1, 2, 3))
+
+    r_hat = trex.next_frame_reward_hat(net, frames, next_obs, {0: (np.array([0]), final)}, chunk=4)
+    assert r_hat.tolist() == [[99.0, 11.0], [20.0, 21.0], [30.0, 31.0]]  # env 1 keeps its own next frame at t = 0
     # game sums: env 1's game ends after t = 1, env 0's after t = 2; env 0 carries 5 in from the last rollout
     running = torch.tensor([5.0, 0.0])
     over = np.array([[False, False], [False, True], [True, False]])
@@ -87,20 +104,28 @@ def test_policy_rewards_come_from_the_next_frame_and_close_games():
     assert running.tolist() == [0.0, 31.0]
 
 
+def test_policy_reward_kinds():
+    r_hat = torch.tensor([[0.0, 2.0], [-2.0, 4.0]])
+    rms = trex.RunningMeanStd("cpu")
+    torch.testing.assert_close(trex.policy_rewards(r_hat, "sigmoid", rms), torch.sigmoid(r_hat))
+    assert torch.equal(trex.policy_rewards(r_hat, "raw", rms), r_hat)
+    normalized = trex.policy_rewards(r_hat, "normalized", rms)
+    # the statistics of the 4 values (mean 1, population variance 5) dominate the 1e-4 prior count
+    torch.testing.assert_close(normalized, (r_hat - 1.0) / math.sqrt(5.0), rtol=1e-3, atol=1e-3)
+
+
 def test_ppo_loss_ignores_forced_fire_steps():
-    args = trex.Args()
-    n = 6
+    ppo = trex.PPOArgs()
     g = torch.Generator().manual_seed(0)
-    old_logp, new_logp = torch.randn(n, generator=g) - 1, torch.randn(n, generator=g) - 1
-    ent, new_v, old_v, adv, ret = (torch.randn(n, generator=g) for _ in range(5))
+    old_logp, new_logp = torch.randn(6, generator=g) - 1, torch.randn(6, generator=g) - 1
+    ent, new_v, old_v, adv, ret = (torch.randn(6, generator=g) for _ in range(5))
     valid = torch.tensor([1.0, 1, 1, 1, 0, 0])
-    full = trex.ppo_loss(new_logp, old_logp, ent, new_v, old_v, adv, ret, valid, args)
+    full = trex.ppo_loss(new_logp, old_logp, ent, new_v, old_v, adv, ret, valid, ppo)
     changed = [t.clone() for t in (new_logp, adv, ret)]
     for t in changed:
         t[4:] += 100.0  # garbage on the invalid samples
-    other = trex.ppo_loss(changed[0], old_logp, ent, new_v, old_v, changed[1], changed[2], valid, args)
-    subset = trex.ppo_loss(new_logp[:4], old_logp[:4], ent[:4], new_v[:4], old_v[:4], adv[:4], ret[:4],
-                           torch.ones(4), args)
+    other = trex.ppo_loss(changed[0], old_logp, ent, new_v, old_v, changed[1], changed[2], valid, ppo)
+    subset = trex.ppo_loss(*(t[:4] for t in (new_logp, old_logp, ent, new_v, old_v, adv, ret)), torch.ones(4), ppo)
     for a, b, c in zip(full, other, subset):
         assert a.item() == pytest.approx(b.item(), rel=1e-5) and a.item() == pytest.approx(c.item(), rel=1e-5)
 
@@ -118,12 +143,10 @@ def test_pair_sampler_follows_the_paper_rules():
     assert (label == better_is_b).all()
     s_better, s_worse = np.where(better_is_b, sb, sa), np.where(better_is_b, sa, sb)
     assert (s_better >= s_worse).all()  # the better snippet never starts earlier
-    # the worse start is drawn within the shorter of the two demos
-    assert (s_worse + L <= np.minimum(lengths[a], lengths[b])).all()
+    assert (s_worse + L <= np.minimum(lengths[a], lengths[b])).all()  # the worse start fits the shorter demo
     assert 0.4 < label.mean() < 0.6  # random order inside a pair
-    # the shortest demo caps the snippet length
     _, _, _, _, L2, _ = trex.sample_snippet_pairs(np.array([60, 70]), np.array([0.0, 1.0]), 200, 50, 100, 2, rng)
-    assert L2.max() <= 60 and L2.min() >= 50
+    assert L2.max() <= 60 and L2.min() >= 50  # the shortest demo caps the snippet length
 
 
 def test_snippet_index_and_frame_store_rebuild_stacks():
@@ -137,8 +160,7 @@ def test_snippet_index_and_frame_store_rebuild_stacks():
 
 def test_demo_frames_stored_once_rebuild_the_env_stacks():
     """Demos keep 1 frame per step; frames[t:t+4] must equal the env's stacked observation t."""
-    args = trex.Args(max_episode_frames=400)
-    env = trex.make_envs("breakout", 1, 0.0, args, life_loss=False)
+    env = trex.make_envs("breakout", 1, 0.0, trex.EnvArgs(max_episode_frames=400), life_loss=False)
     obs, _ = env.reset(seed=3)
     stacks, frames = [obs[0].copy()], [obs[0].copy()]
     for t in range(40):
@@ -163,22 +185,58 @@ def test_reward_net_never_sees_masked_rows():
     z = x.clone()
     z[:, :, top + 5] = 255 - z[:, :, top + 5]  # a visible row
     assert not torch.allclose(net(x), net(z))
-    keep = trex.score_mask(10, 0)
-    assert keep[:10].sum() == 0 and keep[10:].sum() == 74
-    assert trex.SCORE_MASKS["breakout"] == (10, 0)
 
 
-def test_env_id_mapping_and_close_matches():
+def test_env_id_mapping():
     assert trex.resolve_env_id("BreakoutNoFrameskip-v4") == ("breakout", 0.0)
     assert trex.resolve_env_id("ALE/Breakout-v5") == ("breakout", 0.25)
     assert trex.resolve_env_id("MsPacmanNoFrameskip-v4")[0] == "ms_pacman"
     assert trex.resolve_env_id("ALE/SpaceInvaders-v5")[0] == "space_invaders"
-    with pytest.raises(trex.InputError, match="BreakoutNoFrameskip-v4"):
-        trex.resolve_env_id("BreakotNoFrameskip-v4")
     assert trex.fire_action("breakout") == 1 and trex.fire_action("pong") == 1
 
 
 # ----------------------------------------------------------------------------------------------- behaviour
+def test_only_real_game_ends_use_the_final_frame():
+    """Issue 16's cause: at a lost life (life_loss_info) ale-py's info["final_obs"] holds stale memory. The rollout
+    keeps final frames only of envs whose game really ended, and those equal the last observation shifted by one."""
+    envs = trex.make_envs("breakout", 3, 0.0, trex.EnvArgs(max_episode_frames=600), life_loss=True)
+    player = trex.Player(envs, trex.fire_action("breakout"), seed=5, device="cpu")
+    agent = trex.Agent(int(envs.single_action_space.n))
+    buf = trex.Rollout.zeros(160, 3, "cpu")
+    player.rollout(agent, buf, keep_final_frames=True)
+    envs.close()
+    lives_lost = (buf.dones.sum() - sum(len(e) for e, _ in buf.final_frames.values())).item()
+    assert buf.final_frames and lives_lost > 0  # both kinds of termination happened
+    for step, (env_ids, stacks) in buf.final_frames.items():
+        assert buf.over[step, env_ids].all() and buf.over[step].sum() == len(env_ids)
+        previous = buf.obs[step, env_ids].permute(0, 3, 1, 2)  # the observation the last action was taken on
+        assert torch.equal(stacks[:, :3], previous[:, 1:])
+
+
+class RecordingWriter:
+    def __init__(self):
+        self.scalars: dict[str, list[float]] = {}
+
+    def add_scalar(self, tag, value, step=None):
+        self.scalars.setdefault(tag, []).append(float(value))
+
+
+class ConstantReward(torch.nn.Module):
+    def forward(self, obs):
+        return torch.full((obs.shape[0],), 0.7)
+
+
+def test_the_env_reward_never_reaches_the_policy(tmp_path):
+    """With a constant learned reward every PPO reward is sigmoid(0.7), whatever the game scores."""
+    args = trex.parse_args([*TINY, "--policy.total-timesteps", "128", "--env.max-episode-frames", "400"])
+    ctx = {"device": torch.device("cpu"), "rom": "breakout", "sticky": 0.0, "run_dir": tmp_path, "checkpoints": {}}
+    ctx |= {"histories": {}, "env_config": {}, "env_id": args.env_id}
+    writer = RecordingWriter()
+    trex.train_ppo(args, ctx, "policy", 128, writer, reward_net=ConstantReward())
+    assert writer.scalars["trex/mean_step_reward"] == pytest.approx([1 / (1 + math.exp(-0.7))] * 2, abs=1e-6)
+    assert sum(writer.scalars.get("charts/episodic_return", [])) >= 0  # games were played and logged
+
+
 def synthetic_demos(qualities, length, rng):
     """Trajectories of policies of known quality q: each frame shows a bright block (the goal) with probability
     q. The true return counts the blocks; a score bar in the top 10 rows leaks it (the mask must hide it)."""
@@ -194,38 +252,36 @@ def synthetic_demos(qualities, length, rng):
             f[t, 2:8, : min(84, int(score[t]))] = 255  # score display
         frames.append(f)
         returns.append(float(good[3:].sum()))
-    return {"frames": np.concatenate(frames), "lengths": np.full(len(qualities), length),
-            "returns": np.array(returns)}
-
-
-class _NullWriter:
-    def add_scalar(self, *a, **k):
-        pass
+    return {"frames": np.concatenate(frames), "lengths": np.full(len(qualities), length), "returns": np.array(returns)}
 
 
 def test_reward_learning_ranks_held_out_trajectories(tmp_path):
     """Known-quality policies: a reward net trained on ranked trajectories must rank unseen ones (Spearman >= 0.8)."""
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    train_demos = synthetic_demos(np.linspace(0.05, 0.95, 10), 60, rng)
-    path = tmp_path / "demos.npz"
-    np.savez_compressed(path, **train_demos)
-    demos = trex.load_demos(str(path))
-    args = trex.Args(reward_num_pairs=400, reward_epochs=1, reward_batch_size=8, reward_lr=1e-3,
-                     reward_min_len=20, reward_max_len=40, reward_eval_every=25, reward_patience=100, seed=0)
+    demos = trex.load_demos(synthetic_demos(np.linspace(0.05, 0.95, 10), 60, np.random.default_rng(0)), "demos")
+    args = trex.parse_args(
+        ["--reward.num-pairs", "400", "--reward.epochs", "1", "--reward.batch-size", "8", "--reward.lr", "1e-3"]
+        + ["--reward.min-len", "20", "--reward.max-len", "40", "--reward.eval-every", "25", "--reward.patience", "100"]
+        + ["--seed", "0"]
+    )
     ctx = {"device": torch.device("cpu"), "mask": (10, 0), "run_dir": tmp_path}
-    info = trex.train_reward(args, ctx, demos, _NullWriter())
+    info = trex.train_reward(args, ctx, demos, RecordingWriter())
     assert info["val_accuracy"] >= 0.8
-    assert (tmp_path / "reward_model.pt").exists() and (tmp_path / "reward_pred_vs_true.png").exists()
-    net = trex.load_reward_model(str(tmp_path / "reward_model.pt"), "cpu")
+    assert (tmp_path / "reward_pred_vs_true.png").exists()
+    net, saved_info = trex.load_reward_model(str(tmp_path / "reward_model.pt"))
+    assert saved_info == info
     held_out = synthetic_demos([0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.6, 0.3], 60, np.random.default_rng(1))
-    frames = torch.as_tensor(held_out["frames"])
-    offsets = np.arange(8) * 63
-    predicted = trex.demo_returns(net, frames, offsets, held_out["lengths"])
+    predicted = trex.demo_returns(net, torch.as_tensor(held_out["frames"]), np.arange(8) * 63, held_out["lengths"])
     assert trex.correlations(predicted, held_out["returns"])["spearman"] >= 0.8
 
 
-# ----------------------------------------------------------------------------------------------- smoke
+# ----------------------------------------------------------------------------------------------- the real command
+def write_random_demos(path: Path, returns, length=40, seed=0):
+    rng = np.random.default_rng(seed)
+    n = len(returns)
+    frames = rng.integers(0, 255, (n * (length + 3), 84, 84), dtype=np.uint8)
+    np.savez_compressed(path, frames=frames, lengths=np.full(n, length), returns=np.asarray(returns, dtype=float))
+
+
 def read_tags(run_dir: Path) -> set[str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -234,140 +290,352 @@ def read_tags(run_dir: Path) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
-@pytest.mark.slow
-def test_whole_pipeline_smoke(run_dir, run_script):
-    rc, out, err = run_script(
-        SCRIPT, "--run-dir", run_dir, *TINY, "--demo-total-timesteps", "512", "--policy-total-timesteps", "256",
-        "--reward-num-pairs", "40", "--reward-batch-size", "4", "--reward-eval-every", "5", "--reward-epochs", "2",
-        "--eval-episodes", "2", "--eval-seeds", "1", "2", "3", "--capture-video", timeout=400)
+def build_finished_run(tmp_path_factory):
+    """All five phases at tiny budgets, with a video (shared by the smoke, contract and corruption tests)."""
+    from conftest import run_script_subprocess
+
+    run_dir = tmp_path_factory.mktemp("trex") / "run"
+    rc, out, err = run_script_subprocess(
+        SCRIPT,
+        "--run-dir",
+        run_dir,
+        *TINY,
+        "--demonstrator.total-timesteps",
+        "512",
+        "--policy.total-timesteps",
+        "256",
+        "--reward.num-pairs",
+        "40",
+        "--reward.batch-size",
+        "4",
+        "--reward.eval-every",
+        "5",
+        "--reward.epochs",
+        "2",
+        "--eval.episodes",
+        "2",
+        "--eval.seeds",
+        "1",
+        "2",
+        "3",
+        "--capture-video",
+        timeout=400,
+    )
     assert rc == 0, err[-3000:]
+    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
+    return run_dir
+
+
+def check_whole_pipeline_smoke(finished_run, run_script):
+    run_dir = finished_run
     snapshots = sorted((run_dir / "demonstrator").glob("ckpt_*.pt"))
     assert len(snapshots) >= 9  # the untrained policy + one per iteration (8 iterations)
     with np.load(run_dir / "demos.npz") as z:
         assert len(z["lengths"]) >= 12  # >= 12 demos even with fewer snapshots
         assert z["frames"].shape == ((z["lengths"] + 3).sum(), 84, 84)  # each frame once
         assert len(np.unique(z["checkpoint"])) == len(snapshots)
-    assert "best" in (run_dir / "demos_table.md").read_text()
-    for name in ("reward_model.pt", "reward_pred_vs_true.png", "learning_curve.png", "args.json",
-                 "checkpoints/policy.pt", "checkpoints/demonstrator.pt"):
+    for name in ("reward_model.pt", "reward_pred_vs_true.png", "learning_curve.png", "policy.pt"):
         assert (run_dir / name).stat().st_size > 0, name
-    assert list((run_dir / "videos").glob("*.mp4"))
+    assert json.loads((run_dir / "args.json").read_text())["script"] == SCRIPT
     res = json.loads((run_dir / "results.json").read_text())
     assert len(res["eval"]["per_seed"]) == 3 and all(len(p["returns"]) == 2 for p in res["eval"]["per_seed"])
-    for v in (res["trex_score"], res["demos"]["best"], res["demos"]["average"], res["reward"]["val_accuracy"],
-              res["reward"]["spearman"], res["reward"]["pearson"], res["reward"]["spearman_sigmoid"],
-              res["policy"]["sps"]):
+    for v in (res["trex_score"], res["demos"]["best"], res["reward"]["val_accuracy"], res["reward"]["spearman"]):
         assert math.isfinite(v)
     assert res["trex_score"] == max(p["mean"] for p in res["eval"]["per_seed"])
     assert res["policy"]["global_step"] == 256
-    tags = read_tags(run_dir)
-    assert {"charts/SPS", "charts/learning_rate", "losses/value_loss", "reward/val_accuracy",
-            "eval/episodic_return"} <= tags
+    assert {"charts/SPS", "losses/value_loss", "reward/val_accuracy", "eval/episodic_return"} <= read_tags(run_dir)
     assert "charts/episodic_return" in read_tags(run_dir / "demonstrator")
-    # a finished run dir is never overwritten
-    before = (run_dir / "results.json").read_bytes()
+    # a finished run dir is never overwritten: exit 0, nothing changed
+    before = {p: p.read_bytes() for p in run_dir.glob("*.json")}
     rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, timeout=60)
-    assert rc == 2 and "finished result" in err and len(err.strip().splitlines()) == 1
-    assert (run_dir / "results.json").read_bytes() == before
-    # --reward-model alone skips phases 1-3 (the benchmark's policy-phase command)
-    other = run_dir.parent / "policy_only"
-    rc, out, err = run_script(SCRIPT, "--run-dir", other, *TINY, "--reward-model", run_dir / "reward_model.pt",
-                              "--policy-total-timesteps", "128", "--stop-after", "policy", timeout=120)
-    assert rc == 0, err[-3000:]
-    assert not (other / "demonstrator").exists() and not (other / "demos.npz").exists()
-    assert torch.load(other / "checkpoints" / "policy.pt", weights_only=False)["state"]["global_step"] == 128
+    assert rc == 0 and "finished" in out and {p: p.read_bytes() for p in run_dir.glob("*.json")} == before
 
 
-def write_random_demos(path: Path, returns, length=40, seed=0):
-    rng = np.random.default_rng(seed)
-    n = len(returns)
-    np.savez_compressed(path, frames=rng.integers(0, 255, (n * (length + 3), 84, 84), dtype=np.uint8),
-                        lengths=np.full(n, length), returns=np.asarray(returns, dtype=float))
+def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch):
+    import cv2
+
+    videos = sorted((finished_run / "videos").glob("*.webm"))
+    assert len(videos) == 3
+    capture = cv2.VideoCapture(str(videos[0]))
+    assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90"
+    assert capture.read()[0]
+    # the five lines of docs/CONTRACT.md
+    monkeypatch.chdir(finished_run.parent)
+    import trex_ppo_atari as script
+
+    policy = script.load_policy("run/policy.pt")
+    envs = script.make_policy_envs(policy, num_envs=1)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    assert actions.shape == (1,) and envs.single_action_space.contains(int(actions[0]))
+    assert not policy.training and policy.env_id == "BreakoutNoFrameskip-v4"
+    envs.close()
+    # --eval-only: a new numbered file each time, results.json untouched
+    before = (finished_run / "results.json").read_bytes()
+    for number in (1, 2):
+        rc, out, err = run_script(SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--eval.seeds", "7")
+        assert rc == 0, err[-2000:]
+        ev = json.loads((finished_run / "evaluations" / f"eval_{number:03d}.json").read_text())
+        assert ev["env_id"] == "BreakoutNoFrameskip-v4" and len(ev["eval"]["per_seed"][0]["returns"]) == 1
+    assert (finished_run / "results.json").read_bytes() == before
+
+
+def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
+    """Every file of a finished run dir, truncated or replaced by random bytes, then the resume command (results.json
+    removed, --stop-after policy so nothing is evaluated): exit 2 naming the file, or 0 -- never a traceback."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("evaluations"))
+    (run_dir / "results.json").unlink()
+    command = ["--run-dir", str(run_dir), *TINY, "--demonstrator.total-timesteps", "512"]
+    command += ["--policy.total-timesteps", "256", "--stop-after", "policy"]
+    names = {"exit 2": [], "redo": []}
+    read_on_resume = ("args.json", "demos.npz", "reward_model.pt", "demonstrator.pt", "policy.pt")
+    for index, path in enumerate(sorted(p for p in run_dir.rglob("*") if p.is_file())):
+        original = path.read_bytes()
+        # both damages for the files a resume reads; one of the two, alternating, for the rest
+        for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
+            corrupt_file(path, how)
+            try:
+                trex.main(trex.parse_args(command))
+                names["redo"].append(path.name)
+            except SystemExit:
+                line = one_line_exit_2(lambda: trex.main(trex.parse_args(command)))
+                assert path.name in line, line
+                names["exit 2"].append(path.name)
+            path.write_bytes(original)
+    assert set(read_on_resume) <= set(names["exit 2"])
+    assert not (run_dir / "results.json").exists()
+    # --eval-only reads args.json and policy.pt
+    for name in ("args.json", "policy.pt"):
+        original = (run_dir / name).read_bytes()
+        corrupt_file(run_dir / name, "random")
+        assert name in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(run_dir)])))
+        (run_dir / name).write_bytes(original)
+    (run_dir / "results.json").write_text("{not json")  # the finished marker itself
+    assert "results.json" in one_line_exit_2(lambda: trex.main(trex.parse_args(command)))
+
+
+@pytest.mark.slow
+def test_finished_run_artifacts_contract_and_corrupt_files(tmp_path_factory, monkeypatch, run_script, tmp_path):
+    """One tiny run of the whole command (it takes most of this file's time), then every check that needs it."""
+    finished_run = build_finished_run(tmp_path_factory)
+    check_whole_pipeline_smoke(finished_run, run_script)
+    check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch)
+    check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path)
+
+
+@pytest.mark.slow
+def test_same_seed_and_threads_give_identical_weights(tmp_path):
+    """Issue 16: two runs of the same command give the same reward model and the same policy weights."""
+    demos = tmp_path / "demos.npz"
+    write_random_demos(demos, [0, 1, 2, 3])
+    weights = []
+    for name in ("a", "b"):
+        cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(tmp_path / name), "--demos", str(demos)]
+        cmd += [*TINY, *TINY_REWARD, "--policy.total-timesteps", "256", "--stop-after", "policy", "--seed", "3"]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        reward = torch.load(tmp_path / name / "reward_model.pt", weights_only=False)["state_dict"]
+        policy = torch.load(tmp_path / name / "policy.pt", weights_only=True)["state_dict"]
+        weights.append((reward, policy))
+    for first, second in zip(*weights):
+        assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
 
 
 @pytest.mark.slow
 def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
-    """SIGTERM in the middle of PPO: the re-run skips the finished reward phase and continues PPO from the saved
-    iteration to the end of the budget."""
+    """SIGTERM in the middle of PPO: exit 130; the re-run skips the finished reward phase and continues PPO from the
+    saved iteration to the end of the budget."""
     demos = tmp_path / "demos.npz"
     write_random_demos(demos, [0, 1, 2, 3])
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(run_dir), "--demos", str(demos), *TINY,
-           "--reward-num-pairs", "20", "--reward-batch-size", "4", "--reward-min-len", "10", "--reward-max-len", "20",
-           "--policy-total-timesteps", "1920", "--checkpoint-every", "1", "--stop-after", "policy"]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(run_dir), "--demos", str(demos), *TINY]
+    cmd += [*TINY_REWARD, "--policy.total-timesteps", "1920", "--checkpoint-every", "1", "--stop-after", "policy"]
     ckpt = run_dir / "checkpoints" / "policy.pt"
     rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=240)
-    assert rc == 128 + signal.SIGTERM, err[-2000:]
-    assert "resume" in err
+    assert rc == 130, err[-2000:]
+    assert "re-run the same command to resume" in err
+    assert (run_dir / "learning_curve.png").exists()  # plotted during training
     state = torch.load(ckpt, weights_only=False)["state"]
     k = state["iteration"]
     assert 1 <= k < 30 and not state["done"] and state["global_step"] == k * 64
     reward_mtime = (run_dir / "reward_model.pt").stat().st_mtime_ns
 
-    rc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert rc.returncode == 0, rc.stderr[-2000:]
-    assert f"resuming at iteration {k} / 30" in rc.stdout
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"resuming at iteration {k} / 30" in proc.stdout
     assert (run_dir / "reward_model.pt").stat().st_mtime_ns == reward_mtime  # phase 3 was not redone
     final = torch.load(ckpt, weights_only=False)["state"]
     assert final["done"] and final["iteration"] == 30 and final["global_step"] == 1920
     assert not (run_dir / "results.json").exists()  # --stop-after policy
 
     # a larger budget extends the finished policy phase (no results.json yet); the same budget leaves it alone
-    longer = [*cmd, "--policy-total-timesteps", "2048"]  # the last occurrence of a flag wins
-    rc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert rc.returncode == 0 and "extending the finished phase at iteration 30 / 32" in rc.stdout, rc.stderr[-2000:]
+    longer = [*cmd, "--policy.total-timesteps", "2048"]  # the last occurrence of a flag wins
+    proc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "extending the finished phase at iteration 30 / 32" in proc.stdout, proc.stderr
     final = torch.load(ckpt, weights_only=False)["state"]
     assert final["done"] and final["iteration"] == 32 and final["global_step"] == 2048
-    rc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert rc.returncode == 0 and "extending" not in rc.stdout and "resuming" not in rc.stdout
+    proc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "extending" not in proc.stdout and "resuming" not in proc.stdout
+
+
+def test_non_finite_reward_loss_exits_3(tmp_path, monkeypatch, capsys):
+    demos = tmp_path / "demos.npz"
+    write_random_demos(demos, [0, 1, 2])
+    monkeypatch.setattr(trex, "trex_loss", lambda ra, rb, label: (ra.sum() + rb.sum()) * float("nan"))
+    args = trex.parse_args(["--run-dir", str(tmp_path / "run"), "--demos", str(demos), *TINY_REWARD])
+    args.reward.eval_every = 1
+    with pytest.raises(SystemExit) as exit_info:
+        trex.main(args)
+    assert exit_info.value.code == 3 and "non-finite loss at step 1" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------- bad input
-def test_unknown_env_id_exits_2_with_close_matches(run_dir, run_script):
-    rc, out, err = run_script(SCRIPT, "--env-id", "BreakotNoFrameskip-v4", "--run-dir", run_dir, timeout=60)
-    assert rc == 2
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert "BreakoutNoFrameskip-v4" in err
-    assert not run_dir.exists()
+# Values of the generated cases that are valid, with their documented meaning (the test checks they validate).
+DOCUMENTED_VALID = {
+    ("--seed", "0"),
+    ("--torch-threads", "0"),
+    ("--env.sticky-actions", "0"),
+    ("--env.sticky-actions", "-1"),
+    ("--env.noop-max", "0"),
+    ("--ppo.gamma", "0"),
+    ("--ppo.gae-lambda", "0"),
+    ("--ppo.ent-coef", "0"),
+    ("--ppo.vf-coef", "0"),
+    ("--ppo.max-grad-norm", "0"),
+    ("--demonstrator.return-ceiling", "0"),
+    ("--demonstrator.return-ceiling", "-1"),
+    ("--demonstrator.snapshot-every", "0"),
+    ("--reward.mask-top", "0"),
+    ("--reward.mask-top", "-1"),
+    ("--reward.mask-bottom", "0"),
+    ("--reward.mask-bottom", "-1"),
+    ("--reward.weight-decay", "0"),
+}
 
 
-def _bad_demos(kind: str, path: Path):
-    if kind == "not_npz":
-        path.write_text("hello")
-    elif kind == "missing_key":
-        np.savez(path, frames=np.zeros((50, 84, 84), np.uint8), lengths=np.array([47]))
-    elif kind == "too_small":
-        write_random_demos(path, [1.0], length=40)
-    elif kind == "frame_count":
-        np.savez(path, frames=np.zeros((50, 84, 84), np.uint8), lengths=np.array([20, 20]), returns=np.array([1, 2.0]))
-    elif kind == "all_equal":
-        write_random_demos(path, [3.0, 3.0, 3.0])
+def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path):
+    run_dir = tmp_path / "run"
+    defaults = trex.parse_args(["--run-dir", str(run_dir)])
+    cases = numeric_flag_cases(trex.Args)
+    assert len(cases) >= 4 * 40 and ("--reward.min-len", "0") in cases
+    for flag, value in cases:
+        args = copy.deepcopy(defaults)
+        if not apply_flag(args, flag, value):  # NaN for an int: the parser's one-line error
+            assert flag in one_line_exit_2(lambda: trex.parse_args([flag, value]))
+        elif (flag, value) in DOCUMENTED_VALID:
+            trex.validate(args)
+        else:
+            line = one_line_exit_2(lambda: trex.main(args))
+            assert flag in line, (flag, value, line)
+        assert not run_dir.exists()
 
 
-@pytest.mark.parametrize(("kind", "fix"), [
-    ("not_npz", "pass an .npz"), ("missing_key", "lacks"), ("too_small", "too small"),
-    ("frame_count", "n + 3 frames"), ("all_equal", "same return"),
-])
-def test_bad_demos_exit_2_before_any_work(kind, fix, run_dir, tmp_path, capsys):
-    path = tmp_path / "bad.npz"
-    _bad_demos(kind, path)
-    with pytest.raises(SystemExit) as e:
-        trex.main(trex.Args(demos=str(path), run_dir=str(run_dir)))
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and fix in err
-    assert not run_dir.exists()
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--reward.min-len", "60", "--reward.max-len", "50"], "--reward.min-len must not exceed"),
+        (["--ppo.num-envs", "3", "--ppo.num-steps", "3", "--ppo.num-minibatches", "2"], "multiple of"),
+        (["--policy.total-timesteps", "100"], "below one rollout"),
+        (["--reward.mask-top", "50", "--reward.mask-bottom", "40"], "hide the whole frame"),
+        (["--eval.seeds"], "--eval.seeds"),
+        (["--ppo.num-envs", "2.5"], "--ppo.num-envs"),
+    ],
+)
+def test_rules_between_flags_and_parse_errors_are_one_line(argv, needle, tmp_path):
+    line = one_line_exit_2(lambda: trex.main(trex.parse_args([*argv, "--run-dir", str(tmp_path / "run")])))
+    assert needle in line and not (tmp_path / "run").exists()
 
 
-def test_unwritable_run_dir_and_bad_reward_model_exit_2(tmp_path, capsys):
+ENV_IDS = {
+    "HalfCheetah-v5": "not an Atari game",
+    "CartPole-v1": "not an Atari game",
+    "BreakoutNoFrameskip-v0": "ALE/Breakout-v5",
+    "Breakout-v4": "BreakoutNoFrameskip-v4",
+    "BreakoutDeterministic-v4": "BreakoutNoFrameskip-v4",
+    "ALE/Breakout-v4": "ALE/Breakout-v5",
+    "Breakout-v5": "ALE/Breakout-v5",
+    "breakout": "BreakoutNoFrameskip-v4",
+    "BreakotNoFrameskip-v4": "BreakoutNoFrameskip-v4",
+    "ALE/Breakot-v5": "did you mean BreakoutNoFrameskip-v4",
+}
+
+
+def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path):
+    for env_id, fix in ENV_IDS.items():
+        line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--env-id", env_id, "--run-dir", str(tmp_path)])))
+        assert fix in line, (env_id, line)
+
+
+def valid_demo_arrays() -> dict:
+    rng, lengths = np.random.default_rng(0), np.array([12, 15, 11])
+    frames = rng.integers(0, 255, ((lengths + 3).sum(), 84, 84), dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(lengths + 3)[:-1]])
+    return {"frames": frames, "lengths": lengths, "returns": np.array([1.0, 3.0, 2.0]), "offsets": offsets}
+
+
+def test_demos_file_mutated_key_by_key(tmp_path):
+    valid = valid_demo_arrays() | {"actions": np.zeros(38, dtype=np.int64), "checkpoint": np.array([0, 5, 9])}
+    np.savez(tmp_path / "valid.npz", **valid)
+    trex.load_demos(str(tmp_path / "valid.npz"), "demos")
+    optional = {"offsets", "actions", "checkpoint"}
+    for key, how, arrays in mutated_arrays(valid):
+        path = tmp_path / f"{key}_{how.replace(' ', '_')}.npz"
+        np.savez(path, **arrays)
+        argv = ["--demos", str(path), "--run-dir", str(tmp_path / "run")]
+        if how == "dropped" and key in optional:
+            trex.validate(trex.parse_args(argv))
+            continue
+        line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv)))
+        assert f"'{key}'" in line, (key, how, line)
+        assert not (tmp_path / "run").exists()
+    (tmp_path / "text.npz").write_text("hello")
+    assert "cannot read" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--demos", str(tmp_path / "text.npz")])))
+
+
+def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    for saved, needle in (
+        ({"script": "rnd_ppo_atari.py", "env_id": "BreakoutNoFrameskip-v4"}, "not made by trex_ppo_atari.py"),
+        ({"script": SCRIPT, "env_id": "PongNoFrameskip-v4"}, "holds a run on PongNoFrameskip-v4"),
+        ({"env_id": "BreakoutNoFrameskip-v4", "num_envs": 8}, "not made by"),
+    ):
+        (other / "args.json").write_text(json.dumps(saved))
+        assert needle in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", str(other)])))
+    (other / "args.json").unlink()
+    (other / "notes.txt").write_text("mine")
+    assert "no args.json" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", str(other)])))
+    assert "cannot write" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", "/proc/trex_run"])))
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    with pytest.raises(SystemExit) as e:
-        trex.main(trex.Args(run_dir=str(blocker / "run")))
-    assert e.value.code == 2 and "writable --run-dir" in capsys.readouterr().err
-    bad = tmp_path / "model.pt"
-    bad.write_text("not a model")
-    with pytest.raises(SystemExit) as e:
-        trex.main(trex.Args(reward_model=str(bad), run_dir=str(tmp_path / "run")))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "reward_model.pt" in err
-    assert not (tmp_path / "run").exists()
+    assert "a_file" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", str(blocker / "run")])))
+    bad_model = tmp_path / "model.pt"
+    bad_model.write_bytes(b"not a model")
+    line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--reward-model", str(bad_model)])))
+    assert "model.pt" in line and "reward model" in line
+    assert "no policy.pt" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(other)])))
+
+
+def test_help_is_grouped_by_phase(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        trex.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for group in ("env", "ppo", "demonstrator", "collect", "reward", "policy", "eval"):
+        assert f"{group} options" in text, group
+    assert "--batch-size" not in text and "--minibatch-size" not in text  # derived values are not flags
+
+
+def test_stale_tmp_files_are_removed_and_writes_are_atomic(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "BreakoutNoFrameskip-v4"}))
+    stale = [run_dir / "checkpoints" / "policy.pt.tmp", run_dir / "videos.webm.tmp.webm"]
+    for p in stale:
+        p.write_bytes(b"half a write")
+    demos = tmp_path / "demos.npz"
+    write_random_demos(demos, [0, 1, 2])
+    argv = ["--run-dir", str(run_dir), "--demos", str(demos), *TINY_REWARD, "--stop-after", "demos"]
+    trex.main(trex.parse_args(argv))
+    assert not any(p.exists() for p in stale)
+    assert (run_dir / "demos.npz").exists() and not list(run_dir.rglob("*.tmp*"))
