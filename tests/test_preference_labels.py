@@ -60,12 +60,12 @@ def test_add_clip_saves_arrays_and_renders_the_clip_once(store):
 
     gif = Image.open(store.clips_dir / info["media"])
     assert gif.format == "GIF" and gif.info["loop"] == 0
-    # The T frames the agent acted on (frames[stack-1:]), upscaled 4x with nothing lost (grey fits the palette).
-    assert gif.size == (336, 336)
+    # The T frames the agent acted on (frames[stack-1:]), nothing lost (grey fits the palette).
+    assert gif.size == (84, 84)
     shown = []
     for i in range(gif.n_frames):
         gif.seek(i)
-        shown.append(np.asarray(gif.convert("L"))[::4, ::4])
+        shown.append(np.asarray(gif.convert("L")))
     np.testing.assert_array_equal(np.stack(shown), frames[3:])
     assert store.clip_ids() == [cid]
 
@@ -95,7 +95,8 @@ def test_gif_frame_durations_average_the_game_speed():
     # 30 frames at 15 fps = 2,000 ms, plus the held last frame.
     assert sum(durations) == 2000 + labels.CLIP_HOLD_LAST_MS
     assert set(durations[:-1]) <= {60, 70}
-    assert Image.open(io.BytesIO(png)).size == (336, 336)
+    assert Image.open(io.BytesIO(png)).size == (84, 84)
+    assert Image.open(io.BytesIO(labels.render_clip_gif(make_frames(3, 1), scale=2)[0])).size == (168, 168)
 
 
 def test_answer_once_then_stale_unknown_and_bad_answers(store):
@@ -598,17 +599,20 @@ def shown_query(driver) -> int | None:
     return int(value) if value else None
 
 
-def clip_loaded_width(driver, element_id: str) -> int:
+def clip_loaded_width(driver, element_id: str) -> list:
+    """[the clip's own width, its width on screen] once loaded, else [0, 0]."""
     return driver.execute_script(
-        "const img = document.getElementById(arguments[0]); return img.complete ? img.naturalWidth : 0;", element_id
+        "const img = document.getElementById(arguments[0]);"
+        "return img.complete && img.naturalWidth ? [img.naturalWidth, img.clientWidth] : [0, 0];",
+        element_id,
     )
 
 
 def assert_clips_playing(driver, ids=("clip-left", "clip-right")):
-    """Each clip is loaded (336 px wide) and playing: what the browser paints in its place changes over time.
+    """Each clip is loaded (84 px, shown 336 px wide) and playing: what the browser paints for it changes over time.
     (A canvas cannot tell: drawImage always draws an animated image's first frame.)"""
     for element_id in ids:
-        wait_for(lambda: clip_loaded_width(driver, element_id) == 336, what=f"{element_id} to load")
+        wait_for(lambda: clip_loaded_width(driver, element_id) == [84, 336], what=f"{element_id} to load")
         element = driver.find_element("id", element_id)
         first = element.screenshot_as_png
         wait_for(lambda: element.screenshot_as_png != first, timeout=5, what=f"{element_id} to play")
