@@ -913,7 +913,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         if answered >= args.labels.pretrain:
             shared.hold.set()
             updates = math.ceil(args.reward.pretrain_epochs * teacher.num_examples() / args.reward.batch_size)
-            log.status("pretraining the reward model", answered)
+            log.status(f"pretraining the reward model on {answered} labels", answered, force=True)
             for done in range(0, updates, 50):
                 log.scalars(teacher.train(min(50, updates - done)), shared.steps)
                 if log.should_stop():
@@ -1084,8 +1084,8 @@ class RunLog:
         for key, value in stats.items():
             self.writer.add_scalar(key, value, step)
 
-    def status(self, doing: str, answered: int):
-        if self.teacher is None or time.time() - self.last_status < 1.0:
+    def status(self, doing: str, answered: int, force: bool = False):
+        if self.teacher is None or (time.time() - self.last_status < 1.0 and not force):
             return
         self.last_status = time.time()
         self.teacher.store.set_status(self.args.exp_name, {"labels": answered, "budget": self.args.labels.budget,
