@@ -1,8 +1,10 @@
-"""Tests of rnd_ppo_atari.py: the RND math against hand computations, a novelty behaviour test, a smoke run,
-a 2-rank torchrun run, resume after SIGTERM and the documented bad inputs."""
+"""Tests of rnd_ppo_atari.py: the RND math against hand computations, a novelty behaviour test, a smoke run, a 2-rank
+torchrun run, the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducibility), resume after
+SIGTERM and generated bad input."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -15,15 +17,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    REPO_ROOT,
+    apply_flag,
+    corrupt_file,
+    numeric_flag_cases,
+    one_line_exit_2,
+    subprocess_env,
+)
 
 import rnd_ppo_atari as rnd
-from conftest import REPO_ROOT, subprocess_env
 
 SCRIPT = "rnd_ppo_atari.py"
 # Tiny budgets: 4 envs x 16 steps per iteration, episodes capped at 100 agent steps, one short evaluation.
-TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1",
-        "--num-iterations-obs-norm-init", "1", "--max-episode-frames", "400", "--eval-episodes", "1",
-        "--no-progress-bar"]
+TINY = ["--ppo.num-envs", "4", "--ppo.num-steps", "16", "--ppo.num-minibatches", "2", "--ppo.update-epochs", "1"]
+TINY += ["--rnd.num-iterations-obs-norm-init", "1", "--env.max-episode-frames", "400", "--eval.episodes", "1"]
+TINY += ["--no-progress-bar"]
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -59,12 +68,14 @@ def test_intrinsic_reward_divided_by_std_of_all_filtered_values():
     rewards = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
     filtered, _ = rnd.discounted_reward_filter(rewards, torch.zeros(2), gamma=0.5)
     rms = rnd.RunningMeanStd((), "cpu")
-    rms.update(filtered.reshape(-1), rnd.World())
+    normalised, state = rnd.intrinsic_rewards(rewards, torch.zeros(2), rms, 0.5, rnd.World())
     values = np.array([1.0, 2.5, 4.25, 10.0, 25.0, 42.5])  # all T*N filtered values, count 6 (not N or T)
     assert rms.count == pytest.approx(6 + 1e-4)
     assert rms.var.item() == pytest.approx(values.var(), rel=1e-3)
-    normalised = rewards / torch.sqrt(rms.var.float())  # no mean subtraction
-    torch.testing.assert_close(normalised, rewards / math.sqrt(values.var()), rtol=1e-3, atol=1e-4)
+    # no mean subtraction: divided by std(filtered values) = 14.9739
+    expected = [[1 / 14.9739, 10 / 14.9739], [2 / 14.9739, 20 / 14.9739], [3 / 14.9739, 30 / 14.9739]]
+    torch.testing.assert_close(normalised, torch.tensor(expected), rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(state, filtered[-1])
 
 
 def test_merge_moments_matches_numpy_on_concatenated_data():
@@ -127,12 +138,10 @@ def test_ppo_policy_loss_clips_the_ratio():
     assert approx_kl.item() == pytest.approx(((0.5 - math.log(1.5)) + (-0.5 - math.log(0.5))) / 2)
 
 
-def test_env_ids_map_to_roms_and_unknown_ids_name_close_matches():
-    assert rnd.rom_name("MontezumaRevengeNoFrameskip-v4") == "montezuma_revenge"
-    assert rnd.rom_name("ALE/MontezumaRevenge-v5") == "montezuma_revenge"
-    assert rnd.check_env_id("ALE/MsPacman-v5") == "ms_pacman"
-    with pytest.raises(rnd.UsageError, match="MontezumaRevengeNoFrameskip-v4"):
-        rnd.check_env_id("MontezumasRevengeNoFrameskip-v4")
+def test_env_ids_map_to_roms():
+    assert rnd.resolve_env_id("MontezumaRevengeNoFrameskip-v4") == "montezuma_revenge"
+    assert rnd.resolve_env_id("ALE/MontezumaRevenge-v5") == "montezuma_revenge"
+    assert rnd.resolve_env_id("ALE/MsPacman-v5") == "ms_pacman"
 
 
 def test_policy_and_gru_shapes_and_state_reset():
@@ -159,10 +168,14 @@ def test_predictor_training_makes_familiar_frames_less_rewarding_than_novel_ones
     model = rnd.RNDModel()
     opt = torch.optim.Adam(model.predictor.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1)
+
     # "rooms": smooth blobs at different positions, as uint8 frames, whitened by their own statistics
     def frames(centres):
         yy, xx = torch.meshgrid(torch.arange(84.0), torch.arange(84.0), indexing="ij")
-        return torch.stack([(255 * torch.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / 120.0)).to(torch.uint8) for cy, cx in centres])
+        return torch.stack(
+            [(255 * torch.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / 120.0)).to(torch.uint8) for cy, cx in centres]
+        )
+
     seen = frames([(20, 20), (20, 60), (40, 40), (60, 20)])
     novel = frames([(60, 60), (75, 10), (10, 75), (45, 75)])
     mean, var = seen.float().mean(0), seen.float().var(0) + 25.0
@@ -181,51 +194,179 @@ def test_predictor_training_makes_familiar_frames_less_rewarding_than_novel_ones
     assert all(p.grad is None for p in model.target.parameters())  # the target stays fixed
 
 
+def test_gru_policy_act_keeps_and_resets_its_state():
+    torch.manual_seed(0)
+    agent = rnd.Agent(4, rnn_hidden_layers=1).eval()
+    obs = np.random.default_rng(0).integers(0, 255, (2, 4, 84, 84), dtype=np.uint8)
+    agent.act(obs)
+    carried = agent.act_state.clone()
+    assert carried.abs().sum() > 0
+    agent.act(obs, first=np.array([True, False]))
+    state_after_reset = agent.act_state
+    agent.act_state = None
+    agent.act(obs)  # a fresh start: as if every env started an episode
+    torch.testing.assert_close(state_after_reset[:, 0], agent.act_state[:, 0])
+    assert not torch.allclose(state_after_reset[:, 1], agent.act_state[:, 1])
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# Subprocess runs of the real command
+# Subprocess runs of the real command, and the user contract
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_smoke_run_writes_all_artifacts(run_script, run_dir):
-    rc, out, err = run_script(SCRIPT, "--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--total-timesteps", "192",
-                              "--capture-video", "--run-dir", run_dir, timeout=240)
+def build_finished_run(tmp_path_factory):
+    from conftest import run_script_subprocess
+
+    run_dir = tmp_path_factory.mktemp("rnd") / "run"
+    rc, out, err = run_script_subprocess(
+        SCRIPT,
+        "--env-id",
+        "MontezumaRevengeNoFrameskip-v4",
+        *TINY,
+        "--ppo.total-timesteps",
+        "192",
+        "--capture-video",
+        "--run-dir",
+        run_dir,
+        timeout=240,
+    )
     assert rc == 0, err[-3000:]
+    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
+    return run_dir
+
+
+def check_smoke_run_writes_all_artifacts(finished_run, run_script):
+    run_dir = finished_run
     res = json.loads((run_dir / "results.json").read_text())
     for key in ("eval_mean_return", "eval_std_return", "global_step", "sps", "visited_rooms"):
         assert math.isfinite(res[key]), key
     assert res["global_step"] == 192 and res["iterations"] == 3 and res["frames"] == 768
     assert res["visited_rooms"] >= 1 and res["eval_lengths"][0] <= 100  # RAM[3] rooms; 400-frame cap = 100 steps
-    assert json.loads((run_dir / "args.json").read_text())["batch_size"] == 64
+    saved = json.loads((run_dir / "args.json").read_text())
+    assert (
+        saved["script"] == SCRIPT and saved["env_id"] == "MontezumaRevengeNoFrameskip-v4" and saved["batch_size"] == 64
+    )
     assert [p.name for p in rnd.checkpoint_paths(run_dir)] == ["ckpt_00000003.pt"]
     ckpt = torch.load(rnd.checkpoint_paths(run_dir)[0], weights_only=False)
     assert {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "rng", "global_step"} <= set(ckpt)
     assert ckpt["obs_rms"]["count"] > 16 * 4 * 3  # warm-up (64 frames) + 3 rollouts of next frames
     tags = scalars(run_dir)
-    for tag in ("charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "rnd/predictor_loss",
-                "rnd/intrinsic_reward", "rnd/intrinsic_return", "rnd/extrinsic_return", "charts/visited_rooms",
-                "eval/episodic_return"):
+    for tag in (
+        "charts/SPS",
+        "charts/learning_rate",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "rnd/predictor_loss",
+        "rnd/intrinsic_reward",
+        "rnd/intrinsic_return",
+        "rnd/extrinsic_return",
+        "charts/visited_rooms",
+        "eval/episodic_return",
+    ):
         assert tag in tags and all(math.isfinite(v) for _, v in tags[tag]), tag
     assert [s for s, _ in tags["charts/SPS"]] == [128, 192]  # SPS starts after the first iteration
     assert (run_dir / "curves.png").stat().st_size > 1000
-    assert list((run_dir / "videos").glob("*.mp4"))
-    # a finished run is never overwritten
+    # a finished run is never overwritten: exit 0, nothing changed
     before = (run_dir / "results.json").read_bytes()
-    rc, out, err = run_script(SCRIPT, "--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--total-timesteps", "192",
-                              "--run-dir", run_dir, timeout=60)
-    assert rc == 2 and "new --run-dir" in err and len(err.strip().splitlines()) == 1
+    rc, out, err = run_script(SCRIPT, "--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--run-dir", run_dir)
+    assert rc == 0 and "finished" in out, err
     assert (run_dir / "results.json").read_bytes() == before
+
+
+def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch):
+    import cv2
+
+    capture = cv2.VideoCapture(str(next((finished_run / "videos").glob("*.webm"))))
+    assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90" and capture.read()[0]
+    # the five lines of docs/CONTRACT.md
+    monkeypatch.chdir(finished_run.parent)
+    import rnd_ppo_atari as script
+
+    policy = script.load_policy("run/policy.pt")
+    envs = script.make_policy_envs(policy, num_envs=1)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    assert actions.shape == (1,) and envs.single_action_space.contains(int(actions[0]))
+    assert not policy.training and policy.env_id == "MontezumaRevengeNoFrameskip-v4"
+    envs.close()
+    before = (finished_run / "results.json").read_bytes()
+    for number in (1, 2):
+        rc, out, err = run_script(SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--capture-video")
+        assert rc == 0, err[-2000:]
+        ev = json.loads((finished_run / "evaluations" / f"eval_{number:03d}.json").read_text())
+        assert len(ev["eval_returns"]) == 1 and ev["env_id"] == "MontezumaRevengeNoFrameskip-v4"
+    assert (finished_run / "videos" / "eval_002.webm").exists()
+    assert (finished_run / "results.json").read_bytes() == before
+
+
+def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
+    """Every file of a finished run dir, truncated or replaced by random bytes, then the resume command (results.json
+    removed; the budget is reached, so only the final step runs): exit 2 naming the file, or 0 -- never a traceback."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir, ignore=shutil.ignore_patterns("evaluations", "videos"))
+    (run_dir / "results.json").unlink()
+    command = ["--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "192"]
+    command += ["--eval.episodes", "0", "--run-dir", str(run_dir)]
+    exit_2 = []
+    read_on_resume = ("args.json", "ckpt_00000003.pt")
+    for index, path in enumerate(sorted(p for p in run_dir.rglob("*") if p.is_file())):
+        original = path.read_bytes()
+        # both damages for the files a resume reads; one of the two, alternating, for the rest
+        for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
+            corrupt_file(path, how)
+            try:
+                rnd.main(rnd.parse_args(command))
+            except SystemExit:
+                line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(command)))
+                assert path.name in line, line
+                exit_2.append(path.name)
+            (run_dir / "results.json").unlink(missing_ok=True)
+            path.write_bytes(original)
+    assert set(read_on_resume) <= set(exit_2)
+    for name in ("args.json", "policy.pt"):
+        original = (run_dir / name).read_bytes()
+        corrupt_file(run_dir / name, "random")
+        assert name in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(run_dir)])))
+        (run_dir / name).write_bytes(original)
+    (run_dir / "results.json").write_text("{not json")
+    assert "results.json" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(command)))
+
+
+@pytest.mark.slow
+def test_finished_run_artifacts_contract_and_corrupt_files(tmp_path_factory, monkeypatch, run_script, tmp_path):
+    """One tiny run of the whole command (it takes most of this file's time), then every check that needs it."""
+    finished_run = build_finished_run(tmp_path_factory)
+    check_smoke_run_writes_all_artifacts(finished_run, run_script)
+    check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch)
+    check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path)
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_weights(tmp_path):
+    """Issue 16: the same command twice (one torch thread) gives the same weights and the same evaluation."""
+    outputs = []
+    for name in ("a", "b"):
+        cmd = [sys.executable, SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "128"]
+        cmd += ["--seed", "5", "--run-dir", str(tmp_path / name)]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        policy = torch.load(tmp_path / name / "policy.pt", weights_only=True)["state_dict"]
+        predictor = torch.load(rnd.checkpoint_paths(tmp_path / name)[-1], weights_only=False)["rnd"]
+        outputs.append((policy, predictor, json.loads((tmp_path / name / "results.json").read_text())["eval_returns"]))
+    (pa, ra, ea), (pb, rb, eb) = outputs
+    assert all(torch.equal(pa[k], pb[k]) for k in pa) and all(torch.equal(ra[k], rb[k]) for k in ra) and ea == eb
 
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_end_with_identical_weights(run_dir):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", SCRIPT, "--env-id", "BreakoutNoFrameskip-v4",
-           "--num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "2",
-           "--num-iterations-obs-norm-init", "1", "--total-timesteps", "64", "--eval-episodes", "0",
-           "--rnn-hidden-layers", "1", "--no-progress-bar", "--run-dir", str(run_dir)]
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", SCRIPT, "--env-id", "BreakoutNoFrameskip-v4"]
+    cmd += ["--ppo.num-envs", "2", "--ppo.num-steps", "8", "--ppo.num-minibatches", "2", "--ppo.update-epochs", "2"]
+    cmd += ["--rnd.num-iterations-obs-norm-init", "1", "--ppo.total-timesteps", "64", "--eval.episodes", "0"]
+    cmd += ["--policy.rnn-hidden-layers", "1", "--no-progress-bar", "--run-dir", str(run_dir)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((run_dir / "results.json").read_text())
     assert res["world_size"] == 2 and res["global_step"] == 64 and res["iterations"] == 2 and res["policy"] == "gru"
+    assert res["visited_rooms"] is None  # rooms are a Montezuma/Pitfall metric only
     sums = res["rank_param_checksums"]
     assert len(sums) == 2 and sums[0] == sums[1]  # gradients all-reduced: same weights on both ranks
     assert res["rank_obs_checksums"][0] != res["rank_obs_checksums"][1]  # ...from different envs/seeds
@@ -235,24 +376,37 @@ def test_torchrun_two_ranks_end_with_identical_weights(run_dir):
 
 @pytest.mark.slow
 def test_resume_after_sigterm_continues_from_saved_iteration(run_dir):
-    args = [sys.executable, SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--checkpoint-every", "1",
-            "--keep-checkpoints", "2", "--run-dir", str(run_dir)]
-    proc = subprocess.Popen([*args, "--total-timesteps", "64000"], cwd=REPO_ROOT, env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [sys.executable, SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--checkpoint-every", "1"]
+    args += ["--keep-checkpoints", "2", "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(
+        [*args, "--ppo.total-timesteps", "64000"],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while not rnd.checkpoint_paths(run_dir) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
-    assert "stopped by signal" in out and not (run_dir / "results.json").exists()
+    assert proc.returncode == 130, err[-3000:]
+    assert "re-run the same command to resume" in err and not (run_dir / "results.json").exists()
+    assert (run_dir / "curves.png").exists()  # plotted during training
     saved = torch.load(rnd.checkpoint_paths(run_dir)[-1], weights_only=False)
     k = saved["iteration"]
     assert k >= 1 and saved["global_step"] == 64 * k
-    rc = subprocess.run([*args, "--total-timesteps", str(64 * (k + 2))], cwd=REPO_ROOT, env=subprocess_env(),
-                        capture_output=True, text=True, timeout=180)
+    rc = subprocess.run(
+        [*args, "--ppo.total-timesteps", str(64 * (k + 2))],
+        cwd=REPO_ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert rc.returncode == 0, rc.stderr[-3000:]
-    assert f"from iteration {k} (global step {64 * k})" in rc.stdout
+    assert f"resumed from iteration {k} (global step {64 * k})" in rc.stdout
     res = json.loads((run_dir / "results.json").read_text())
     assert res["iterations"] == k + 2 and res["global_step"] == 64 * (k + 2)
     assert [p.name for p in rnd.checkpoint_paths(run_dir)] == [f"ckpt_{k + 1:08d}.pt", f"ckpt_{k + 2:08d}.pt"]
@@ -262,10 +416,28 @@ def test_resume_after_sigterm_continues_from_saved_iteration(run_dir):
 
 @pytest.mark.slow
 def test_target_score_stops_plain_ppo_early(run_script, run_dir):
-    # --int-coef 0 is the paper's PPO baseline: no bonus, no predictor training
-    rc, out, err = run_script(SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--max-episode-frames", "40",
-                              "--target-score", "-1", "--target-score-window", "1", "--eval-episodes", "0",
-                              "--int-coef", "0", "--total-timesteps", "6400", "--run-dir", run_dir, timeout=120)
+    # --rnd.int-coef 0 is the paper's PPO baseline: no bonus, no predictor training
+    rc, out, err = run_script(
+        SCRIPT,
+        "--env-id",
+        "BreakoutNoFrameskip-v4",
+        *TINY,
+        "--env.max-episode-frames",
+        "40",
+        "--ppo.target-score",
+        "-1",
+        "--ppo.target-score-window",
+        "1",
+        "--eval.episodes",
+        "0",
+        "--rnd.int-coef",
+        "0",
+        "--ppo.total-timesteps",
+        "6400",
+        "--run-dir",
+        run_dir,
+        timeout=120,
+    )
     assert rc == 0, err[-3000:]
     res = json.loads((run_dir / "results.json").read_text())
     assert res["stop_reason"] == "target_score" and res["iterations"] == 1 and res["train_episodes_in_mean"] == 1
@@ -273,41 +445,141 @@ def test_target_score_stops_plain_ppo_early(run_script, run_dir):
     assert [v for _, v in tags["rnd/predictor_loss"]] == [0.0] and [v for _, v in tags["rnd/intrinsic_reward"]] == [0.0]
 
 
+def test_non_finite_loss_exits_3(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rnd, "ppo_policy_loss", lambda *a, **k: (torch.tensor(float("nan")),) * 3)
+    args = rnd.parse_args(["--env-id", "BreakoutNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "64"])
+    args.run_dir = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        rnd.main(args)
+    assert exit_info.value.code == 3 and "non-finite loss at iteration 1" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: exit 2, one line naming the fix, nothing written
 # ---------------------------------------------------------------------------------------------------------------
+# Values of the generated cases that are valid, with their documented meaning (the test checks they validate).
+DOCUMENTED_VALID = {
+    ("--seed", "0"),
+    ("--env.sticky-action-prob", "0"),
+    ("--env.env-threads", "0"),
+    ("--ppo.gamma", "0"),
+    ("--ppo.gae-lambda", "0"),
+    ("--ppo.ent-coef", "0"),
+    ("--ppo.vf-coef", "0"),
+    ("--ppo.max-grad-norm", "0"),
+    ("--ppo.target-score", "0"),
+    ("--ppo.target-score", "-1"),
+    ("--rnd.int-gamma", "0"),
+    ("--rnd.ext-coef", "0"),
+    ("--rnd.int-coef", "0"),
+    ("--rnd.num-iterations-obs-norm-init", "0"),
+    ("--policy.rnn-hidden-layers", "0"),
+    ("--eval.episodes", "0"),
+    ("--eval.every", "0"),
+}
+
+
+def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path):
+    run_dir = tmp_path / "run"
+    defaults = rnd.parse_args(["--run-dir", str(run_dir), "--ppo.total-timesteps", "1000000"])
+    cases = numeric_flag_cases(rnd.Args)
+    assert len(cases) >= 4 * 30 and ("--rnd.update-proportion", "0") in cases
+    for flag, value in cases:
+        args = copy.deepcopy(defaults)
+        if not apply_flag(args, flag, value):  # NaN for an int: the parser's one-line error
+            assert flag in one_line_exit_2(lambda: rnd.parse_args([flag, value]))
+        elif (flag, value) in DOCUMENTED_VALID:
+            rnd.validate(args, rnd.World())
+        else:
+            line = one_line_exit_2(lambda: rnd.main(args))
+            assert flag in line, (flag, value, line)
+        assert not run_dir.exists()
+
+
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        (["--env-id", "MontezumasRevengeNoFrameskip-v4"], "MontezumaRevengeNoFrameskip-v4"),
-        (["--num-envs", "6", "--num-minibatches", "4"], "multiple of num-minibatches"),
-        (["--total-timesteps", "100", "--num-envs", "4", "--num-steps", "32"], "raise --total-timesteps"),
-        (["--update-proportion", "0"], "--update-proportion"),
+        (["--ppo.num-envs", "6", "--ppo.num-minibatches", "4"], "multiple of num-minibatches"),
+        (
+            ["--ppo.total-timesteps", "100", "--ppo.num-envs", "4", "--ppo.num-steps", "32"],
+            "raise --ppo.total-timesteps",
+        ),
+        (["--ppo.num-envs", "2.5"], "--ppo.num-envs"),
+        (["--eval-only"], "--eval-only"),
     ],
 )
-def test_bad_arguments_exit_2_with_one_line_and_no_run_dir(run_script, run_dir, extra, needle):
-    rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, *extra, timeout=60)
-    assert rc == 2
-    assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert not run_dir.exists()
+def test_rules_between_flags_and_parse_errors_are_one_line(extra, needle, tmp_path):
+    line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", str(tmp_path / "run"), *extra])))
+    assert needle in line and not (tmp_path / "run").exists()
 
 
-def test_corrupt_snapshot_exits_2_and_names_the_file(run_script, run_dir):
+ENV_IDS = {
+    "HalfCheetah-v5": "not an Atari game",
+    "CartPole-v1": "not an Atari game",
+    "MontezumaRevenge-v0": "MontezumaRevengeNoFrameskip-v4",
+    "MontezumaRevengeDeterministic-v4": "ALE/MontezumaRevenge-v5",
+    "ALE/MontezumaRevenge-v4": "ALE/MontezumaRevenge-v5",
+    "MontezumaRevenge-v5": "ALE/MontezumaRevenge-v5",
+    "montezuma_revenge": "MontezumaRevengeNoFrameskip-v4",
+    "MontezumasRevengeNoFrameskip-v4": "did you mean MontezumaRevengeNoFrameskip-v4",
+}
+
+
+def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path):
+    for env_id, fix in ENV_IDS.items():
+        line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--env-id", env_id, "--run-dir", str(tmp_path)])))
+        assert fix in line, (env_id, line)
+
+
+def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    for saved, needle in (
+        ({"script": "trex_ppo_atari.py", "env_id": "MontezumaRevengeNoFrameskip-v4"}, "not made by rnd_ppo_atari.py"),
+        ({"script": SCRIPT, "env_id": "PongNoFrameskip-v4"}, "holds a run on PongNoFrameskip-v4"),
+        ({"env_id": "MontezumaRevengeNoFrameskip-v4", "num_envs": 8}, "not made by"),
+    ):
+        (other / "args.json").write_text(json.dumps(saved))
+        assert needle in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", str(other)])))
+    (other / "args.json").unlink()
+    (other / "notes.txt").write_text("mine")
+    assert "no args.json" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", str(other)])))
+    assert "cannot write" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", "/proc/rnd_run"])))
+    assert "no policy.pt" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(other)])))
+
+
+def test_corrupt_snapshot_exits_2_and_names_the_file(run_dir):
     (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "BreakoutNoFrameskip-v4"}))
     bad = run_dir / "checkpoints" / "ckpt_00000002.pt"
     bad.write_bytes(b"not a checkpoint")
-    rc, out, err = run_script(SCRIPT, "--env-id", "BreakoutNoFrameskip-v4", *TINY, "--total-timesteps", "128",
-                              "--run-dir", run_dir, timeout=60)
-    assert rc == 2 and str(bad) in err and "delete it" in err and len(err.strip().splitlines()) == 1
-    assert sorted(p.name for p in run_dir.rglob("*")) == ["checkpoints", "ckpt_00000002.pt"]
+    argv = ["--env-id", "BreakoutNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "128", "--run-dir", str(run_dir)]
+    line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(argv)))
+    assert str(bad) in line and "delete it" in line
+    assert sorted(p.name for p in run_dir.rglob("*")) == ["args.json", "checkpoints", "ckpt_00000002.pt"]
 
 
 def test_resume_with_a_different_network_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
-    saved = {"env_id": "MontezumaRevengeNoFrameskip-v4", "rnn_hidden_layers": 0, "rnn_hidden_size": 256}
-    torch.save({"agent": {}, "iteration": 3, "args": saved}, run_dir / "checkpoints" / "ckpt_00000003.pt")
-    ok = rnd.Args(run_dir=str(run_dir))
-    assert rnd.prepare_run(ok, rnd.World())[1]["iteration"] == 3
-    with pytest.raises(rnd.UsageError, match="--rnn-hidden-layers 0: resume with the same values"):
-        rnd.prepare_run(rnd.Args(run_dir=str(run_dir), rnn_hidden_layers=1), rnd.World())
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "MontezumaRevengeNoFrameskip-v4"}))
+    snapshot = {k: {} for k in ("agent", "rnd", "optimizer", "obs_rms", "reward_rms", "rng")}
+    snapshot |= {
+        "filter_state": torch.zeros(4),
+        "iteration": 3,
+        "config": {"rnn_hidden_layers": 0, "rnn_hidden_size": 256},
+    }
+    torch.save(snapshot, run_dir / "checkpoints" / "ckpt_00000003.pt")
+    assert rnd.validate_run_dir(rnd.parse_args(["--run-dir", str(run_dir)]))["ckpt"]["iteration"] == 3
+    args = rnd.parse_args(["--run-dir", str(run_dir), "--policy.rnn-hidden-layers", "1"])
+    assert "--policy.rnn-hidden-layers 0: resume with the same values" in one_line_exit_2(lambda: rnd.main(args))
+
+
+def test_help_is_grouped_by_phase(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        rnd.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for group in ("env", "ppo", "rnd", "policy", "eval"):
+        assert f"{group} options" in text, group
+    assert "--batch-size" not in text and "--num-iterations " not in text  # derived values are not flags
