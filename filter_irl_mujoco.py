@@ -1,74 +1,34 @@
 """FILTER: inverse reinforcement learning with resets to expert states, on MuJoCo (single file).
 
-Moment-matching inverse RL alternates a discriminator f(s, a), trained as an integral-probability-metric
-(Wasserstein-style) critic with a gradient penalty, and a SAC learner trained on the reward -f(s, a).
-FILTER starts half of the learner's episodes from uniformly chosen states of the expert's demonstrations
-(exact MuJoCo state restore, remaining horizon), so the policy step needs no global exploration;
-``--reset-prob 0`` is the plain moment-matching (MM) baseline.
-
-Paper: Gokul Swamy, Sanjiban Choudhury, J. Andrew Bagnell, Zhiwei Steven Wu (2023), "Inverse Reinforcement
-Learning without Reinforcement Learning", ICML 2023 (arXiv 2303.14623).
-Defaults follow the official code (gkswamy98/fast_irl) and its MuJoCo re-implementation in jren03/garage
-(discriminator 256-256, IPM loss + 10 x gradient penalty toward norm 0.4, 4,096 vs 4,096 pairs from 4 fresh
-learner trajectories, one step per outer iteration at lr 8e-4 / k, reset probability 0.5, trembling hand 0.01).
-Deliberate differences (see docs/filter_irl_mujoco.md): the SAC learner follows CleanRL's
-``sac_continuous_action.py`` and runs continuously across outer iterations (the reference restarts SB3's
-``learn()`` and its LR schedule every iteration); resets restore qpos/qvel/qacc_warmstart exactly instead of
-replaying expert actions from the reset seed; discriminator samples come from the true start distribution
-(``--disc-reset`` to include resets); the discriminator step happens at the START of each outer iteration;
-terminal transitions enter an absorbing state that earns the batch's worst relabelled reward (``--terminal-reward``);
-and the env steps spent collecting discriminator samples are counted and reported.
+Moment matching alternates a discriminator f(s, a) (an integral-probability-metric critic with a gradient penalty)
+and a SAC learner trained on the reward -f(s, a). FILTER starts half of the learner's episodes from states of the
+expert's demonstrations (exact MuJoCo restore, remaining horizon), so the policy step needs no global exploration;
+`--irl.reset-prob 0` is the plain moment-matching (MM) baseline. Paper: Swamy, Choudhury, Bagnell, Wu (2023),
+"Inverse Reinforcement Learning without Reinforcement Learning", ICML 2023 (arXiv 2303.14623).
 
 Usage:
-    python filter_irl_mujoco.py --env-id Hopper-v5                      # expert phase (cached), then FILTER
-    python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob 0       # MM baseline on the same demos
-    # quick (minutes on a laptop CPU): a tiny expert, a short IRL run
-    python filter_irl_mujoco.py --env-id InvertedPendulum-v5 --expert-timesteps 10000 --total-timesteps 10000 \
-        --train-every 1000 --eval-frequency 2000
-    python filter_irl_mujoco.py --run-dir runs/X                          # resume an interrupted run
-    python filter_irl_mujoco.py --env-id Hopper-v5 --expert-only          # only build experts/Hopper-v5/
-    python filter_irl_mujoco.py --env-id Hopper-v5 --eval-only runs/X     # evaluate a run's saved actor
+    python filter_irl_mujoco.py --env-id Hopper-v5                        # expert phase (cached), then FILTER
+    python filter_irl_mujoco.py --env-id InvertedPendulum-v5 --expert.timesteps 10000 --irl.total-timesteps 10000
+    python filter_irl_mujoco.py --run-dir runs/X                           # resume; --eval-only runs/X evaluates
 
-Run directory: ``args.json``, TensorBoard events (expert phase under ``expert/*``; IRL under ``charts/*``,
-``losses/*``, ``irl/*``, ``eval/*``), ``checkpoints/{expert,irl}.pt`` (model, optimisers, discriminator, replay
-buffer, RNG states, counters), ``actor.pt``, ``results.json`` (final evaluation, budget, env-step counts, SPS,
-curve) and ``learning_curve.png``.
-
-Expert data format
-------------------
-Cache: ``--experts-dir`` (default ``experts/``), files under ``{experts_dir}/{env_id}/``: ``demos.npz``,
-``expert_actor.pt`` (``{"actor": state_dict, "obs_dim", "act_dim", "hidden": 256, "env_id", "total_timesteps",
-"mean_return"}``: MLP obs->256->256 ReLU -> mean and log_std heads, tanh squash, action = tanh(mean)*scale+bias)
-and ``expert_meta.json`` (env_id, expert_timesteps, num_demos, return_mean, return_std, seed, date, script), all
-written atomically. If ``demos.npz`` exists it is reused (shapes validated); otherwise a SAC expert is trained on
-the true reward (``--expert-timesteps``) and ``--num-demos`` deterministic complete episodes are rolled out with
-reset seeds 0, 1, 2, ... (any length kept). ``demos.npz`` keys (N transitions, E episodes):
-``observations`` f32 (N, obs_dim); ``actions`` f32 (N, act_dim), clipped to the bounds; ``next_observations``
-f32 (N, obs_dim); ``rewards`` f32 (N,) true reward, stored for reference and NEVER used for learning;
-``terminals`` bool (N,) (env ``terminated``); ``timeouts`` bool (N,) (env ``truncated``); ``episode_ids`` i64 (N,)
-in 0..E-1; ``episode_starts`` bool (N,); ``timesteps`` i64 (N,) index inside the episode; ``returns`` f64 (E,);
-``seeds`` i64 (E,); ``qpos`` f64 (N, nq), ``qvel`` f64 (N, nv), ``qacc_warmstart`` f64 (N, nv): the MuJoCo state
-BEFORE the transition, so restoring it (plus ``mj_forward``) and replaying ``actions[i]`` reproduces
-``next_observations[i]`` exactly; ``env_id`` 0-d str array. Optional keys: qpos, qvel, qacc_warmstart, seeds,
-timesteps (without the first three, ``--reset-prob`` must be 0).
-``--expert-path minari:DATASET_ID`` reads a downloaded Minari dataset (``minari download DATASET_ID``) into the same
-keys: observations/next_observations from each episode's T+1 observations, terminals/timeouts from its
-terminations/truncations, returns from its rewards; Minari stores no MuJoCo state, so it serves MM and HyPE only.
+Defaults, deliberate differences, the expert-data format and the run directory: docs/filter_irl_mujoco.md.
 """
 
-
+import contextlib
 import ctypes
 import dataclasses
 import datetime as dt
 import difflib
+import io
 import json
 import math
 import os
 import random
 import signal
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
@@ -80,18 +40,101 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-SUPPORTED_ENVS = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Humanoid-v5")
-REQUIRED_DEMO_KEYS = (
-    "observations", "actions", "next_observations", "rewards", "terminals", "timeouts",
-    "episode_ids", "episode_starts", "returns", "env_id",
-)  # fmt: skip
-STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
+SCRIPT = "filter_irl_mujoco.py"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
+
+
+@dataclass
+class ExpertArgs:
+    experts_dir: str = "experts"
+    """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with hype_irl_mujoco.py)"""
+    path: Optional[str] = None
+    """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
+    timesteps: int = 1_000_000
+    """env steps of SAC expert training on the true reward when no demos exist"""
+    num_demos: int = 64
+    """deterministic expert episodes to record (reset seeds 0, 1, 2, ...)"""
+    only: bool = False
+    """stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)"""
+
+
+@dataclass
+class SACArgs:
+    buffer_size: int = 1_000_000
+    """replay memory size"""
+    gamma: float = 0.99
+    """discount factor, in [0, 1)"""
+    tau: float = 0.005
+    """target smoothing coefficient, in (0, 1]"""
+    batch_size: int = 256
+    """batch size of the SAC updates"""
+    learning_starts: int = 5000
+    """env steps with uniform random actions before SAC updates start (each phase; below its budget)"""
+    policy_lr: float = 3e-4
+    """learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """learning rate of the Q network optimizer (and of the entropy coefficient, as CleanRL)"""
+    policy_frequency: int = 2
+    """the policy is updated `policy_frequency` times every `policy_frequency` steps (delayed, as TD3)"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks"""
+    alpha: float = 0.2
+    """entropy coefficient (initial value when autotuned)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient"""
+    hidden_dim: int = 256
+    """width of the two hidden layers of actor, critics and discriminator"""
+    compile: bool = False
+    """torch.compile the SAC update (opt-in)"""
+
+
+@dataclass
+class DiscArgs:
+    lr: float = 8e-4
+    """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh optimizer"""
+    steps: int = 1
+    """discriminator gradient steps per outer iteration"""
+    batch_size: int = 4096
+    """expert and learner (s, a) pairs per discriminator step"""
+    trajectories: int = 4
+    """fresh learner trajectories collected for each discriminator update (their env steps are counted)"""
+    gp_weight: float = 10.0
+    """weight of the gradient penalty (0 = off)"""
+    gp_target: float = 0.4
+    """target gradient norm of the penalty"""
+    reset: bool = False
+    """also reset the discriminator's learner trajectories to expert states (garage does; FILTER's intent is not)"""
+
+
+@dataclass
+class IRLArgs:
+    total_timesteps: int = 1_000_000
+    """learner env steps in the IRL phase (discriminator-collection steps are counted separately)"""
+    train_every: int = 5000
+    """learner env steps per outer iteration (one discriminator update at its start)"""
+    reset_prob: float = 0.5
+    """probability that a learner episode starts from a uniformly chosen expert state (0 = MM baseline)"""
+    p_tremble: float = 0.01
+    """trembling hand: probability of replacing the learner's action by a uniform one (training and evaluation)"""
+    terminal_reward: Literal["min", "none"] = "min"
+    """'min': a terminal transition enters an absorbing state earning the batch's lowest relabelled reward forever;
+    'none': the episode just ends (reference behaviour)"""
+    stop_at_normalized: Optional[float] = None
+    """end the IRL phase early once an evaluation reaches this fraction of the expert's mean return (e.g. 0.9)"""
+
+
+@dataclass
+class EvalArgs:
+    frequency: int = 50_000
+    """evaluate every this many learner env steps"""
+    episodes: int = 10
+    """deterministic evaluation episodes"""
 
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = "filter_irl_mujoco"
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment"""
@@ -106,128 +149,56 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """unused here (kept for CleanRL compatibility); evaluation returns are logged instead"""
+    """record one evaluation episode of the final policy (and of --eval-only) as VP9 WebM in {run_dir}/videos/"""
     save_model: bool = True
-    """save the final learner actor to `{run_dir}/actor.pt`"""
+    """save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)"""
     run_dir: Optional[str] = None
     """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
-
-    # Environment
     env_id: str = "Hopper-v5"
-    """MuJoCo env id: Hopper/Walker2d/HalfCheetah/Ant/Humanoid-v5 (exact resets checked on all five; learning
-    runs only on Hopper-v5 and InvertedPendulum-v5)"""
-    p_tremble: float = 0.01
-    """trembling hand: probability of replacing the learner's action by a uniform one (training and evaluation)"""
-
-    # Expert phase (SAC on the true reward) and demonstrations
-    experts_dir: str = "experts"
-    """cache of experts and demos, keyed by env id: {experts_dir}/{env_id}/demos.npz"""
-    expert_path: Optional[str] = None
-    """use this demos.npz instead of the cache (see "Expert data format"), or a local Minari dataset:
-    minari:DATASET_ID (e.g. minari:mujoco/hopper/expert-v0; needs `pip install "minari[hdf5]"`; no MuJoCo states,
-    so --reset-prob 0 only)"""
-    expert_timesteps: int = 1_000_000
-    """env steps of SAC expert training when no demos exist"""
-    num_demos: int = 64
-    """number of deterministic expert episodes to record (reset seeds 0, 1, 2, ...)"""
-    expert_only: bool = False
-    """stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)"""
-
-    # SAC (learner and expert), CleanRL defaults
-    total_timesteps: int = 1_000_000
-    """learner env steps in the IRL phase (discriminator-collection steps are counted separately)"""
-    buffer_size: int = 1_000_000
-    """replay memory size"""
-    gamma: float = 0.99
-    """discount factor"""
-    tau: float = 0.005
-    """target smoothing coefficient"""
-    batch_size: int = 256
-    """batch size of the SAC updates"""
-    learning_starts: int = 5000
-    """env steps with uniform random actions before SAC updates start (each phase)"""
-    policy_lr: float = 3e-4
-    """learning rate of the policy network optimizer"""
-    q_lr: float = 1e-3
-    """learning rate of the Q network optimizer"""
-    policy_frequency: int = 2
-    """the policy is updated `policy_frequency` times every `policy_frequency` steps (delayed, as TD3)"""
-    target_network_frequency: int = 1
-    """the frequency of updates for the target networks"""
-    alpha: float = 0.2
-    """entropy coefficient (initial value when autotuned)"""
-    autotune: bool = True
-    """automatic tuning of the entropy coefficient"""
-    hidden_dim: int = 256
-    """width of the two hidden layers of actor, critics and discriminator"""
+    """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
     torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = 0
-    """torch CPU threads (0 = torch's default: all cores, or OMP_NUM_THREADS), as in the other scripts (`--threads`
-    is an alias). On a quiet 2-core CPU 2 threads ran the expert phase at 98 SPS vs 67 with 1; on a CPU shared with
-    other jobs use 1 (2 threads were ~40x slower there)"""
-
-    # Discriminator (IPM + gradient penalty)
-    disc_lr: float = 8e-4
-    """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh optimizer"""
-    train_every: int = 5000
-    """learner env steps per outer iteration (one discriminator update at its start)"""
-    disc_steps: int = 1
-    """discriminator gradient steps per outer iteration"""
-    disc_batch_size: int = 4096
-    """expert and learner (s, a) pairs per discriminator step"""
-    disc_trajectories: int = 4
-    """fresh learner trajectories collected for each discriminator update (their env steps are counted)"""
-    gp_weight: float = 10.0
-    """weight of the gradient penalty"""
-    gp_target: float = 0.4
-    """target gradient norm of the penalty"""
-    disc_reset: bool = False
-    """also reset the discriminator's learner trajectories to expert states (garage does; FILTER's intent is not)"""
-    terminal_reward: Literal["min", "none"] = "min"
-    """'min': a terminal transition enters an absorbing state earning the batch's lowest relabelled reward forever;
-    'none': the episode just ends (reference behaviour)"""
-
-    # FILTER resets
-    reset_prob: float = 0.5
-    """probability that a learner episode starts from a uniformly chosen expert state (0 = MM baseline)"""
-
-    # Evaluation, logging, checkpoints
-    eval_frequency: int = 50_000
-    """evaluate every this many learner env steps"""
-    eval_episodes: int = 10
-    """deterministic evaluation episodes"""
-    stop_at_normalized: Optional[float] = None
-    """end the IRL phase early once an evaluation reaches this fraction of the expert's mean return (e.g. 0.9)"""
+    """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
     log_frequency: int = 100
     """log losses and SPS every this many env steps"""
     checkpoint_frequency: int = 25_000
     """write a checkpoint every this many env steps"""
-    compile: bool = False
-    """torch.compile the SAC update (opt-in)"""
     eval_only: Optional[str] = None
-    """evaluate the actor saved in this run dir and print the returns (no training)"""
+    """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
+    expert: ExpertArgs = field(default_factory=ExpertArgs)
+    sac: SACArgs = field(default_factory=SACArgs)
+    disc: DiscArgs = field(default_factory=DiscArgs)
+    irl: IRLArgs = field(default_factory=IRLArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
 
 
 class UsageError(Exception):
-    """A documented bad input: main prints the one-line message and exits 2."""
+    """Bad input: main prints the one-line message and exits 2."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Environments
-# ----------------------------------------------------------------------------------------------------------------
-def check_env_id(env_id: str) -> None:
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
-        raise UsageError(f"unknown env id {env_id!r}; did you mean {', '.join(close) or 'Hopper-v5'}? (--env-id)")
-    env = gym.make(env_id)
-    ok = isinstance(env.unwrapped, gym.envs.mujoco.MujocoEnv) and isinstance(env.action_space, gym.spaces.Box)
-    env.close()
-    if not ok:
-        raise UsageError(f"{env_id} is not a continuous-action MuJoCo env; pass e.g. --env-id Hopper-v5")
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main prints the phase and step and exits 3."""
 
 
-def make_env(env_id: str, seed: int) -> gym.Env:
-    """One gymnasium MuJoCo env (with its registered TimeLimit); `terminated` is stored as done, truncation bootstraps."""
-    env = gym.make(env_id)
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
+
+
+@dataclass
+class EnvInfo:
+    """What the phases need to know about the env, read once by validation."""
+
+    obs_dim: int
+    act_dim: int
+    low: np.ndarray
+    high: np.ndarray
+
+
+# ---------------------------------------------------------------------------------------------------- Environments
+def make_env(env_id: str, seed: int, render: bool = False) -> gym.Env:
+    """One gymnasium MuJoCo env with its registered TimeLimit: `terminated` is stored as done, truncation bootstraps."""
+    env = gym.make(
+        env_id, **({"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {})
+    )
     env.action_space.seed(seed)
     return env
 
@@ -245,7 +216,7 @@ def mujoco_state(env: gym.Env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy()
 
 
-def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray, timestep: int) -> np.ndarray:
+def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray, timestep: int):
     """Exact restore of an expert state on an env that was just reset: qpos, qvel AND the solver warm-start
     (without it contacts drift), then mj_forward; the TimeLimit continues from `timestep` (remaining horizon)."""
     model, data = env.unwrapped.model, env.unwrapped.data
@@ -261,9 +232,36 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
     return env.unwrapped._get_obs()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------------------------
+class LearnerEnv:
+    """The learner's training env: each episode starts, with probability `reset_prob`, from a uniformly chosen
+    expert state (exact restore, remaining horizon); actions pass through the trembling hand. It returns the true
+    reward only for LOGGING: the training loop never gives it to the replay buffer."""
+
+    def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng: np.random.Generator):
+        self.env, self.demos, self.reset_prob, self.p_tremble, self.rng = env, demos, reset_prob, p_tremble, rng
+        self.num_states = len(demos["observations"]) if all(k in demos for k in STATE_KEYS) else 0
+        self.low, self.high = env.action_space.low, env.action_space.high
+        self.from_expert = False
+
+    def reset(self, seed: Optional[int] = None) -> np.ndarray:
+        obs, _ = self.env.reset(seed=seed)
+        i = sample_start(self.rng, self.reset_prob, self.num_states)
+        self.from_expert = i >= 0
+        if self.from_expert:
+            d = self.demos
+            restore_state(self.env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["timesteps"][i])
+            # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
+            # forces that gymnasium reads after mj_step, i.e. at the PREVIOUS state; every later one is exact.
+            obs = d["observations"][i].astype(np.float64)
+        return obs
+
+    def step(self, action: np.ndarray):
+        action = tremble(action, self.rng, self.p_tremble, self.low, self.high)
+        next_obs, reward, terminated, truncated, _ = self.env.step(action)
+        return action, next_obs, reward, terminated, truncated
+
+
+# ---------------------------------------------------------------------------------------------------- Networks
 class Actor(nn.Module):
     """SAC actor: MLP obs->h->h ReLU, mean and log_std heads, tanh squash to the action bounds (CleanRL layout)."""
 
@@ -275,6 +273,7 @@ class Actor(nn.Module):
         self.fc_logstd = nn.Linear(hidden, act_dim)
         self.register_buffer("action_scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("action_bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
+        self.env_id = ""  # set by load_policy
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.relu(self.fc2(F.relu(self.fc1(x))))
@@ -288,12 +287,19 @@ class Actor(nn.Module):
         y = torch.tanh(mean + log_std.exp() * eps)
         log_prob = -0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         log_prob = (log_prob - torch.log(self.action_scale * (1 - y.pow(2)) + 1e-6)).sum(-1)
-        return y * self.action_scale + self.action_bias, log_prob, torch.tanh(mean) * self.action_scale + self.action_bias
+        deterministic = torch.tanh(mean) * self.action_scale + self.action_bias
+        return y * self.action_scale + self.action_bias, log_prob, deterministic
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """A batch of observations (numpy) -> the batch of deterministic actions (numpy)."""
+        with torch.no_grad():
+            x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.action_scale.device)
+            return self.get_action(x)[2].cpu().numpy()
 
 
-class BatchedQ(nn.Module):
-    """`n` Q-networks (s, a) -> h -> h -> 1 stored as stacked weights and evaluated as ONE batched module
-    (2 baddbmm kernels and a multiply-sum instead of 6 Linear calls): the update is latency-bound on small batches."""
+class TwinQ(nn.Module):
+    """Both Q-networks (s, a) -> h -> h -> 1 as stacked weights evaluated with batched matmuls: one kernel per
+    layer for the pair instead of one per network (the CPU update is latency-bound on small batches)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
@@ -305,18 +311,12 @@ class BatchedQ(nn.Module):
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
         self.n = n
 
-    def forward(self, obs: torch.Tensor, act: torch.Tensor, params: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
-        """Q-values of shape (n, B). `params` (weights then biases) replaces the module's own, e.g. detached copies."""
-        ws, bs = (params[:3], params[3:]) if params is not None else (list(self.weights), list(self.biases))
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """Q-values of shape (n, B)."""
         h = torch.cat([obs, act], -1).unsqueeze(0).expand(self.n, -1, -1)
-        h = F.relu(torch.baddbmm(bs[0], h, ws[0]))
-        h = F.relu(torch.baddbmm(bs[1], h, ws[1]))
-        # Output width 1: multiply-and-sum instead of a (B, h) x (h, 1) batched matmul, whose backward is an outer
-        # product that MKL runs slowly (~8 % of a Q forward + backward on the 2-core CPU).
-        return (h * ws[2].transpose(1, 2)).sum(-1) + bs[2].squeeze(-1)
-
-    def param_list(self) -> list[torch.Tensor]:
-        return list(self.weights) + list(self.biases)
+        h = F.relu(torch.baddbmm(self.biases[0], h, self.weights[0]))
+        h = F.relu(torch.baddbmm(self.biases[1], h, self.weights[1]))
+        return torch.baddbmm(self.biases[2], h, self.weights[2]).squeeze(-1)
 
 
 class Discriminator(nn.Module):
@@ -335,23 +335,15 @@ class Discriminator(nn.Module):
         return self.net(x).squeeze(-1)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The math, as pure functions
-# ----------------------------------------------------------------------------------------------------------------
-def gradient_penalty(
-    f: Callable[[torch.Tensor], torch.Tensor], x_expert: torch.Tensor, x_learner: torch.Tensor, alpha: torch.Tensor,
-    target_norm: float = 0.4,
-) -> torch.Tensor:  # fmt: skip
+# ---------------------------------------------------------------------------------------------------- The math
+def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, alpha: torch.Tensor, target_norm: float = 0.4):
     """E[(||grad f(x_hat)||_2 - target_norm)^2] at x_hat = alpha*x_expert + (1-alpha)*x_learner (alpha: (B, 1))."""
     x_hat = (alpha * x_expert + (1 - alpha) * x_learner).detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(f(x_hat).sum(), x_hat, create_graph=True)
     return (grad.norm(2, dim=-1) - target_norm).pow(2).mean()
 
 
-def discriminator_loss(
-    f: Callable[[torch.Tensor], torch.Tensor], x_expert: torch.Tensor, x_learner: torch.Tensor, alpha: torch.Tensor,
-    gp_weight: float = 10.0, gp_target: float = 0.4,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def discriminator_loss(f, x_expert, x_learner, alpha, gp_weight: float = 10.0, gp_target: float = 0.4):
     """IPM loss E_expert[f] - E_learner[f] + gp_weight * penalty; returns (loss, ipm term, penalty).
     Minimising it makes f low on expert pairs and high on learner pairs, so -f rewards expert-like behaviour."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
@@ -370,10 +362,7 @@ def relabel_rewards(disc: nn.Module, obs: torch.Tensor, actions: torch.Tensor) -
         return -disc(torch.cat([obs, actions], -1))
 
 
-def soft_q_target(
-    rewards: torch.Tensor, dones: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor, alpha: torch.Tensor,
-    gamma: float, absorbing_reward: Optional[torch.Tensor] = None,
-) -> torch.Tensor:  # fmt: skip
+def soft_q_target(rewards, dones, next_q, next_log_prob, alpha, gamma: float, absorbing_reward=None) -> torch.Tensor:
     """r + gamma * (1 - d) * (Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`, a terminal
     transition instead enters an absorbing state that earns that reward forever: + gamma * d * r_abs / (1 - gamma)."""
     target = rewards + gamma * (1 - dones) * (next_q - alpha * next_log_prob)
@@ -401,9 +390,7 @@ def normalized_return(ret: float, expert_return: float) -> float:
     return float(ret / expert_return) if expert_return != 0 else float("nan")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Replay buffer and SAC
-# ----------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- SAC
 class ReplayBuffer:
     """Circular buffer of (s, a, s', terminated) on the device. `with_rewards=False` (the IRL learner) has NO
     reward storage at all: the learner's rewards can only come from relabelling with the discriminator."""
@@ -414,8 +401,7 @@ class ReplayBuffer:
         self.next_obs = torch.zeros(size, obs_dim, device=device)
         self.actions = torch.zeros(size, act_dim, device=device)
         self.dones = torch.zeros(size, device=device)
-        if with_rewards:
-            self.rewards = torch.zeros(size, device=device)
+        self.rewards = torch.zeros(size, device=device) if with_rewards else None
 
     def __len__(self) -> int:
         return self.size if self.full else self.ptr
@@ -426,7 +412,7 @@ class ReplayBuffer:
         self.next_obs[i] = torch.as_tensor(next_obs, device=self.device)
         self.actions[i] = torch.as_tensor(action, device=self.device)
         self.dones[i] = float(done)
-        if hasattr(self, "rewards"):
+        if self.rewards is not None:
             self.rewards[i] = float(reward)
         self.ptr = (i + 1) % self.size
         self.full = self.full or self.ptr == 0
@@ -434,47 +420,46 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         idx = torch.randint(len(self), (batch_size,), device=self.device)
         out = (self.obs[idx], self.actions[idx], self.next_obs[idx], self.dones[idx])
-        return out + ((self.rewards[idx],) if hasattr(self, "rewards") else ())
+        return out + ((self.rewards[idx],) if self.rewards is not None else ())
+
+    def fields(self) -> tuple[str, ...]:
+        return ("obs", "next_obs", "actions", "dones") + (("rewards",) if self.rewards is not None else ())
 
     def state_dict(self) -> dict:
-        n = len(self)
-        fields = ("obs", "next_obs", "actions", "dones") + (("rewards",) if hasattr(self, "rewards") else ())
-        return {"ptr": self.ptr, "full": self.full, **{k: getattr(self, k)[:n].cpu().clone() for k in fields}}
+        return {"ptr": self.ptr, "full": self.full, **{k: getattr(self, k)[: len(self)].cpu() for k in self.fields()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.ptr, self.full = state["ptr"], state["full"]
-        for k in ("obs", "next_obs", "actions", "dones", "rewards"):
-            if k in state and hasattr(self, k):
-                getattr(self, k)[: len(state[k])] = state[k].to(self.device)
+        for k in self.fields():
+            getattr(self, k)[: len(state[k])] = state[k].to(self.device)
 
 
 class SAC:
-    """Soft actor-critic (CleanRL's sac_continuous_action.py): twin Q as one batched module, target nets updated
-    by one fused lerp, automatic entropy tuning, fused Adam. `update` returns loss tensors (no host sync)."""
+    """Soft actor-critic (CleanRL's sac_continuous_action.py): twin Q as one batched module, automatic entropy
+    tuning. The updates return loss tensors (no host sync)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args: Args, device: torch.device):
-        self.gamma, self.tau, self.autotune = args.gamma, args.tau, args.autotune
-        self.actor = Actor(obs_dim, act_dim, low, high, args.hidden_dim).to(device)
-        self.qf = BatchedQ(obs_dim, act_dim, args.hidden_dim).to(device)
-        self.qf_target = BatchedQ(obs_dim, act_dim, args.hidden_dim).to(device)
+    def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
+        self.cfg = cfg
+        self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim).to(device)
+        self.qf = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
+        self.qf_target = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target.load_state_dict(self.qf.state_dict())
         self.qf_target.requires_grad_(False)
-        fused = {"fused": True}
-        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=args.q_lr, **fused)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=args.policy_lr, **fused)
-        self.target_entropy = -float(act_dim)
-        self.log_alpha = torch.full((1,), math.log(args.alpha), device=device, requires_grad=args.autotune)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=args.q_lr, **fused)
-        self.update_critic = torch.compile(self._update_critic) if args.compile else self._update_critic
-        self.update_actor = torch.compile(self._update_actor) if args.compile else self._update_actor
+        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=cfg.q_lr)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr)
+        self.target_entropy = -float(info.act_dim)
+        self.log_alpha = torch.full((1,), math.log(cfg.alpha), device=device, requires_grad=cfg.autotune)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr)
+        self.update_critic = torch.compile(self._update_critic) if cfg.compile else self._update_critic
+        self.update_actor = torch.compile(self._update_actor) if cfg.compile else self._update_actor
 
-    def _update_critic(self, obs, actions, next_obs, dones, rewards, absorbing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _update_critic(self, obs, actions, next_obs, dones, rewards, absorbing: bool):
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
             next_actions, next_log_prob, _ = self.actor.get_action(next_obs)
             next_q = self.qf_target(next_obs, next_actions).min(0).values
             r_abs = rewards.min() if absorbing else None
-            target = soft_q_target(rewards, dones, next_q, next_log_prob, alpha, self.gamma, r_abs)
+            target = soft_q_target(rewards, dones, next_q, next_log_prob, alpha, self.cfg.gamma, r_abs)
         q = self.qf(obs, actions)
         qf_loss = (q - target).pow(2).mean(1).sum()  # qf1_loss + qf2_loss, as CleanRL
         self.q_optimizer.zero_grad(set_to_none=True)
@@ -482,16 +467,17 @@ class SAC:
         self.q_optimizer.step()
         return qf_loss, q.detach().mean(1)
 
-    def _update_actor(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _update_actor(self, obs):
         alpha = self.log_alpha.detach().exp()
         actions, log_prob, _ = self.actor.get_action(obs)
-        frozen = [p.detach() for p in self.qf.param_list()]  # no weight gradients through the critic
-        actor_loss = (alpha * log_prob - self.qf(obs, actions, frozen).min(0).values).mean()
+        self.qf.requires_grad_(False)  # gradients through the critic to the actions only
+        actor_loss = (alpha * log_prob - self.qf(obs, actions).min(0).values).mean()
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optimizer.step()
+        self.qf.requires_grad_(True)
         alpha_loss = torch.zeros(())
-        if self.autotune:
+        if self.cfg.autotune:
             alpha_loss = (-self.log_alpha.exp() * (log_prob.detach() + self.target_entropy)).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
             alpha_loss.backward()
@@ -500,19 +486,18 @@ class SAC:
 
     def update_target(self) -> None:
         with torch.no_grad():
-            torch._foreach_lerp_(self.qf_target.param_list(), self.qf.param_list(), self.tau)
+            for target, source in zip(self.qf_target.parameters(), self.qf.parameters()):
+                target.lerp_(source, self.cfg.tau)
 
-    def act(self, obs: np.ndarray, device: torch.device, deterministic: bool = False) -> np.ndarray:
+    def act(self, obs: np.ndarray, deterministic: bool = False) -> np.ndarray:
         with torch.no_grad():
-            sample, _, mean = self.actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            x = torch.as_tensor(obs, dtype=torch.float32, device=self.log_alpha.device)[None]
+            sample, _, mean = self.actor.get_action(x)
         return (mean if deterministic else sample)[0].cpu().numpy()
 
     def state_dict(self) -> dict:
-        return {
-            "actor": self.actor.state_dict(), "qf": self.qf.state_dict(), "qf_target": self.qf_target.state_dict(),
-            "log_alpha": self.log_alpha.detach().cpu(), "q_optimizer": self.q_optimizer.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(), "alpha_optimizer": self.alpha_optimizer.state_dict(),
-        }  # fmt: skip
+        parts = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")
+        return {**{k: getattr(self, k).state_dict() for k in parts}, "log_alpha": self.log_alpha.detach().cpu()}
 
     def load_state_dict(self, state: dict) -> None:
         for k in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer"):
@@ -521,59 +506,375 @@ class SAC:
             self.log_alpha.copy_(state["log_alpha"])
 
 
-def sac_train_step(
-    agent: SAC, rb: ReplayBuffer, step: int, args: Args, reward_fn: Optional[Callable] = None
-) -> dict[str, torch.Tensor]:
+def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn: Optional[Callable] = None, absorbing=False):
     """One SAC step: critic update on a sampled batch (rewards from the buffer, or from `reward_fn(obs, actions)`
     for the IRL learner), delayed actor/alpha updates, target lerp. Returns loss tensors (not synced)."""
-    batch = rb.sample(args.batch_size)
+    cfg = agent.cfg
+    batch = rb.sample(cfg.batch_size)
     obs, actions, next_obs, dones = batch[:4]
     rewards = batch[4] if reward_fn is None else reward_fn(obs, actions)
-    absorbing = reward_fn is not None and args.terminal_reward == "min"
     qf_loss, q_mean = agent.update_critic(obs, actions, next_obs, dones, rewards, absorbing)
     out = {"qf_loss": qf_loss, "qf1_values": q_mean[0], "qf2_values": q_mean[1], "rewards": rewards.mean()}
-    if step % args.policy_frequency == 0:
-        for _ in range(args.policy_frequency):  # same batch each time, as CleanRL
+    if step % cfg.policy_frequency == 0:
+        for _ in range(cfg.policy_frequency):  # same batch each time, as CleanRL
             out["actor_loss"], out["alpha_loss"] = agent.update_actor(obs)
-    if step % args.target_network_frequency == 0:
+    if step % cfg.target_network_frequency == 0:
         agent.update_target()
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Run-directory plumbing: atomic writes, signals, checkpoints
-# ----------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- Phases
+def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, video: Optional[Path] = None):
+    """`episodes` deterministic episodes (mean action; trembling hand as in training, like the reference).
+    With `video`, the first episode is rendered and written there."""
+    returns, frames = [], []
+    rng = np.random.default_rng(seed)
+    for i in range(episodes):
+        env = make_env(env_id, seed, render=video is not None and i == 0)
+        obs, _ = env.reset(seed=seed + i)
+        ret, done = 0.0, False
+        while not done:
+            action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            ret, done = ret + float(reward), terminated or truncated
+            if env.render_mode:
+                frames.append(env.render())
+        returns.append(ret)
+        env.close()
+    if video is not None:
+        write_video(video, frames, fps=env.metadata.get("render_fps", 30))
+    return returns
+
+
+def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
+    """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`; resumable from checkpoints/expert.pt."""
+    env = make_env(args.env_id, args.seed)
+    agent = SAC(info, args.sac, run.device)
+    np_rng = np.random.default_rng(args.seed)
+    rb = ReplayBuffer(info.obs_dim, info.act_dim, buffer_rows(args.sac, args.expert.timesteps, ckpt), run.device, True)
+    progress = {"step": 0, "episodes": 0, "curve": []}
+    if ckpt:
+        progress = restore_checkpoint(ckpt, agent, rb, np_rng, [env])
+        print(f"expert phase: resuming at step {progress['step']}", file=sys.stderr)
+    run.expert_curve = progress["curve"]
+    ckpt_path = run.dir / "checkpoints" / "expert.pt"
+    obs, _ = env.reset(seed=args.seed + progress["episodes"])
+    ret, length, step = 0.0, 0, progress["step"]
+    meter = SPSMeter()
+    bar = progress_bar(args.expert.timesteps, step, "expert SAC")
+    while step < args.expert.timesteps:
+        if run.stop.stop:
+            save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+            raise Interrupted("expert phase", step)
+        if step < args.sac.learning_starts:
+            action = np_rng.uniform(info.low, info.high).astype(np.float32)
+        else:
+            action = agent.act(obs)
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        rb.add(obs, action, next_obs, terminated, reward)
+        ret, length, obs = ret + float(reward), length + 1, next_obs
+        if terminated or truncated:
+            run.writer.add_scalar("expert/episodic_return", ret, step)
+            run.writer.add_scalar("expert/episodic_length", length, step)
+            bar.set_postfix(ret=f"{ret:.0f}")
+            progress["episodes"] += 1
+            progress["curve"].append((step, ret))
+            obs, _ = env.reset()
+            ret, length = 0.0, 0
+        progress["step"] = step = step + 1
+        if step > args.sac.learning_starts:
+            meter.start(step - 1)
+            losses = sac_train_step(agent, rb, step)
+            if step % args.log_frequency == 0:
+                log_losses(run.writer, "expert", losses, agent, step, meter)
+        if step % args.checkpoint_frequency == 0:
+            save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+            plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+        bar.update(1)
+    bar.close()
+    save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+    env.close()
+    return agent
+
+
+def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
+    """Roll out `num_demos` deterministic complete episodes with reset seeds 0, 1, 2, ... recording the MuJoCo
+    state (qpos, qvel, qacc_warmstart) BEFORE each step (the demos.npz format of docs/filter_irl_mujoco.md)."""
+    env = make_env(env_id, 0)
+    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts")
+    rec: dict[str, list] = {k: [] for k in keys + ("episode_ids", "episode_starts", "timesteps") + STATE_KEYS}
+    returns = []
+    for ep in range(num_demos):
+        obs, _ = env.reset(seed=ep)
+        t, ret, done = 0, 0.0, False
+        while not done:
+            qpos, qvel, qacc = mujoco_state(env)
+            action = np.clip(agent.act(obs, deterministic=True), env.action_space.low, env.action_space.high)
+            next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
+            values = (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, qpos, qvel, qacc)
+            for k, v in zip(rec, values):
+                rec[k].append(v)
+            obs, t, ret, done = next_obs, t + 1, ret + float(reward), terminated or truncated
+        returns.append(ret)
+    env.close()
+    demos = {k: np.asarray(v, dtype=DEMO_FORMAT[k][0]) for k, v in rec.items()}
+    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64))
+    demos["env_id"] = np.array(env_id)
+    return demos
+
+
+def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int) -> tuple[np.ndarray, int]:
+    """Fresh complete trajectories of the current (stochastic) policy; returns their (s, a) pairs and env steps."""
+    pairs = []
+    for _ in range(num_traj):
+        obs, done = env.reset(), False
+        while not done:
+            action, next_obs, _, terminated, truncated = env.step(agent.act(obs))
+            pairs.append(np.concatenate([obs, action]).astype(np.float32))
+            obs, done = next_obs, terminated or truncated
+    return np.stack(pairs), len(pairs)
+
+
+def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: int, cfg: DiscArgs) -> dict:
+    """Outer iteration k: a FRESH Adam at lr0 / max(1, k) (the reference re-creates its OAdam each iteration, so no
+    optimiser state carries over), `steps` steps on batch_size expert vs learner pairs (with replacement)."""
+    optimizer = torch.optim.Adam(disc.parameters(), lr=disc_learning_rate(cfg.lr, k), betas=(0.9, 0.999))
+    device = expert_pairs.device
+    for _ in range(cfg.steps):
+        xe = expert_pairs[torch.randint(len(expert_pairs), (cfg.batch_size,), device=device)]
+        xl = learner_pairs[torch.randint(len(learner_pairs), (cfg.batch_size,), device=device)]
+        alpha = torch.rand(cfg.batch_size, 1, device=device)
+        loss, ipm, gp = discriminator_loss(disc, xe, xl, alpha, cfg.gp_weight, cfg.gp_target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return check_finite({"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}, "discriminator", k)
+
+
+def evaluate_learner(agent: SAC, args: Args, run, progress: dict, expert_return: float) -> dict:
+    """Evaluate, append to the history, log, and redraw the learning curve."""
+    rets = evaluate(agent.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble)
+    mean, step = float(np.mean(rets)), progress["step"]
+    entry = {
+        "policy_steps": step,
+        "total_env_steps": step + progress["disc_env_steps"],
+        "mean": mean,
+        "std": float(np.std(rets)),
+        "normalized": normalized_return(mean, expert_return),
+        "returns": rets,
+    }
+    progress["history"].append(entry)
+    run.writer.add_scalar("eval/episodic_return", mean, step)
+    run.writer.add_scalar("eval/normalized_return", entry["normalized"], step)
+    run.writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, entry["total_env_steps"])
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    return entry
+
+
+def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict], env_fn=make_env) -> tuple:
+    """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
+    steps whose every sampled transition is relabelled with the current discriminator). Returns (agent, progress).
+    `env_fn` builds the training envs (tests pass reward-poisoned ones)."""
+    env, disc_env = env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)
+    np_rng = np.random.default_rng(args.seed)
+    learner_env = LearnerEnv(env, demos, args.irl.reset_prob, args.irl.p_tremble, np_rng)
+    disc_reset_prob = args.irl.reset_prob if args.disc.reset else 0.0
+    disc_learner_env = LearnerEnv(disc_env, demos, disc_reset_prob, args.irl.p_tremble, np_rng)
+    disc_env.reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; later resets continue it
+    agent = SAC(info, args.sac, run.device)
+    disc = Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).to(run.device)
+    expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=run.device)
+    expert_return = float(np.mean(demos["returns"]))
+    # the learner's buffer has NO reward storage: its rewards can only come from the discriminator
+    rb = ReplayBuffer(
+        info.obs_dim, info.act_dim, buffer_rows(args.sac, args.irl.total_timesteps, ckpt), run.device, False
+    )
+    progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval.frequency}
+    if ckpt:
+        progress = restore_checkpoint(ckpt, agent, rb, np_rng, [env, disc_env], disc)
+        print(f"IRL phase: resuming at step {progress['step']} (outer iteration {progress['k']})", file=sys.stderr)
+    ckpt_path = run.dir / "checkpoints" / "irl.pt"
+    absorbing = args.irl.terminal_reward == "min"
+    meter = SPSMeter()
+    obs = learner_env.reset(seed=args.seed + progress["episodes"])
+    ret, length, step = 0.0, 0, progress["step"]
+    bar = progress_bar(args.irl.total_timesteps, step, f"IRL (reset {args.irl.reset_prob})")
+    while step < args.irl.total_timesteps:
+        if run.stop.stop:
+            save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+            raise Interrupted("IRL phase", step)
+        if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
+            # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
+            pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
+            progress["disc_env_steps"] += n
+            stats = update_discriminator(
+                disc, expert_pairs, torch.as_tensor(pairs, device=run.device), progress["k"], args.disc
+            )
+            log_discriminator(run.writer, stats, args.disc, progress, step)
+            progress["k"] += 1
+        if step < args.sac.learning_starts:
+            action = np_rng.uniform(info.low, info.high).astype(np.float32)
+        else:
+            action = agent.act(obs)
+        action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
+        rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
+        ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
+        if terminated or truncated:
+            log_episode(run.writer, learner_env.from_expert, ret, length, step, bar)
+            progress["episodes"] += 1
+            obs, ret, length = learner_env.reset(), 0.0, 0
+        progress["step"] = step = step + 1
+        if step > args.sac.learning_starts:
+            meter.start(step - 1)
+            losses = sac_train_step(agent, rb, step, lambda o, a: relabel_rewards(disc, o, a), absorbing)
+            if step % args.log_frequency == 0:
+                log_losses(run.writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
+        if step >= progress["next_eval"]:
+            meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
+            progress["next_eval"] += args.eval.frequency
+            entry = progress["history"][-1]
+            bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
+            if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
+                break
+        if step % args.checkpoint_frequency == 0:
+            save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+        bar.update(1)
+    bar.close()
+    if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
+        evaluate_learner(agent, args, run, progress, expert_return)
+    progress["SPS"] = meter.sps(progress["step"])
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+    env.close()
+    disc_env.close()
+    return agent, progress
+
+
+def main(argv: Optional[list[str] | Args] = None) -> None:
+    """Parse (or take) and validate everything, then: expert phase (or the cache) -> IRL phase -> policy.pt."""
+    try:
+        args = argv if isinstance(argv, Args) else parse_args(argv)
+        if args.eval_only:
+            return evaluate_saved_policy(args)
+        setup = validate(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    if setup.finished:
+        print(f"{setup.run_dir} already holds a finished run (results.json); nothing to do")
+        return
+    run = start_run(args, setup.run_dir)
+    try:
+        demos = setup.demos
+        if demos is None:
+            expert = train_expert(args, run, setup.info, setup.checkpoints.get("expert"))
+            demos = write_expert_cache(args, expert, collect_demos(expert, args.env_id, args.expert.num_demos))
+        if args.expert.only:
+            return finish_run(run)
+        agent, progress = train_irl(args, run, setup.info, demos, setup.checkpoints.get("irl"))
+        results = irl_results(args, demos, progress)
+        if args.save_model:
+            save_policy(run.dir / "policy.pt", agent.actor, args, setup.info)
+        if args.capture_video:
+            evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, run.dir / "videos/final.webm")
+        atomic_json(run.dir / "results.json", results)
+        print(
+            f"final eval return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
+            f"({results['normalized_return']:.2f} of expert)"
+        )
+    except NonFiniteLoss as e:
+        finish_run(run, f"error: {e}; lower the learning rates or check the demos")
+        raise SystemExit(3)
+    except Interrupted as e:
+        finish_run(run, f"interrupted in the {e.args[0]} at step {e.args[1]}: checkpoint saved; re-run to resume")
+        raise SystemExit(130)
+    finish_run(run)
+
+
+# ---- run management ----
+# Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
+DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
+    "observations": (np.float32, ("N", "obs")),
+    "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")),
+    "rewards": (np.float32, ("N",)),
+    "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)),
+    "episode_ids": (np.int64, ("N",)),
+    "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)),
+    "returns": (np.float64, ("E",)),
+    "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")),
+    "qvel": (np.float64, ("N", "nv")),
+    "qacc_warmstart": (np.float64, ("N", "nv")),
+}
+OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
+MINARI_PREFIX = "minari:"
+VIDEO_SIZE = 240  # rendered frame width and height
+
+
+@dataclass
+class Run:
+    dir: Path
+    writer: object  # torch.utils.tensorboard.SummaryWriter
+    device: torch.device
+    stop: "StopFlag"
+    expert_curve: list = field(default_factory=list)
+
+
+@dataclass
+class Setup:
+    """What validation loaded: the run dir, the env's sizes, the demos (None: expert phase) and checkpoints."""
+
+    run_dir: Path
+    info: Optional[EnvInfo] = None
+    demos: Optional[dict] = None
+    checkpoints: dict = field(default_factory=dict)
+    finished: bool = False
+
+
 class StopFlag:
-    """SIGINT/SIGTERM set a flag; the training loops save a checkpoint and exit cleanly at the next step."""
+    """SIGINT/SIGTERM set a flag; the training loops save a checkpoint and stop at the next step."""
 
     def __init__(self):
         self.stop = False
 
     def install(self) -> None:
-        def handler(signum, frame):
-            self.stop = True
+        signal.signal(signal.SIGINT, self.handler)
+        signal.signal(signal.SIGTERM, self.handler)
 
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
-
-
-def keep_freed_memory() -> None:
-    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
-    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
-    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
-        return
-    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+    def handler(self, signum, frame) -> None:
+        self.stop = True
 
 
+class SPSMeter:
+    """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
+
+    def __init__(self):
+        self.t0, self.s0, self.paused = None, 0, 0.0
+
+    def start(self, step: int) -> None:
+        if self.t0 is None:
+            self.t0, self.s0 = time.perf_counter(), step
+
+    def pause_while(self, fn, *args):
+        t = time.perf_counter()
+        out = fn(*args)
+        self.paused += time.perf_counter() - t
+        return out
+
+    def sps(self, step: int) -> Optional[float]:
+        if self.t0 is None or step <= self.s0:
+            return None
+        return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+
+
+# ---- checkpoints, atomic writes, RNG state
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to the fixed `name.tmp` beside `path`, then os.replace; start_run removes stale ones."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)
 
@@ -586,15 +887,40 @@ def atomic_torch_save(path: Path, obj) -> None:
     atomic_write(path, lambda p: torch.save(obj, p))
 
 
-def rng_state(np_rng: np.random.Generator, envs: list[gym.Env]) -> dict:
+def save_npz(path: Path, arrays: dict) -> None:
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+
+
+def rng_state(np_rng: np.random.Generator, envs: list) -> dict:
     return {
-        "python": random.getstate(), "numpy": np_rng.bit_generator.state, "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np_rng.bit_generator.state,
+        "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "envs": [env.unwrapped.np_random.bit_generator.state for env in envs],
-    }  # fmt: skip
+    }
 
 
-def set_rng_state(state: dict, np_rng: np.random.Generator, envs: list[gym.Env]) -> None:
+def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
+    """Replay rows to allocate: the phase's budget (capped by --sac.buffer-size), or what a checkpoint holds."""
+    return min(cfg.buffer_size, max(budget, len(ckpt["rb"]["obs"]) if ckpt else 0))
+
+
+def save_checkpoint(path: Path, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, progress: dict, disc=None) -> None:
+    state = {"agent": agent.state_dict(), "rb": rb.state_dict(), "progress": progress, "rng": rng_state(np_rng, envs)}
+    if disc is not None:
+        state["disc"] = disc.state_dict()
+    atomic_torch_save(path, state)
+
+
+def restore_checkpoint(ckpt: dict, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, disc=None) -> dict:
+    """Load a validated checkpoint into the phase's objects and RNGs; returns its progress counters."""
+    agent.load_state_dict(ckpt["agent"])
+    rb.load_state_dict(ckpt["rb"])
+    if disc is not None:
+        disc.load_state_dict(ckpt["disc"])
+    state = ckpt["rng"]
     random.setstate(state["python"])
     np_rng.bit_generator.state = state["numpy"]
     torch.set_rng_state(state["torch"])
@@ -602,57 +928,246 @@ def set_rng_state(state: dict, np_rng: np.random.Generator, envs: list[gym.Env])
         torch.cuda.set_rng_state_all(state["cuda"])
     for env, s in zip(envs, state["envs"]):
         env.unwrapped.np_random.bit_generator.state = s
+    return dict(ckpt["progress"])
 
 
-def open_checkpoint(
-    path: Path, device: torch.device, obs_dim: int, act_dim: int, budget: int, buffer_size: int, with_rewards: bool
-) -> tuple[Optional[dict], ReplayBuffer]:
-    """A phase's checkpoint (None when starting fresh) and its replay buffer, restored and large enough for the
-    saved content (a resumed run may have been given a smaller budget)."""
-    ckpt = torch.load(path, map_location=device, weights_only=False) if path.exists() else None
-    saved = len(ckpt["rb"]["obs"]) if ckpt else 0
-    rb = ReplayBuffer(obs_dim, act_dim, min(buffer_size, max(budget, saved)), device, with_rewards)
-    if ckpt:
-        rb.load_state_dict(ckpt["rb"])
-    return ckpt, rb
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory instead of re-faulting fresh pages for every update's tensors (measured up to
+    16 % of a SAC update on the 2-core VM, see the docs' speed section)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl): nothing to tune
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-def check_finite(losses: dict[str, torch.Tensor], phase: str, step: int) -> dict[str, float]:
+# ---- logging, plots, video, results
+def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
     if bad:
-        raise FloatingPointError(f"{phase}: non-finite {', '.join(bad)} at step {step}; lower the learning rates or check the demos")
+        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}")
     return values
 
 
-class SPSMeter:
-    """Steps per second after warm-up: counted from the first call of `start` (after learning_starts), with the
-    time spent in evaluation excluded; not a cumulative average from t = 0."""
+def log_losses(writer, phase: str, losses: dict, agent: SAC, step: int, meter: SPSMeter, disc_env_steps=None):
+    values = check_finite(losses, phase, step)
+    alpha, sps = float(agent.log_alpha.detach().exp()), meter.sps(step)
+    if phase == "expert":
+        for k, v in values.items():
+            writer.add_scalar(f"expert/{k}", v, step)
+        writer.add_scalar("expert/alpha", alpha, step)
+        if sps is not None:
+            writer.add_scalar("expert/SPS", sps, step)
+        return
+    for k, v in values.items():
+        writer.add_scalar("irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
+    writer.add_scalar("losses/alpha", alpha, step)
+    writer.add_scalar("charts/learning_rate", agent.cfg.policy_lr, step)
+    writer.add_scalar("irl/total_env_steps", step + disc_env_steps, step)
+    if sps is not None:
+        writer.add_scalar("charts/SPS", sps, step)
 
-    def __init__(self):
-        self.t0, self.s0, self.paused = None, 0, 0.0
 
-    def start(self, step: int) -> None:
-        if self.t0 is None:
-            self.t0, self.s0 = time.perf_counter(), step
-
-    def pause(self, seconds: float) -> None:
-        self.paused += seconds
-
-    def sps(self, step: int) -> Optional[float]:
-        if self.t0 is None or step <= self.s0:
-            return None
-        return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+def log_discriminator(writer, stats: dict, cfg: DiscArgs, progress: dict, step: int) -> None:
+    for name, v in stats.items():
+        writer.add_scalar(f"irl/{name}", v, step)
+    writer.add_scalar("irl/disc_learning_rate", disc_learning_rate(cfg.lr, progress["k"]), step)
+    writer.add_scalar("irl/outer_iteration", progress["k"], step)
+    writer.add_scalar("irl/disc_env_steps", progress["disc_env_steps"], step)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Expert data: validation, loading, writing
-# ----------------------------------------------------------------------------------------------------------------
-MINARI_PREFIX = "minari:"
+def log_episode(writer, from_expert: bool, ret: float, length: int, step: int, bar) -> None:
+    """Episodes started from an expert state have partial returns: logged apart from charts/episodic_return."""
+    if from_expert:
+        writer.add_scalar("irl/reset_episodic_return", ret, step)
+        return
+    writer.add_scalar("charts/episodic_return", ret, step)
+    writer.add_scalar("charts/episodic_length", length, step)
+    bar.set_postfix(ret=f"{ret:.0f}")
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
+
+
+def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
+    """learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
+    (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_e, ax_i) = plt.subplots(1, 2, figsize=(11, 4), dpi=90)
+    if len(expert_curve):
+        ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
+    if math.isfinite(expert_return):
+        ax_e.axhline(expert_return, color="k", ls=":", label="demos' mean return")
+    ax_e.set(title="expert phase", xlabel="env steps", ylabel="true return")
+    if history:
+        steps, means = [h["policy_steps"] for h in history], [h["mean"] for h in history]
+        ax_i.plot(steps, means, marker="o", label="learner (policy env steps)")
+        ax_i.plot([h["total_env_steps"] for h in history], means, ls="--", alpha=0.6, label="incl. discriminator steps")
+        ax_i.plot(steps[-1:], means[-1:], marker="*", ms=14, color="C3", ls="", label=f"latest: {means[-1]:.0f}")
+        ax_i.axhline(expert_return, color="k", ls=":", label="expert demos")
+    ax_i.set(title="IRL phase: deterministic evaluation", xlabel="env steps", ylabel="true return")
+    for ax in (ax_e, ax_i):
+        ax.legend(fontsize=8) if ax.get_legend_handles_labels()[0] else None
+    method = "FILTER" if args.irl.reset_prob > 0 else "MM"
+    fig.suptitle(f"{args.env_id}: {method} (reset {args.irl.reset_prob}), seed {args.seed}")
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+
+
+def write_video(path: Path, frames: list, fps: int) -> None:
+    """VP9 WebM (plays in browsers, TensorBoard and wandb) through opencv's writer, atomically."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.webm")  # opencv picks the container from the extension
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, (width, height))
+    for frame in frames:
+        writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    writer.release()
+    os.replace(tmp, path)
+
+
+def irl_results(args: Args, demos: dict, progress: dict) -> dict:
+    final, history = progress["history"][-1], progress["history"]
+    return {
+        "env_id": args.env_id,
+        "method": "FILTER" if args.irl.reset_prob > 0 else "MM",
+        "seed": args.seed,
+        "reset_prob": args.irl.reset_prob,
+        "final_eval": final,
+        "eval_mean": final["mean"],
+        "eval_std": final["std"],
+        "eval_returns": final["returns"],
+        "normalized_return": final["normalized"],
+        "expert_return": float(np.mean(demos["returns"])),
+        "best_eval_mean": max(h["mean"] for h in history),
+        "num_demos": int(len(demos["returns"])),
+        "policy_env_steps": progress["step"],
+        "disc_env_steps": progress["disc_env_steps"],
+        "total_env_steps": progress["step"] + progress["disc_env_steps"],
+        "outer_iterations": progress["k"],
+        "SPS": progress["SPS"],
+        "p_tremble": args.irl.p_tremble,
+        "eval_episodes": args.eval.episodes,
+        "history": history,
+    }
+
+
+# ---- the trained policy (docs/CONTRACT.md)
+def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    config = {
+        "obs_dim": info.obs_dim,
+        "act_dim": info.act_dim,
+        "hidden": args.sac.hidden_dim,
+        "low": info.low.tolist(),
+        "high": info.high.tolist(),
+    }
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
+    atomic_torch_save(path, saved)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    c = saved["config"]
+    actor = Actor(c["obs_dim"], c["act_dim"], np.array(c["low"]), np.array(c["high"]), c["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id = saved["env_id"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the registered MuJoCo env with its TimeLimit)."""
+    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id) for _ in range(num_envs)])
+
+
+def evaluate_saved_policy(args: Args) -> None:
+    """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt, write RUN_DIR/evaluations/eval_NNN.json (never overwritten)."""
+    run_dir = Path(args.eval_only)
+    path = run_dir / "policy.pt"
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; pass the run dir of a finished run (with policy.pt) to --eval-only")
+    check_args(args)
+    try:
+        saved_script = torch.load(path, map_location="cpu", weights_only=True)["script"]
+        policy = load_policy(path)
+    except Exception as e:  # any unreadable or foreign file is bad input
+        raise UsageError(f"{path} is not a readable policy.pt ({type(e).__name__}); re-run the training to rewrite it")
+    if saved_script != SCRIPT:
+        raise UsageError(f"{path} was written by {saved_script}; evaluate it with that script")
+    if args.capture_video:
+        check_rendering(policy.env_id)
+    check_writable(run_dir / "evaluations", "--eval-only")
+    number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
+    video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
+    rets = evaluate(policy, policy.env_id, args.eval.episodes, args.seed + 20_000, args.irl.p_tremble, video)
+    record = {
+        "env_id": policy.env_id,
+        "mean": float(np.mean(rets)),
+        "std": float(np.std(rets)),
+        "returns": rets,
+        "episodes": args.eval.episodes,
+        "seed": args.seed + 20_000,
+        "p_tremble": args.irl.p_tremble,
+    }
+    atomic_json(run_dir / "evaluations" / f"eval_{number:03d}.json", record)
+    print(
+        f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes "
+        f"-> {run_dir / 'evaluations' / f'eval_{number:03d}.json'}"
+    )
+
+
+# ---- expert data: the shared cache, user files and Minari datasets
+def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
+    """Write demos.npz, expert_actor.pt and expert_meta.json; a cache another run finished first is kept."""
+    cache = Path(args.expert.experts_dir) / args.env_id
+    if (cache / "demos.npz").exists():  # another run (or hype_irl_mujoco.py) finished first: never overwrite
+        print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
+        with np.load(cache / "demos.npz") as z:
+            return {k: z[k] for k in z.files}
+    obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
+    atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
+    actor_file = {
+        "actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()},
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "hidden": args.sac.hidden_dim,
+        "env_id": args.env_id,
+        "total_timesteps": args.expert.timesteps,
+        "mean_return": float(demos["returns"].mean()),
+    }
+    atomic_torch_save(cache / "expert_actor.pt", actor_file)
+    meta = {
+        "env_id": args.env_id,
+        "expert_timesteps": args.expert.timesteps,
+        "num_demos": len(demos["returns"]),
+        "return_mean": float(demos["returns"].mean()),
+        "return_std": float(demos["returns"].std()),
+        "seed": args.seed,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "script": SCRIPT,
+    }
+    atomic_json(cache / "expert_meta.json", meta)
+    print(f"expert: {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
+    return demos
 
 
 def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
-    """A downloaded Minari dataset in the demos.npz layout (without MuJoCo states); one-line UsageError otherwise."""
+    """A downloaded Minari dataset in the demos.npz layout (without MuJoCo states)."""
     try:
         import minari
     except ImportError:
@@ -667,8 +1182,11 @@ def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
         raise UsageError(f"cannot read Minari dataset {dataset_id} ({type(e).__name__}); delete and download it again")
     if not all(isinstance(ep.observations, np.ndarray) and isinstance(ep.actions, np.ndarray) for ep in episodes):
         raise UsageError(f"Minari dataset {dataset_id} has dict or tuple spaces; pass a dataset with flat Box spaces")
-    cat = lambda xs, dtype: np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)  # noqa: E731
     lengths = [len(ep.rewards) for ep in episodes]
+
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
     demos = {
         "observations": cat([ep.observations[:-1] for ep in episodes], np.float32),
         "next_observations": cat([ep.observations[1:] for ep in episodes], np.float32),
@@ -687,483 +1205,372 @@ def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
     return demos
 
 
-def load_demos(path: Path | str, env_id: str, obs_dim: int, act_dim: int, reset_prob: float) -> dict[str, np.ndarray]:
-    """Load and validate a demos.npz or a minari:ID dataset (see "Expert data format"); every failure is a one-line
-    UsageError."""
+def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, np.ndarray]:
+    """Load a demos.npz or a minari:ID dataset and check every key against the format and the env (`sizes`: obs,
+    act, nq, nv); every failure is a one-line UsageError naming the file and the key."""
     if str(path).startswith(MINARI_PREFIX):
         demos = minari_demos(str(path)[len(MINARI_PREFIX) :])
     else:
         try:
             with np.load(path, allow_pickle=False) as z:
                 demos = {k: z[k] for k in z.files}
-        except Exception as e:  # corrupt or not an npz
-            raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another --expert-path")
-    missing = [k for k in REQUIRED_DEMO_KEYS if k not in demos]
+        except Exception as e:  # corrupt, truncated or not an npz
+            raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another file")
+    missing = [k for k in list(DEMO_FORMAT) + ["env_id"] if k not in demos and k not in OPTIONAL_DEMO_KEYS]
     if missing:
-        raise UsageError(f"{path} lacks keys {', '.join(missing)}; see 'Expert data format' in filter_irl_mujoco.py's docstring")
+        raise UsageError(f"{path} lacks keys {', '.join(missing)}; see the expert-data format in docs/{SCRIPT[:-3]}.md")
+    if demos["env_id"].shape != () or demos["env_id"].dtype.kind != "U":
+        raise UsageError(f"{path}: key env_id must be a 0-d string array naming the env")
     if str(demos["env_id"]) != env_id:
-        raise UsageError(f"{path} holds demos of {demos['env_id']}, not {env_id}; pass matching --env-id or --expert-path")
-    o, a = demos["observations"], demos["actions"]
-    if o.ndim != 2 or o.shape[1] != obs_dim or demos["next_observations"].shape != o.shape:
-        raise UsageError(f"{path}: observation size {o.shape[1:]} does not match {env_id}'s {obs_dim}; pass demos of this env")
-    if a.ndim != 2 or a.shape[1] != act_dim or len(a) != len(o):
-        raise UsageError(f"{path}: action size {a.shape[1:]} does not match {env_id}'s {act_dim}; pass demos of this env")
-    if len(o) == 0 or len(demos["returns"]) < 1:
-        raise UsageError(f"{path} holds no complete episode; record at least one episode")
+        raise UsageError(f"{path} holds demos of {demos['env_id']} (key env_id), not {env_id}; pass matching demos")
+    check_demo_arrays(demos, path, sizes)
+    ids, n = demos["episode_ids"], len(demos["observations"])
+    first = np.r_[True, ids[1:] != ids[:-1]]
+    last = np.r_[ids[1:] != ids[:-1], True]
+    start_index = np.maximum.accumulate(np.where(first, np.arange(n), 0))
     if "timesteps" not in demos:  # derivable from episode_starts
-        starts = np.flatnonzero(demos["episode_starts"])
-        idx = np.arange(len(o))
-        demos["timesteps"] = idx - starts[np.searchsorted(starts, idx, side="right") - 1]
+        demos["timesteps"] = np.arange(n) - start_index
+    continues = np.allclose(
+        demos["next_observations"][:-1][~last[:-1]], demos["observations"][1:][~last[:-1]], rtol=1e-5, atol=1e-6
+    )
+    sums = np.bincount(ids, weights=demos["rewards"].astype(np.float64), minlength=len(demos["returns"]))
+    rules = [
+        (
+            "episode_ids",
+            np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(len(demos["returns"]))),
+            "must number the episodes 0..E-1 in order (E = len(returns))",
+        ),
+        ("episode_starts", np.array_equal(demos["episode_starts"].astype(bool), first), "disagrees with episode_ids"),
+        (
+            "timesteps",
+            np.array_equal(demos["timesteps"], np.arange(n) - start_index),
+            "must count 0, 1, ... inside each episode",
+        ),
+        ("next_observations", continues, "must equal the next transition's observation inside an episode"),
+        (
+            "terminals",
+            not np.any(demos["terminals"].astype(bool) & ~last),
+            "marks a step that does not end its episode",
+        ),
+        ("returns", np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
+    ]
+    for key, ok, message in rules:
+        if not ok:
+            raise UsageError(f"{path}: key {key} {message}")
     if reset_prob > 0 and any(k not in demos for k in STATE_KEYS):
-        raise UsageError(f"{path} has no qpos/qvel/qacc_warmstart, so expert resets are impossible; pass --reset-prob 0")
+        raise UsageError(
+            f"{path} has no qpos/qvel/qacc_warmstart, so expert resets are impossible; pass --irl.reset-prob 0"
+        )
     return demos
 
 
-def collect_demos(agent: SAC, env_id: str, num_demos: int, device: torch.device) -> dict[str, np.ndarray]:
-    """Roll out `num_demos` deterministic complete episodes with reset seeds 0, 1, 2, ... recording the MuJoCo
-    state (qpos, qvel, qacc_warmstart) BEFORE each step."""
-    env = make_env(env_id, 0)
-    low, high = env.action_space.low, env.action_space.high
-    rec: dict[str, list] = {k: [] for k in ("observations", "actions", "next_observations", "rewards", "terminals",
-                                            "timeouts", "episode_ids", "episode_starts", "timesteps", *STATE_KEYS)}  # fmt: skip
-    returns = []
-    for ep in range(num_demos):
-        obs, _ = env.reset(seed=ep)
-        t, ret, done = 0, 0.0, False
-        while not done:
-            qpos, qvel, qacc = mujoco_state(env)
-            action = np.clip(agent.act(obs, device, deterministic=True), low, high).astype(np.float32)
-            next_obs, reward, terminated, truncated, _ = env.step(action)
-            for k, v in zip(rec, (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, qpos, qvel, qacc)):
-                rec[k].append(v)
-            obs, t, ret, done = next_obs, t + 1, ret + float(reward), terminated or truncated
-        returns.append(ret)
-    env.close()
-    dtypes = {"observations": np.float32, "actions": np.float32, "next_observations": np.float32, "rewards": np.float32,
-              "terminals": bool, "timeouts": bool, "episode_ids": np.int64, "episode_starts": bool, "timesteps": np.int64,
-              "qpos": np.float64, "qvel": np.float64, "qacc_warmstart": np.float64}  # fmt: skip
-    demos = {k: np.asarray(v, dtype=dtypes[k]) for k, v in rec.items()}
-    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64), env_id=np.array(env_id))
-    return demos
+def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
+    """Dtype kind, shape and finiteness of every demos key (N transitions, E episodes, the env's widths)."""
+    lengths = [
+        len(demos[k]) if demos[k].ndim else -1
+        for k, (_, shape) in DEMO_FORMAT.items()
+        if k in demos and shape[0] == "N"
+    ]
+    n = max(set(lengths), key=lengths.count)  # the length most keys agree on: the odd key out is named
+    ids = demos["episode_ids"]
+    episodes = len(np.unique(ids)) if ids.ndim == 1 and ids.dtype.kind in "iu" else len(demos["returns"])
+    dims = {"N": n, "E": episodes, **sizes}
+    if n < 1 or dims["E"] < 1:
+        raise UsageError(f"{path} holds no complete expert episode; record at least one episode")
+    kinds = {np.float32: "fiu", np.float64: "fiu", np.int64: "iu", bool: "biu"}
+    for key, (dtype, shape) in DEMO_FORMAT.items():
+        if key not in demos:
+            continue
+        a, expected = demos[key], tuple(dims[d] for d in shape)
+        if a.dtype.kind not in kinds[dtype] or (
+            a.dtype.kind in "iu" and dtype is bool and not np.isin(a, (0, 1)).all()
+        ):
+            raise UsageError(f"{path}: key {key} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+        if a.shape != expected:
+            raise UsageError(f"{path}: key {key} has shape {a.shape}, expected {expected} for {sizes['env']}")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise UsageError(f"{path}: key {key} holds NaN or infinite values")
 
 
-def write_expert_cache(cache: Path, demos: dict, agent: SAC, args: Args, obs_dim: int, act_dim: int) -> None:
-    atomic_write(cache / "demos.npz", lambda p: np.savez_compressed(open(p, "wb"), **demos))
-    actor_file = {
-        "actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "obs_dim": obs_dim, "act_dim": act_dim,
-        "hidden": args.hidden_dim, "env_id": args.env_id, "total_timesteps": args.expert_timesteps,
-        "mean_return": float(demos["returns"].mean()),
-    }  # fmt: skip
-    atomic_torch_save(cache / "expert_actor.pt", actor_file)
-    meta = {
-        "env_id": args.env_id, "expert_timesteps": args.expert_timesteps, "num_demos": int(len(demos["returns"])),
-        "return_mean": float(demos["returns"].mean()), "return_std": float(demos["returns"].std()), "seed": args.seed,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "script": "filter_irl_mujoco.py",
-    }  # fmt: skip
-    atomic_json(cache / "expert_meta.json", meta)
+# ---- validation: every flag, the env id, the run dir and every artifact, before any work
+LIMITS = {  # every numeric field: its interval ("(" and ")" exclude the bound); NaN fails every range
+    "seed": "[0, 2e9]",
+    "torch_threads": "[0, 1024]",
+    "log_frequency": "[1, 1e9]",
+    "checkpoint_frequency": "[1, 1e9]",
+    "expert.timesteps": "[1, 1e9]",
+    "expert.num_demos": "[1, 1e5]",
+    "sac.buffer_size": "[1, 1e9]",
+    "sac.gamma": "[0, 1)",
+    "sac.tau": "(0, 1]",
+    "sac.batch_size": "[1, 65536]",
+    "sac.learning_starts": "[0, 1e9]",
+    "sac.policy_lr": "(0, 1]",
+    "sac.q_lr": "(0, 1]",
+    "sac.policy_frequency": "[1, 1000]",
+    "sac.target_network_frequency": "[1, 1e6]",
+    "sac.alpha": "(0, 100]",
+    "sac.hidden_dim": "[1, 4096]",
+    "disc.lr": "(0, 1]",
+    "disc.steps": "[1, 1e4]",
+    "disc.batch_size": "[1, 1e6]",
+    "disc.trajectories": "[1, 1000]",
+    "disc.gp_weight": "[0, 1e6]",
+    "disc.gp_target": "[0, 1000]",
+    "irl.total_timesteps": "[1, 1e9]",
+    "irl.train_every": "[1, 1e9]",
+    "irl.reset_prob": "[0, 1]",
+    "irl.p_tremble": "[0, 1]",
+    "irl.stop_at_normalized": "(0, 10]",
+    "eval.frequency": "[1, 1e9]",
+    "eval.episodes": "[1, 1e5]",
+}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Phases
-# ----------------------------------------------------------------------------------------------------------------
-def evaluate(agent: SAC, env_id: str, episodes: int, seed: int, p_tremble: float, device: torch.device) -> list[float]:
-    """`episodes` deterministic episodes (mean action; trembling hand as in training, like the reference)."""
-    env = make_env(env_id, seed)
-    rng = np.random.default_rng(seed)
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=seed + i)
-        ret, done = 0.0, False
-        while not done:
-            action = tremble(agent.act(obs, device, deterministic=True), rng, p_tremble, low, high)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            ret, done = ret + float(reward), terminated or truncated
-        returns.append(ret)
-    env.close()
-    return returns
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def train_expert(args: Args, run_dir: Path, writer, device: torch.device, stop: StopFlag) -> Optional[SAC]:
-    """Expert phase: CleanRL SAC on the TRUE reward for `expert_timesteps`; resumable from checkpoints/expert.pt.
-    Returns None when interrupted (a checkpoint was saved)."""
-    from tqdm import tqdm
+def flat_fields(obj, prefix: str = ""):
+    """(dotted name, value, type hint) of every leaf field of the nested Args."""
+    import typing
 
-    env = make_env(args.env_id, args.seed)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    low, high = env.action_space.low, env.action_space.high
-    agent = SAC(obs_dim, act_dim, low, high, args, device)
-    np_rng = np.random.default_rng(args.seed)
-    ckpt_path = run_dir / "checkpoints" / "expert.pt"
-    step, episodes = 0, 0
-    ckpt, rb = open_checkpoint(ckpt_path, device, obs_dim, act_dim, args.expert_timesteps, args.buffer_size, True)
-    if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        step, episodes = ckpt["step"], ckpt["episodes"]
-        set_rng_state(ckpt["rng"], np_rng, [env])
-        print(f"expert phase: resuming at step {step}", file=sys.stderr)
-
-    def save():
-        state = {"agent": agent.state_dict(), "rb": rb.state_dict(), "step": step, "episodes": episodes,
-                 "rng": rng_state(np_rng, [env])}  # fmt: skip
-        atomic_torch_save(ckpt_path, state)
-
-    obs, _ = env.reset(seed=args.seed + episodes)
-    ret, length = 0.0, 0
-    meter = SPSMeter()
-    pbar = tqdm(total=args.expert_timesteps, initial=step, desc="expert SAC", dynamic_ncols=True, mininterval=2)
-    while step < args.expert_timesteps:
-        if stop.stop:
-            save()
-            pbar.close()
-            return None
-        if step < args.learning_starts:
-            action = np_rng.uniform(low, high).astype(np.float32)
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from flat_fields(value, f"{prefix}{f.name}.")
         else:
-            action = agent.act(obs, device)
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        rb.add(obs, action, next_obs, terminated, reward)
-        ret, length = ret + float(reward), length + 1
-        obs = next_obs
-        if terminated or truncated:
-            writer.add_scalar("expert/episodic_return", ret, step)
-            writer.add_scalar("expert/episodic_length", length, step)
-            pbar.set_postfix(ret=f"{ret:.0f}")
-            episodes += 1
-            obs, _ = env.reset()
-            ret, length = 0.0, 0
-        step += 1
-        if step > args.learning_starts:
-            meter.start(step - 1)
-            losses = sac_train_step(agent, rb, step, args)
-            if step % args.log_frequency == 0:
-                values = check_finite(losses, "expert SAC", step)
-                for k, v in values.items():
-                    writer.add_scalar(f"expert/{k}", v, step)
-                writer.add_scalar("expert/alpha", float(agent.log_alpha.detach().exp()), step)
-                if (sps := meter.sps(step)) is not None:
-                    writer.add_scalar("expert/SPS", sps, step)
-        if step % args.checkpoint_frequency == 0:
-            save()
-        pbar.update(1)
-    pbar.close()
-    save()
+            yield f"{prefix}{f.name}", value, hints[f.name]
+
+
+def value_fits(value, hint) -> bool:
+    import types
+    import typing
+
+    origin, inner = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return value_fits(value, inner[0])
+    if origin is Literal:
+        return value in inner
+    if origin in (typing.Union, types.UnionType):
+        return any(value_fits(value, h) for h in inner)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def check_args(args: Args) -> None:
+    """Types, ranges (NaN fails every range) and cross-field rules of every flag."""
+    for name, value, hint in flat_fields(args):
+        if not value_fits(value, hint):
+            raise UsageError(f"{flag(name)} must be of type {hint}, not {value!r}")
+        if name in LIMITS and value is not None:
+            interval = LIMITS[name]
+            lo, hi = (float(x) for x in interval[1:-1].split(","))
+            above = lo < value if interval[0] == "(" else lo <= value
+            if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
+                raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+            raise UsageError(f"{flag(name)} has no validation rule (a bug in {SCRIPT})")
+    if not args.exp_name or "/" in args.exp_name:
+        raise UsageError("--exp-name must be a non-empty name without '/'")
+    if not args.expert.only and args.sac.learning_starts >= args.irl.total_timesteps:
+        raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
+    if args.track and importlib_missing("wandb"):
+        raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
+    if args.capture_video and importlib_missing("cv2"):
+        raise UsageError("--capture-video needs opencv-python: pip install opencv-python")
+
+
+def importlib_missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
+    """A gymnasium MuJoCo v5 env: other families, retired versions and near misses get a suggestion.
+    Returns the env's sizes (one env is made, here only)."""
+    if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+        raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
+    mujoco_ids = [k for k, s in gym.registry.items() if "mujoco" in str(s.entry_point)]
+    current = [k for k in mujoco_ids if k.endswith("-v5")]
+    if env_id not in gym.registry:
+        lower = {k.lower(): k for k in current}
+        close = difflib.get_close_matches(env_id.lower(), list(lower), n=3, cutoff=0.6)
+        guess = ", ".join(lower[c] for c in close) or "Hopper-v5"
+        raise UsageError(f"unknown env id {env_id!r}; did you mean {guess}? (--env-id)")
+    if env_id not in mujoco_ids:
+        raise UsageError(f"{env_id} is not a MuJoCo env; pass a MuJoCo v5 env such as Hopper-v5 (--env-id)")
+    if env_id not in current:
+        newer = env_id.rsplit("-v", 1)[0] + "-v5"
+        raise UsageError(f"{env_id} is a retired version; use {newer if newer in current else 'a -v5 env'} (--env-id)")
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # e.g. a broken MuJoCo install
+        raise UsageError(f"cannot create {env_id} ({type(e).__name__}: {e}); check the gymnasium[mujoco] install")
+    space = env.action_space
+    info = EnvInfo(env.observation_space.shape[0], space.shape[0], space.low, space.high)
+    model = env.unwrapped.model
     env.close()
-    return agent
+    return info, {"obs": info.obs_dim, "act": info.act_dim, "nq": model.nq, "nv": model.nv, "env": env_id}
 
 
-def build_expert_data(args: Args, run_dir: Path, writer, device, stop: StopFlag, obs_dim: int, act_dim: int):
-    """Demos from --expert-path, else from the cache, else train the expert, roll out the demos and cache them."""
-    if args.expert_path:
-        return load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob)
-    cache = Path(args.experts_dir) / args.env_id
-    if (cache / "demos.npz").exists():
-        return load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
-    agent = train_expert(args, run_dir, writer, device, stop)
-    if agent is None:
+def check_rendering(env_id: str) -> None:
+    """--capture-video: MuJoCo must be able to render off-screen (EGL unless MUJOCO_GL says otherwise)."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE)
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as e:
+        raise UsageError(f"--capture-video: MuJoCo cannot render here ({type(e).__name__}); set MUJOCO_GL=egl/osmesa")
+
+
+def check_writable(path: Path, flag_name: str) -> None:
+    """The nearest existing ancestor must be a directory we can create something in (nothing is left behind)."""
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(parent)
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError:
+        raise UsageError(f"{flag_name} {path} is not writable here; pass a path you can write")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}); delete it (or the run dir) and re-run")
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object; delete it (or the run dir) and re-run")
+    return data
+
+
+def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> Optional[dict]:
+    """A phase's checkpoint, loaded and checked against this run's networks; None when there is none."""
+    if not path.exists():
         return None
-    if (cache / "demos.npz").exists():  # another run (or hype_irl_mujoco.py) finished first: never overwrite
-        print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
-        return load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
-    demos = collect_demos(agent, args.env_id, args.num_demos, device)
-    write_expert_cache(cache, demos, agent, args, obs_dim, act_dim)
-    print(f"expert: {args.num_demos} demos, return {demos['returns'].mean():.1f} +- {demos['returns'].std():.1f} -> {cache}")
-    return demos
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        SAC(info, args.sac, torch.device("cpu")).load_state_dict(ckpt["agent"])
+        if with_disc:
+            Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).load_state_dict(ckpt["disc"])
+        rb, progress = ckpt["rb"], ckpt["progress"]
+        widths = (rb["obs"].shape[1], rb["next_obs"].shape[1], rb["actions"].shape[1])
+        assert widths == (info.obs_dim, info.obs_dim, info.act_dim) and isinstance(progress["step"], int)
+        assert len({len(rb[k]) for k in ("obs", "next_obs", "actions", "dones")}) == 1 and len(ckpt["rng"]["envs"])
+    except Exception as e:  # truncated, random bytes, another script's or another configuration's file
+        raise UsageError(
+            f"{path} is corrupt or from another configuration ({type(e).__name__}); delete it to redo that phase"
+        )
+    return ckpt
 
 
-class LearnerEnv:
-    """The learner's training env: each episode starts, with probability `reset_prob`, from a uniformly chosen
-    expert state (exact restore, remaining horizon); actions pass through the trembling hand. It returns the true
-    reward only for LOGGING: the training loop never gives it to the replay buffer."""
-
-    def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng: np.random.Generator):
-        self.env, self.demos, self.reset_prob, self.p_tremble, self.rng = env, demos, reset_prob, p_tremble, rng
-        self.num_states = len(demos["observations"]) if all(k in demos for k in STATE_KEYS) else 0
-        self.low, self.high = env.action_space.low, env.action_space.high
-        self.from_expert = False
-
-    def reset(self, seed: Optional[int] = None) -> np.ndarray:
-        obs, _ = self.env.reset(seed=seed)
-        i = sample_start(self.rng, self.reset_prob, self.num_states)
-        self.from_expert = i >= 0
-        if self.from_expert:
-            d = self.demos
-            restore_state(self.env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["timesteps"][i])
-            # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
-            # forces/inertias that gymnasium reads after mj_step, i.e. computed at the PREVIOUS state; the physics
-            # state, and so every later observation, is exact.
-            obs = d["observations"][i].astype(np.float64)
-        return obs
-
-    def step(self, action: np.ndarray):
-        action = tremble(action, self.rng, self.p_tremble, self.low, self.high)
-        next_obs, reward, terminated, truncated, _ = self.env.step(action)
-        return action, next_obs, reward, terminated, truncated
+def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
+    """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
+    except SystemExit as e:
+        if not e.code:
+            raise
+        lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+        lines = [ln for ln in lines if ln]
+        raise UsageError(f"{lines[1] if len(lines) > 1 else 'invalid command line'} (see --help)")
 
 
-def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int, device: torch.device) -> tuple[np.ndarray, int]:
-    """Fresh complete trajectories of the current (stochastic) policy; returns their (s, a) pairs and env steps."""
-    pairs = []
-    for _ in range(num_traj):
-        obs, done = env.reset(), False
-        while not done:
-            action, next_obs, _, terminated, truncated = env.step(agent.act(obs, device))
-            pairs.append(np.concatenate([obs, action]).astype(np.float32))
-            obs, done = next_obs, terminated or truncated
-    return np.stack(pairs), len(pairs)
+def args_from_dict(cls, data: dict):
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            kwargs[f.name] = (
+                args_from_dict(nested, data[f.name]) if nested and isinstance(data[f.name], dict) else data[f.name]
+            )
+    return cls(**kwargs)
 
 
-def update_discriminator(
-    disc: Discriminator, expert_pairs: torch.Tensor, learner_pairs: torch.Tensor, k: int, args: Args,
-) -> dict[str, float]:  # fmt: skip
-    """Outer iteration k: a FRESH Adam at lr0 / max(1, k) (the reference re-creates its OAdam each iteration, so no
-    optimiser state carries over), `disc_steps` steps on disc_batch_size expert vs learner pairs (with replacement)."""
-    optimizer = torch.optim.Adam(disc.parameters(), lr=disc_learning_rate(args.disc_lr, k), betas=(0.9, 0.999))
-    device = expert_pairs.device
-    for _ in range(args.disc_steps):
-        xe = expert_pairs[torch.randint(len(expert_pairs), (args.disc_batch_size,), device=device)]
-        xl = learner_pairs[torch.randint(len(learner_pairs), (args.disc_batch_size,), device=device)]
-        alpha = torch.rand(args.disc_batch_size, 1, device=device)
-        loss, ipm, gp = discriminator_loss(disc, xe, xl, alpha, args.gp_weight, args.gp_target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return check_finite({"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}, "discriminator", k)
-
-
-def plot_curve(path: Path, history: list[dict], expert_return: float, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
-    if history:
-        steps = [h["policy_steps"] for h in history]
-        ax.plot(steps, [h["mean"] for h in history], marker="o", label="learner (policy env steps)")
-        ax.plot([h["total_env_steps"] for h in history], [h["mean"] for h in history], ls="--", alpha=0.6,
-                label="learner (incl. discriminator steps)")  # fmt: skip
-    ax.axhline(expert_return, color="k", ls=":", label="expert demos")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("true return (deterministic eval)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png"))
-    plt.close(fig)
-
-
-def train_irl(
-    args: Args, run_dir: Path, writer, device: torch.device, demos: dict, stop: StopFlag,
-    env_fn: Callable[[str, int], gym.Env] = make_env,
-) -> Optional[dict]:  # fmt: skip
-    """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
-    steps whose every sampled transition is relabelled with the current discriminator). Returns results, or None
-    when interrupted (checkpoint saved). `env_fn` builds the training envs (tests pass reward-poisoned ones)."""
-    from tqdm import tqdm
-
-    env, disc_env = env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    low, high = env.action_space.low, env.action_space.high
-    np_rng = np.random.default_rng(args.seed)
-    learner_env = LearnerEnv(env, demos, args.reset_prob, args.p_tremble, np_rng)
-    disc_learner_env = LearnerEnv(disc_env, demos, args.reset_prob if args.disc_reset else 0.0, args.p_tremble, np_rng)
-    disc_env.reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; later resets continue it
-    agent = SAC(obs_dim, act_dim, low, high, args, device)
-    disc = Discriminator(obs_dim, act_dim, args.hidden_dim).to(device)
-    expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=device)
-    expert_return = float(np.mean(demos["returns"]))
-    c = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval_frequency}
-    ckpt_path = run_dir / "checkpoints" / "irl.pt"
-    # the learner's buffer has NO reward storage: its rewards can only come from the discriminator
-    ckpt, rb = open_checkpoint(ckpt_path, device, obs_dim, act_dim, args.total_timesteps, args.buffer_size, False)
-    if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        disc.load_state_dict(ckpt["disc"])
-        c = ckpt["counters"]
-        set_rng_state(ckpt["rng"], np_rng, [env, disc_env])
-        print(f"IRL phase: resuming at step {c['step']} (outer iteration {c['k']})", file=sys.stderr)
-
-    def save():
-        state = {"agent": agent.state_dict(), "disc": disc.state_dict(), "rb": rb.state_dict(), "counters": c,
-                 "rng": rng_state(np_rng, [env, disc_env]), "args": dataclasses.asdict(args)}  # fmt: skip
-        atomic_torch_save(ckpt_path, state)
-
-    def run_eval():
-        t = time.perf_counter()
-        rets = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10_000, args.p_tremble, device)
-        mean = float(np.mean(rets))
-        entry = {"policy_steps": c["step"], "total_env_steps": c["step"] + c["disc_env_steps"], "mean": mean,
-                 "std": float(np.std(rets)), "normalized": normalized_return(mean, expert_return), "returns": rets}  # fmt: skip
-        c["history"].append(entry)
-        writer.add_scalar("eval/episodic_return", mean, c["step"])
-        writer.add_scalar("eval/normalized_return", entry["normalized"], c["step"])
-        writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, entry["total_env_steps"])
-        meter.pause(time.perf_counter() - t)
-        return entry
-
-    def reward_fn(o, a):
-        return relabel_rewards(disc, o, a)
-
-    meter = SPSMeter()
-    obs = learner_env.reset(seed=args.seed + c["episodes"])
-    ret, length = 0.0, 0
-    pbar = tqdm(total=args.total_timesteps, initial=c["step"], desc=f"IRL (reset {args.reset_prob})", dynamic_ncols=True,
-                mininterval=2)  # fmt: skip
-    while c["step"] < args.total_timesteps:
-        if stop.stop:
-            save()
-            pbar.close()
-            return None
-        step = c["step"]
-        if step % args.train_every == 0 and c["k"] <= step // args.train_every:
-            # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
-            learner_pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc_trajectories, device)
-            c["disc_env_steps"] += n
-            d = update_discriminator(disc, expert_pairs, torch.as_tensor(learner_pairs, device=device), c["k"], args)
-            for name, v in d.items():
-                writer.add_scalar(f"irl/{name}", v, step)
-            writer.add_scalar("irl/disc_learning_rate", disc_learning_rate(args.disc_lr, c["k"]), step)
-            writer.add_scalar("irl/outer_iteration", c["k"], step)
-            writer.add_scalar("irl/disc_env_steps", c["disc_env_steps"], step)
-            c["k"] += 1
-        if step < args.learning_starts:
-            action = np_rng.uniform(low, high).astype(np.float32)
-        else:
-            action = agent.act(obs, device)
-        action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
-        rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
-        ret, length = ret + float(env_reward), length + 1  # true return, for logging only
-        obs = next_obs
-        if terminated or truncated:
-            tag = "irl/reset_episodic_return" if learner_env.from_expert else "charts/episodic_return"
-            writer.add_scalar(tag, ret, step)
-            if not learner_env.from_expert:
-                writer.add_scalar("charts/episodic_length", length, step)
-                pbar.set_postfix(ret=f"{ret:.0f}")
-            c["episodes"] += 1
-            obs, ret, length = learner_env.reset(), 0.0, 0
-        c["step"] = step = step + 1
-        if step > args.learning_starts:
-            meter.start(step - 1)
-            losses = sac_train_step(agent, rb, step, args, reward_fn)
-            if step % args.log_frequency == 0:
-                values = check_finite(losses, "IRL learner", step)
-                for k, v in values.items():
-                    writer.add_scalar("irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
-                writer.add_scalar("losses/alpha", float(agent.log_alpha.detach().exp()), step)
-                writer.add_scalar("charts/learning_rate", args.policy_lr, step)
-                writer.add_scalar("irl/total_env_steps", step + c["disc_env_steps"], step)
-                if (sps := meter.sps(step)) is not None:
-                    writer.add_scalar("charts/SPS", sps, step)
-                    pbar.set_postfix(sps=f"{sps:.0f}")
-        if step >= c["next_eval"]:
-            entry = run_eval()
-            c["next_eval"] += args.eval_frequency
-            tqdm.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
-            if args.stop_at_normalized is not None and entry["normalized"] >= args.stop_at_normalized:
-                break
-        if step % args.checkpoint_frequency == 0:
-            save()
-        pbar.update(1)
-    pbar.close()
-    if not c["history"] or c["history"][-1]["policy_steps"] != c["step"]:
-        run_eval()
-    save()
-    env.close()
-    disc_env.close()
-    final = c["history"][-1]
-    sps = meter.sps(c["step"])
-    results = {
-        "env_id": args.env_id, "method": "FILTER" if args.reset_prob > 0 else "MM", "reset_prob": args.reset_prob,
-        "seed": args.seed, "final_eval": final, "eval_mean": final["mean"], "eval_std": final["std"],
-        "eval_returns": final["returns"], "normalized_return": final["normalized"], "expert_return": expert_return,
-        "best_eval_mean": max(h["mean"] for h in c["history"]),
-        "num_demos": int(len(demos["returns"])), "policy_env_steps": c["step"], "disc_env_steps": c["disc_env_steps"],
-        "total_env_steps": c["step"] + c["disc_env_steps"], "outer_iterations": c["k"], "SPS": sps,
-        "p_tremble": args.p_tremble, "eval_episodes": args.eval_episodes, "history": c["history"],
-    }  # fmt: skip
-    if args.save_model:
-        atomic_torch_save(run_dir / "actor.pt", {"actor": agent.actor.state_dict(), "obs_dim": obs_dim,
-                                                 "act_dim": act_dim, "hidden": args.hidden_dim, "env_id": args.env_id})  # fmt: skip
-    plot_curve(run_dir / "learning_curve.png", c["history"], expert_return,
-               f"{args.env_id} {results['method']} (reset {args.reset_prob})")  # fmt: skip
-    return results
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# main
-# ----------------------------------------------------------------------------------------------------------------
-def validate(args: Args) -> Path:
-    """Check every documented bad input BEFORE anything is written; return the run dir."""
-    for name in ("total_timesteps", "expert_timesteps", "batch_size", "train_every", "disc_batch_size", "num_demos",
-                 "eval_frequency", "eval_episodes", "log_frequency", "checkpoint_frequency", "disc_trajectories"):  # fmt: skip
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if not 0.0 <= args.reset_prob <= 1.0 or not 0.0 <= args.p_tremble <= 1.0:
-        raise UsageError("--reset-prob and --p-tremble must be probabilities in [0, 1]")
-    if args.torch_threads < 0:
-        raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
-    check_env_id(args.env_id)
-    env = gym.make(args.env_id)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    env.close()
-    if args.expert_path:
-        if not args.expert_path.startswith(MINARI_PREFIX) and not Path(args.expert_path).is_file():
-            raise UsageError(f"--expert-path {args.expert_path} does not exist; pass a demos.npz or drop the flag to use the cache")
-        load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob)
-    elif (Path(args.experts_dir) / args.env_id / "demos.npz").exists():
-        load_demos(Path(args.experts_dir) / args.env_id / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob)
-    run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    if (run_dir / "args.json").exists():
-        old = json.loads((run_dir / "args.json").read_text())
-        if old.get("env_id") != args.env_id:
-            raise UsageError(f"run dir {run_dir} holds a {old.get('env_id')} run, not {args.env_id}; pass another --run-dir")
-    if (run_dir / "results.json").exists():
-        raise UsageError(f"run dir {run_dir} already holds a finished run (results.json); pass a new --run-dir")
-    return run_dir
-
-
-def cli(argv: Optional[list[str]] = None) -> Args:
-    """Parse the command line; when --run-dir names an existing run, its saved args.json are the defaults, so
-    `--run-dir X` alone resumes it and explicitly passed flags still win."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = tyro.cli(Args, args=argv)
-    saved_path = Path(args.run_dir) / "args.json" if args.run_dir else None
-    if saved_path is not None and saved_path.exists():
-        try:
-            saved = json.loads(saved_path.read_text())
-            fields = {f.name for f in dataclasses.fields(Args)}
-            default = Args(**{k: v for k, v in saved.items() if k in fields})
-        except (ValueError, TypeError):
-            print(f"error: {saved_path} is not a run's args.json; pass another --run-dir", file=sys.stderr)
-            raise SystemExit(2)
-        args = tyro.cli(Args, args=argv, default=default)
+def parse_args(argv: Optional[list[str]]) -> Args:
+    """The command line; when --run-dir names an existing run of this script, its args.json supplies the defaults,
+    so `--run-dir X` alone resumes it and flags passed again win."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = tyro_cli(argv, None)
+    saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
+    if saved_path is None or not saved_path.exists():
+        return args
+    saved = read_json(saved_path)
+    if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
+        raise UsageError(
+            f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
+            "pass another --run-dir"
+        )
+    try:
+        default = args_from_dict(Args, saved["args"])
+    except TypeError as e:
+        raise UsageError(f"{saved_path} does not hold this script's settings ({e}); pass another --run-dir")
+    check_args(default)
+    args = tyro_cli(argv, default)
+    if args.env_id != saved.get("env_id"):
+        raise UsageError(
+            f"run dir {args.run_dir} holds a {saved.get('env_id')} run, not {args.env_id}; pass another --run-dir"
+        )
     return args
 
 
-def eval_only(args: Args, device: torch.device) -> None:
-    path = Path(args.eval_only) / "actor.pt"
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist; pass a finished run dir to --eval-only")
-    saved = torch.load(path, map_location=device, weights_only=False)
-    env = make_env(saved["env_id"], args.seed)
-    args = dataclasses.replace(args, hidden_dim=saved["hidden"])
-    agent = SAC(saved["obs_dim"], saved["act_dim"], env.action_space.low, env.action_space.high, args, device)
-    agent.actor.load_state_dict(saved["actor"])
-    rets = evaluate(agent, saved["env_id"], args.eval_episodes, args.seed + 20_000, args.p_tremble, device)
-    print(json.dumps({"env_id": saved["env_id"], "mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets}))
+def validate(args: Args) -> Setup:
+    """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
+    check_args(args)
+    info, sizes = check_env_id(args.env_id)
+    row_bytes = 4 * (2 * info.obs_dim + info.act_dim + 2)
+    rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
+    if rows * row_bytes > memory / 2:
+        raise UsageError(
+            f"a replay buffer of {rows} rows needs {rows * row_bytes / 2**30:.1f} GiB, over half this "
+            "machine's memory; lower --sac.buffer-size"
+        )
+    if args.capture_video:
+        check_rendering(args.env_id)
+    run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file; pass a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / "args.json").exists():
+        raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
+    if (run_dir / "results.json").exists():
+        read_json(run_dir / "results.json")
+        return Setup(run_dir, finished=True)
+    check_writable(run_dir, "--run-dir")
+    cache = Path(args.expert.experts_dir) / args.env_id / "demos.npz"
+    path = args.expert.path
+    if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
+        raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
+    if not path and cache.exists():
+        path = cache
+    demos = load_demos(path, args.env_id, sizes, 0 if args.expert.only else args.irl.reset_prob) if path else None
+    checkpoints = {}
+    if demos is None:
+        check_writable(cache.parent, "--expert.experts-dir")
+        if args.sac.learning_starts >= args.expert.timesteps:
+            raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
+        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
+    if not args.expert.only:
+        checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
+    return Setup(run_dir, info, demos, checkpoints)
 
 
-def main(args: Args) -> None:
-    try:
-        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        if args.eval_only:
-            return eval_only(args, device)
-        run_dir = validate(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+# ---- starting and ending a run
+def start_run(args: Args, run_dir: Path) -> Run:
     from torch.utils.tensorboard import SummaryWriter
 
     keep_freed_memory()
@@ -1173,46 +1580,37 @@ def main(args: Args) -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
+        stale.unlink()
+    atomic_json(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_dir.name,
+            save_code=True,
+        )
+    writer = SummaryWriter(str(run_dir))
+    rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
     stop = StopFlag()
     stop.install()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_json(run_dir / "args.json", dataclasses.asdict(args))
-    if args.track:
-        try:
-            import wandb
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    print(f"run dir: {run_dir}")
+    return Run(run_dir, writer, device, stop)
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=dataclasses.asdict(args), name=run_dir.name, save_code=True)  # fmt: skip
-        except ImportError:
-            print("--track: wandb is not installed; logging to TensorBoard only", file=sys.stderr)
-    writer = SummaryWriter(str(run_dir))
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    env = gym.make(args.env_id)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    env.close()
-    try:
-        demos = build_expert_data(args, run_dir, writer, device, stop, obs_dim, act_dim)
-        if demos is None or args.expert_only:
-            if demos is None:
-                print(f"interrupted: checkpoint saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
-            writer.close()
-            return
-        results = train_irl(args, run_dir, writer, device, demos, stop)
-    except FloatingPointError as e:
-        writer.close()
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    writer.close()
-    if results is None:
-        print(f"interrupted: checkpoint saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
-        return
-    atomic_json(run_dir / "results.json", results)
-    print(f"final eval return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
-          f"({results['normalized_return']:.2f} of expert) -> {run_dir}")  # fmt: skip
+
+def finish_run(run: Run, message: Optional[str] = None) -> None:
+    run.writer.close()
+    if message:
+        print(message, file=sys.stderr)
+    print(f"run dir: {run.dir}")
 
 
 if __name__ == "__main__":
-    main(cli())
+    main()

@@ -9,30 +9,30 @@ EXPERT_STEPS=${EXPERT_STEPS:-20000}   # the reference trains 1M steps; this cont
 IRL_STEPS=${IRL_STEPS:-20000}         # equal budget for FILTER and MM (the reference: 1M)
 EVID2=runs/filter_evidence2           # evidence run 2: 100k-step expert, IRL2_STEPS learner steps per method
 IRL2_STEPS=${IRL2_STEPS:-20000}
-IRL_FLAGS=(--train-every 1000 --eval-frequency 2500 --eval-episodes 5 --learning-starts 2000 --disc-lr 8e-3 --disc-steps 5 --checkpoint-frequency 2500)
+IRL_FLAGS=(--irl.train-every 1000 --eval.frequency 2500 --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-frequency 2500)
 
 case "${1:-}" in
   expert)  # SAC expert on the true reward + 64 deterministic demos, cached in experts/Hopper-v5/ (shared with HyPE).
-    # Recorded run: started with --expert-timesteps 60000, stopped (SIGTERM) at 12,889 steps and resumed with the
+    # Recorded run: started with --expert.timesteps 60000, stopped (SIGTERM) at 12,889 steps and resumed with the
     # same --run-dir and a smaller budget (30000, then 20000) when the machine's load made 60k impossible.
-    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --expert-only --expert-timesteps "$EXPERT_STEPS" \
+    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --expert.only --expert.timesteps "$EXPERT_STEPS" \
       --seed 1 --run-dir $EVID/hopper_expert
     ;;
   irl)  # FILTER (reset 0.5) and MM (reset 0) at equal budgets on the cached demos, run side by side.
-    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob 0.5 --total-timesteps "$IRL_STEPS" \
+    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --irl.reset-prob 0.5 --irl.total-timesteps "$IRL_STEPS" \
       "${IRL_FLAGS[@]}" --seed 1 --run-dir $EVID/hopper_filter > $EVID/hopper_filter.log 2>&1 &
-    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob 0 --total-timesteps "$IRL_STEPS" \
+    nice -n 15 python filter_irl_mujoco.py --env-id Hopper-v5 --irl.reset-prob 0 --irl.total-timesteps "$IRL_STEPS" \
       "${IRL_FLAGS[@]}" --seed 1 --run-dir $EVID/hopper_mm > $EVID/hopper_mm.log 2>&1 &
     wait
     ;;
   expert2)  # evidence run 2 (third session): a 100k-step SAC expert in its own cache (the 20k one stays in experts/)
-    nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --expert-only --expert-timesteps 100000 --seed 1 \
-      --torch-threads 1 --experts-dir $EVID2/experts --run-dir $EVID2/hopper_expert > $EVID2/hopper_expert.log 2>&1
+    nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --expert.only --expert.timesteps 100000 --seed 1 \
+      --torch-threads 1 --expert.experts-dir $EVID2/experts --run-dir $EVID2/hopper_expert > $EVID2/hopper_expert.log 2>&1
     ;;
   irl2)  # evidence run 2: FILTER and MM at equal budgets (IRL2_STEPS) on the 100k expert's demos, side by side
     for r in "filter 0.5" "mm 0"; do set -- $r
-      nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --reset-prob "$2" --total-timesteps "$IRL2_STEPS" \
-        "${IRL_FLAGS[@]}" --torch-threads 1 --experts-dir $EVID2/experts --seed 1 \
+      nice -n 10 python filter_irl_mujoco.py --env-id Hopper-v5 --irl.reset-prob "$2" --irl.total-timesteps "$IRL2_STEPS" \
+        "${IRL_FLAGS[@]}" --torch-threads 1 --expert.experts-dir $EVID2/experts --seed 1 \
         --run-dir $EVID2/hopper_$1 > $EVID2/hopper_$1.log 2>&1 &
     done
     wait
@@ -79,12 +79,12 @@ EOF
     ;;
   throughput-expert)  # expert SAC phase: raw Hopper-v5 steps/s vs expert/SPS (empty experts dir -> expert phase)
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" --tag expert/SPS \
-      --label "filter-expert-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --experts-dir "$(mktemp -d)" \
-      --expert-only --learning-starts 1000 --torch-threads "${THREADS:-1}"
+      --label "filter-expert-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --expert.experts-dir "$(mktemp -d)" \
+      --expert.only --sac.learning-starts 1000 --torch-threads "${THREADS:-1}"
     ;;
   throughput-irl)  # IRL phase (relabelling, discriminator rollouts and updates) on the cached demos
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds "${TRAIN_SECONDS:-150}" \
-      --label "filter-irl-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --learning-starts 1000 --train-every 1000 --torch-threads "${THREADS:-1}"
+      --label "filter-irl-threads${THREADS:-1}" -- python filter_irl_mujoco.py --env-id Hopper-v5 --sac.learning-starts 1000 --irl.train-every 1000 --torch-threads "${THREADS:-1}"
     ;;
   throughput-cleanrl)  # the baseline in the same window: CleanRL's sac_continuous_action.py at a pinned commit, patched
     # only to import SB3's ReplayBuffer (cleanrl_utils' is a copy of it) and for gymnasium 1.x (no final_observation
@@ -107,7 +107,7 @@ import os, time, numpy as np, torch
 torch.set_num_threads(int(os.environ["THREADS"]))
 import filter_irl_mujoco as m
 dev = torch.device("cpu")
-agent = m.SAC(11, 3, -np.ones(3), np.ones(3), m.Args(), dev)
+agent = m.SAC(m.EnvInfo(11, 3, -np.ones(3), np.ones(3)), m.SACArgs(), dev)
 rb = m.ReplayBuffer(11, 3, 10000, dev, True)
 for _ in range(3000):
     rb.add(np.random.randn(11), np.random.randn(3), np.random.randn(11), False, 1.0)
@@ -132,7 +132,7 @@ for n in (256, 512, 1024):
     t = time.perf_counter()
     for _ in range(500): torch.mm(a, b, out=c)
     print(f"mm {n}x256x256: {2 * n * 256 * 256 / ((time.perf_counter() - t) / 500) / 1e9:.0f} GFLOP/s")
-agent = m.SAC(11, 3, -np.ones(3), np.ones(3), m.Args(), torch.device("cpu"))
+agent = m.SAC(m.EnvInfo(11, 3, -np.ones(3), np.ones(3)), m.SACArgs(), torch.device("cpu"))
 rb = m.ReplayBuffer(11, 3, 10000, torch.device("cpu"), True)
 for _ in range(3000):
     rb.add(np.random.randn(11), np.random.randn(3), np.random.randn(11), False, 1.0)
@@ -143,11 +143,11 @@ def critic_loss(obs, actions, next_obs, dones, rewards):
     alpha = agent.log_alpha.detach().exp()
     with torch.no_grad():
         na, nlp, _ = agent.actor.get_action(next_obs)
-        target = m.soft_q_target(rewards, dones, agent.qf_target(next_obs, na).min(0).values, nlp, alpha, agent.gamma)
+        target = m.soft_q_target(rewards, dones, agent.qf_target(next_obs, na).min(0).values, nlp, alpha, agent.cfg.gamma)
     return (agent.qf(obs, actions) - target).pow(2).mean(1).sum()
 def actor_loss(obs):
     actions, log_prob, _ = agent.actor.get_action(obs)
-    q = agent.qf(obs, actions, [p.detach() for p in agent.qf.param_list()]).min(0).values
+    q = agent.qf(obs, actions).min(0).values  # critic grads are cleared by the next critic step
     alpha_loss = (-agent.log_alpha.exp() * (log_prob.detach() + agent.target_entropy)).mean()
     return (agent.log_alpha.detach().exp() * log_prob - q).mean() + alpha_loss
 cl, al = torch.compile(critic_loss), torch.compile(actor_loss)

@@ -1,11 +1,19 @@
 """Tests of filter_irl_mujoco.py: the math against hand-computed values, exact expert resets, the reset
 probability, reward relabelling (and that env rewards never reach the learner), a behavioural FILTER run on
-InvertedPendulum-v5, a smoke run of the real command, resume, and every documented bad input."""
+InvertedPendulum-v5, a smoke run of the real command, resume, the user contract (policy.pt and the five-line
+snippet, --eval-only, VP9 video, exit codes, reproducibility) and generated bad input (flags, env ids, mutated
+demos, corrupt run-dir files)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import json
 import math
+import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,14 +21,36 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    REPO_ROOT,
+    apply_flag,
+    corrupt_file,
+    interrupt_when_exists,
+    mutated_arrays,
+    numeric_flag_cases,
+    one_line_exit_2,
+    subprocess_env,
+    write_minari_dataset,
+)
 
 import filter_irl_mujoco as fi
-from conftest import REPO_ROOT, interrupt_when_exists, write_minari_dataset
 
 SCRIPT = "filter_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
 CPU = torch.device("cpu")
-TINY = ["--hidden-dim", "32", "--batch-size", "32", "--disc-batch-size", "64", "--eval-episodes", "1", "--p-tremble", "0"]
+PENDULUM_SIZES = {"obs": 4, "act": 1, "nq": 2, "nv": 2, "env": PENDULUM}
+TINY = [
+    "--sac.hidden-dim",
+    "32",
+    "--sac.batch-size",
+    "32",
+    "--disc.batch-size",
+    "64",
+    "--eval.episodes",
+    "1",
+    "--irl.p-tremble",
+    "0",
+]
 
 
 class HandExpert:
@@ -28,7 +58,7 @@ class HandExpert:
 
     gains = np.array([0.5, 5.0, 0.5, 0.5])
 
-    def act(self, obs, device=None, deterministic=True):
+    def act(self, obs, deterministic=True):
         return np.clip(np.array([self.gains @ obs]), -3, 3).astype(np.float32)
 
 
@@ -37,7 +67,7 @@ class RandomActor:
         self.space = gym.make(env_id).action_space
         self.space.seed(seed)
 
-    def act(self, obs, device=None, deterministic=True):
+    def act(self, obs, deterministic=True):
         return self.space.sample()
 
 
@@ -48,7 +78,7 @@ def save_npz(path: Path, demos: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def pendulum_demos() -> dict:
-    return fi.collect_demos(HandExpert(), PENDULUM, 2, CPU)
+    return fi.collect_demos(HandExpert(), PENDULUM, 2)
 
 
 @pytest.fixture
@@ -56,11 +86,31 @@ def demos_file(tmp_path, pendulum_demos) -> Path:
     return save_npz(tmp_path / "demos.npz", pendulum_demos)
 
 
-def small_args(**kw) -> fi.Args:
-    base = dict(env_id=PENDULUM, hidden_dim=64, batch_size=128, learning_starts=500, train_every=500, disc_batch_size=1024,
-                eval_frequency=10**9, eval_episodes=3, p_tremble=0.0, total_timesteps=3000, log_frequency=500)  # fmt: skip
-    base.update(kw)
-    return fi.Args(**base)
+def small_args(**groups) -> fi.Args:
+    """Args for in-process phase runs on InvertedPendulum-v5; `groups` maps a group name to its overrides."""
+    args = fi.Args(env_id=PENDULUM, log_frequency=500)
+    defaults = {
+        "sac": dict(hidden_dim=64, batch_size=128, learning_starts=500),
+        "disc": dict(batch_size=1024),
+        "irl": dict(train_every=500, p_tremble=0.0, total_timesteps=3000),
+        "eval": dict(frequency=10**9, episodes=3),
+    }
+    for group, values in defaults.items():
+        for k, v in {**values, **groups.get(group, {})}.items():
+            setattr(getattr(args, group), k, v)
+    for k, v in groups.get("top", {}).items():
+        setattr(args, k, v)
+    return args
+
+
+def in_process_run(tmp_path: Path, name: str) -> fi.Run:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return fi.Run(tmp_path / name, SummaryWriter(str(tmp_path / name)), CPU, fi.StopFlag())
+
+
+def pendulum_info() -> fi.EnvInfo:
+    return fi.EnvInfo(4, 1, -3 * np.ones(1, np.float32), 3 * np.ones(1, np.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------- math
@@ -102,6 +152,19 @@ def test_soft_q_target_hand_values_and_absorbing_state():
     assert absorbing.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0 + 0.9 * -3.0 / 0.1])
 
 
+def test_twin_q_members_are_two_independent_mlps():
+    q = fi.TwinQ(3, 2, hidden=8)
+    obs, act = torch.randn(5, 3), torch.randn(5, 2)
+    out = q(obs, act)
+    assert out.shape == (2, 5)
+    for i in range(2):  # member i equals a plain MLP with its slice of the stacked weights
+        h = torch.cat([obs, act], -1)
+        for layer in range(3):
+            h = h @ q.weights[layer][i] + q.biases[layer][i]
+            h = torch.relu(h) if layer < 2 else h
+        torch.testing.assert_close(out[i], h.squeeze(-1))
+
+
 def test_tremble_replaces_whole_action_with_probability_p():
     rng, low, high = np.random.default_rng(0), -np.ones(3), np.ones(3)
     a = np.full(3, 5.0, np.float32)  # outside the bounds, so a replaced action is recognisable
@@ -134,7 +197,7 @@ def test_learner_env_resets_to_expert_states_with_remaining_horizon(pendulum_dem
 
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "Ant-v5"])
 def test_exact_reset_reproduces_expert_next_states_with_contacts(env_id):
-    demos = fi.collect_demos(RandomActor(env_id), env_id, 2, CPU)
+    demos = fi.collect_demos(RandomActor(env_id), env_id, 2)
     env = fi.LearnerEnv(gym.make(env_id), demos, 1.0, 0.0, np.random.default_rng(0))
     for _ in range(12):
         obs = env.reset(seed=123)  # a different episode first: everything must come from the restored state
@@ -156,67 +219,82 @@ def test_collect_demos_format(pendulum_demos):
     assert d["episode_ids"].tolist() == [0] * 1000 + [1] * 1000 and d["seeds"].tolist() == [0, 1]
     assert d["episode_starts"].sum() == 2 and d["timesteps"][[0, 999, 1000]].tolist() == [0, 999, 0]
     assert d["timeouts"][[999, 1999]].all() and d["timeouts"].sum() == 2 and n == 2000
-    assert set(fi.REQUIRED_DEMO_KEYS) <= set(d) and set(fi.STATE_KEYS) <= set(d)
+    assert set(d) == set(fi.DEMO_FORMAT) | {"env_id"}
 
 
-def test_load_demos_validation(tmp_path, pendulum_demos):
-    path = save_npz(tmp_path / "ok.npz", pendulum_demos)
-    loaded = fi.load_demos(path, PENDULUM, 4, 1, 0.5)
+def test_load_demos_accepts_valid_files_and_derives_timesteps(tmp_path, pendulum_demos):
+    loaded = fi.load_demos(save_npz(tmp_path / "ok.npz", pendulum_demos), PENDULUM, PENDULUM_SIZES, 0.5)
     np.testing.assert_array_equal(loaded["actions"], pendulum_demos["actions"])
     no_ts = {k: v for k, v in pendulum_demos.items() if k != "timesteps"}  # derived from episode_starts
-    np.testing.assert_array_equal(fi.load_demos(save_npz(tmp_path / "a.npz", no_ts), PENDULUM, 4, 1, 0.5)["timesteps"],
-                                  pendulum_demos["timesteps"])  # fmt: skip
-    cases = [
-        ({k: v for k, v in pendulum_demos.items() if k != "actions"}, 0.5, "lacks keys actions"),
-        ({k: v for k, v in pendulum_demos.items() if k != "qacc_warmstart"}, 0.5, "--reset-prob 0"),
-        ({**pendulum_demos, "env_id": np.array("Hopper-v5")}, 0.5, "holds demos of Hopper-v5"),
-        ({**pendulum_demos, "observations": pendulum_demos["observations"][:, :3]}, 0.0, "observation size"),
-    ]
-    for i, (demos, reset_prob, message) in enumerate(cases):
-        with pytest.raises(fi.UsageError, match=message):
-            fi.load_demos(save_npz(tmp_path / f"bad{i}.npz", demos), PENDULUM, 4, 1, reset_prob)
+    got = fi.load_demos(save_npz(tmp_path / "a.npz", no_ts), PENDULUM, PENDULUM_SIZES, 0.5)["timesteps"]
+    np.testing.assert_array_equal(got, pendulum_demos["timesteps"])
     no_state = {k: v for k, v in pendulum_demos.items() if k not in fi.STATE_KEYS}
-    assert "qpos" not in fi.load_demos(save_npz(tmp_path / "mm.npz", no_state), PENDULUM, 4, 1, 0.0)  # MM is fine
+    assert "qpos" not in fi.load_demos(save_npz(tmp_path / "mm.npz", no_state), PENDULUM, PENDULUM_SIZES, 0.0)
+    with pytest.raises(fi.UsageError, match="--irl.reset-prob 0"):  # resets need the MuJoCo state
+        fi.load_demos(tmp_path / "mm.npz", PENDULUM, PENDULUM_SIZES, 0.5)
+    shuffled = {**pendulum_demos, "next_observations": pendulum_demos["next_observations"][::-1].copy()}
+    with pytest.raises(fi.UsageError, match="key next_observations"):  # consistent shapes, inconsistent content
+        fi.load_demos(save_npz(tmp_path / "s.npz", shuffled), PENDULUM, PENDULUM_SIZES, 0.5)
 
 
-# ------------------------------------------------------------------------------------------------ relabelling
+def test_every_mutated_demos_key_exits_2_naming_the_key(tmp_path, pendulum_demos):
+    """Generated: each key dropped, as strings, with a NaN, one row short, one axis too many -> exit 2 naming the key
+    (or a documented valid file: optional keys may be dropped)."""
+    small = {k: v[:300] if v.ndim and len(v) == 2000 else v for k, v in pendulum_demos.items()}
+    small.update(episode_ids=np.zeros(300, np.int64), returns=np.array([300.0]), seeds=np.array([0]))
+    small["timeouts"] = np.zeros(300, bool)
+    fi.load_demos(save_npz(tmp_path / "valid.npz", small), PENDULUM, PENDULUM_SIZES, 0.5)  # the valid base
+    failures = []
+    numeric = {k: v for k, v in small.items() if k != "env_id"}
+    cases = [(k, how, {**arrays, "env_id": small["env_id"]}) for k, how, arrays in mutated_arrays(numeric)]
+    others = ({}, {"env_id": np.array("Hopper-v5")}, {"env_id": np.array([PENDULUM])}, {"env_id": np.array(3)})
+    cases += [("env_id", "mutated", {**numeric, **other}) for other in others]
+    for i, (key, how, arrays) in enumerate(cases):
+        path = save_npz(tmp_path / f"m{i}.npz", arrays)
+        try:
+            fi.load_demos(path, PENDULUM, PENDULUM_SIZES, 0.5)
+            if not (how == "dropped" and key in ("timesteps", "seeds")):
+                failures.append((key, how, "accepted"))
+        except fi.UsageError as e:
+            if key not in str(e) and "cannot read" not in str(e):
+                failures.append((key, how, str(e)))
+    assert not failures, "\n".join(map(str, failures))
+
+
 def test_minari_dataset_reads_as_the_same_demos(tmp_path, monkeypatch, pendulum_demos):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     write_minari_dataset(pendulum_demos, "test/pendulum/hand-v0")
-    got = fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, 4, 1, reset_prob=0.0)
-    for k in ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts", "episode_ids",
-              "episode_starts", "timesteps"):  # fmt: skip
+    got = fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, PENDULUM_SIZES, reset_prob=0.0)
+    for k in (
+        "observations",
+        "next_observations",
+        "actions",
+        "rewards",
+        "terminals",
+        "timeouts",
+        "episode_ids",
+        "episode_starts",
+        "timesteps",
+    ):
         np.testing.assert_allclose(got[k], pendulum_demos[k], rtol=1e-6, err_msg=k)
     np.testing.assert_allclose(got["returns"], pendulum_demos["returns"], rtol=1e-6)
     assert str(got["env_id"]) == PENDULUM and not any(k in got for k in fi.STATE_KEYS)
-    with pytest.raises(fi.UsageError, match="--reset-prob 0"):  # no MuJoCo states in Minari: no expert resets
-        fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, 4, 1, reset_prob=0.5)
+    with pytest.raises(fi.UsageError, match="--irl.reset-prob 0"):  # no MuJoCo states in Minari: no expert resets
+        fi.load_demos("minari:test/pendulum/hand-v0", PENDULUM, PENDULUM_SIZES, reset_prob=0.5)
     with pytest.raises(fi.UsageError, match="holds demos of InvertedPendulum-v5"):
-        fi.load_demos("minari:test/pendulum/hand-v0", "Hopper-v5", 11, 3, reset_prob=0.0)
+        fi.load_demos("minari:test/pendulum/hand-v0", "Hopper-v5", PENDULUM_SIZES, reset_prob=0.0)
     with pytest.raises(fi.UsageError, match="minari download test/none-v0"):
-        fi.load_demos("minari:test/none-v0", PENDULUM, 4, 1, reset_prob=0.0)
+        fi.load_demos("minari:test/none-v0", PENDULUM, PENDULUM_SIZES, reset_prob=0.0)
 
 
-def test_minari_dataset_drives_an_mm_run(run_script, run_dir, tmp_path, monkeypatch, pendulum_demos):
-    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    write_minari_dataset(pendulum_demos, "test/pendulum/hand-v0")
-    rc, out, err = run_script(SCRIPT, "--env-id", PENDULUM, "--expert-path", "minari:test/pendulum/hand-v0",
-                              "--reset-prob", 0, "--total-timesteps", 200, "--learning-starts", 100, "--train-every",
-                              100, "--eval-frequency", 200, "--run-dir", run_dir, *TINY, timeout=240)  # fmt: skip
-    assert rc == 0, err[-2000:]
-    res = json.loads((run_dir / "results.json").read_text())
-    assert res["num_demos"] == 2 and res["expert_return"] == pytest.approx(pendulum_demos["returns"].mean())
-
-
+# ------------------------------------------------------------------------------------------------ relabelling
 def test_relabelling_uses_current_discriminator_and_buffer_has_no_rewards():
     torch.manual_seed(0)
-    args = small_args(batch_size=16, hidden_dim=16)
-    agent = fi.SAC(4, 1, -3 * np.ones(1), 3 * np.ones(1), args, CPU)
+    args = small_args(sac=dict(batch_size=16, hidden_dim=16))
+    agent = fi.SAC(pendulum_info(), args.sac, CPU)
     disc = fi.Discriminator(4, 1, 16)
     rb = fi.ReplayBuffer(4, 1, 100, CPU, with_rewards=False)
-    assert not hasattr(rb, "rewards")
-    with pytest.raises(TypeError):
-        rb.add(np.zeros(4), np.zeros(1), np.zeros(4), False, 1.0, 2.0)  # there is no slot for an env reward
+    assert rb.rewards is None and "rewards" not in rb.state_dict()
     for _ in range(50):
         rb.add(np.random.randn(4), np.random.randn(1), np.random.randn(4), False)
     assert len(rb.sample(8)) == 4
@@ -225,10 +303,8 @@ def test_relabelling_uses_current_discriminator_and_buffer_has_no_rewards():
         with torch.no_grad():
             last.weight.zero_()
             last.bias.fill_(bias)
-        out = fi.sac_train_step(agent, rb, 1, args, lambda o, a: fi.relabel_rewards(disc, o, a))
+        out = fi.sac_train_step(agent, rb, 1, lambda o, a: fi.relabel_rewards(disc, o, a))
         assert out["rewards"].item() == pytest.approx(-bias)
-    obs, act = torch.randn(6, 4), torch.randn(6, 1)
-    torch.testing.assert_close(fi.relabel_rewards(disc, obs, act), torch.full((6,), 5.0))
 
 
 class PoisonedReward(gym.Wrapper):
@@ -246,30 +322,33 @@ def poisoned_env(env_id: str, seed: int) -> gym.Env:
 def test_learner_never_reads_env_reward(tmp_path, pendulum_demos):
     """The same FILTER run with the true env reward and with NaN env rewards ends with bit-identical learner and
     discriminator weights (and NaN never reaches a loss); a NaN reward that DOES reach an update trips the check."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    args = small_args(total_timesteps=300, learning_starts=100, train_every=100, batch_size=16, hidden_dim=16,
-                      disc_batch_size=64, eval_episodes=1, checkpoint_frequency=10**9)  # fmt: skip
-    states = []
+    args = small_args(
+        sac=dict(learning_starts=100, batch_size=16, hidden_dim=16),
+        disc=dict(batch_size=64),
+        irl=dict(total_timesteps=300, train_every=100),
+        eval=dict(episodes=1),
+        top=dict(checkpoint_frequency=10**9),
+    )
+    agents = []
     for name, env_fn in (("real", fi.make_env), ("nan", poisoned_env)):
         torch.manual_seed(3)
-        writer = SummaryWriter(str(tmp_path / name))
-        res = fi.train_irl(args, tmp_path / name, writer, CPU, pendulum_demos, fi.StopFlag(), env_fn=env_fn)
-        writer.close()
-        assert res is not None and res["policy_env_steps"] == 300 and math.isfinite(res["eval_mean"])
-        states.append(torch.load(tmp_path / name / "checkpoints" / "irl.pt", weights_only=False))
+        run = in_process_run(tmp_path, name)
+        agent, progress = fi.train_irl(args, run, pendulum_info(), pendulum_demos, None, env_fn=env_fn)
+        run.writer.close()
+        assert progress["step"] == 300 and math.isfinite(progress["history"][-1]["mean"])
+        agents.append(torch.load(tmp_path / name / "checkpoints" / "irl.pt", weights_only=False))
     for part in ("actor", "qf"):
-        for k, v in states[0]["agent"][part].items():
-            torch.testing.assert_close(v, states[1]["agent"][part][k], rtol=0, atol=0)
-    for k, v in states[0]["disc"].items():
-        torch.testing.assert_close(v, states[1]["disc"][k], rtol=0, atol=0)
-    # canary: a NaN reward that does reach the update makes the loss non-finite
-    agent = fi.SAC(4, 1, -3 * np.ones(1), 3 * np.ones(1), args, CPU)
+        for k, v in agents[0]["agent"][part].items():
+            torch.testing.assert_close(v, agents[1]["agent"][part][k], rtol=0, atol=0)
+    for k, v in agents[0]["disc"].items():
+        torch.testing.assert_close(v, agents[1]["disc"][k], rtol=0, atol=0)
+    # canary: a NaN reward that does reach the update makes the loss non-finite and stops the run
+    agent = fi.SAC(pendulum_info(), args.sac, CPU)
     rb = fi.ReplayBuffer(4, 1, 50, CPU, with_rewards=False)
     for _ in range(20):
         rb.add(np.random.randn(4), np.random.randn(1), np.random.randn(4), False)
-    out = fi.sac_train_step(agent, rb, 1, args, lambda o, a: torch.full((len(o),), float("nan")))
-    with pytest.raises(FloatingPointError):
+    out = fi.sac_train_step(agent, rb, 1, lambda o, a: torch.full((len(o),), float("nan")))
+    with pytest.raises(fi.NonFiniteLoss, match="canary: non-finite qf_loss"):
         fi.check_finite(out, "canary", 1)
 
 
@@ -279,37 +358,64 @@ def test_filter_learner_reaches_expert_on_inverted_pendulum_without_env_reward(t
     """FILTER on a NaN-reward InvertedPendulum-v5 reaches >= 90 % of the expert's 1000 within 20k learner steps
     (it stops at the first evaluation that does). SAC uses the reference's rl-zoo settings (gamma 0.98, tau 0.02,
     lr 7.3e-4) and the discriminator fast_irl's lr0 8e-3, with 5 steps per outer iteration for the short budget."""
-    from torch.utils.tensorboard import SummaryWriter
-
     torch.manual_seed(1)
-    args = small_args(seed=1, total_timesteps=20000, learning_starts=1000, eval_frequency=2000, gamma=0.98, tau=0.02,
-                      policy_lr=7.3e-4, q_lr=7.3e-4, disc_lr=8e-3, disc_steps=5, disc_trajectories=2,
-                      stop_at_normalized=0.9, checkpoint_frequency=10**9)  # fmt: skip
-    writer = SummaryWriter(str(tmp_path))
-    res = fi.train_irl(args, tmp_path, writer, CPU, pendulum_demos, fi.StopFlag(), env_fn=poisoned_env)
-    writer.close()
+    args = small_args(
+        sac=dict(learning_starts=1000, gamma=0.98, tau=0.02, policy_lr=7.3e-4, q_lr=7.3e-4),
+        disc=dict(lr=8e-3, steps=5, trajectories=2),
+        irl=dict(total_timesteps=20000, stop_at_normalized=0.9),
+        eval=dict(frequency=2000),
+        top=dict(seed=1, checkpoint_frequency=10**9),
+    )
+    run = in_process_run(tmp_path, "run")
+    _, progress = fi.train_irl(args, run, pendulum_info(), pendulum_demos, None, env_fn=poisoned_env)
+    run.writer.close()
+    res = fi.irl_results(args, pendulum_demos, progress)
     assert res["expert_return"] == 1000.0
     assert res["eval_mean"] >= 0.9 * res["expert_return"], [(h["policy_steps"], h["mean"]) for h in res["history"]]
     assert res["disc_env_steps"] > 0 and res["total_env_steps"] == res["policy_env_steps"] + res["disc_env_steps"]
 
 
 # ------------------------------------------------------------------------------------------ the real command
-def test_smoke_full_pipeline_writes_all_artifacts(run_script, run_dir, tmp_path):
+def test_smoke_full_pipeline_writes_all_artifacts_and_a_vp9_video(run_script, run_dir, tmp_path):
     experts = tmp_path / "experts"
-    args = ["--env-id", PENDULUM, "--experts-dir", experts, "--expert-timesteps", 300, "--learning-starts", 100,
-            "--num-demos", 2, "--total-timesteps", 300, "--train-every", 100, "--eval-frequency", 150,
-            "--log-frequency", 50, "--run-dir", run_dir, *TINY]  # fmt: skip
-    rc, out, err = run_script(SCRIPT, *args, timeout=240)
+    args = [
+        "--env-id",
+        PENDULUM,
+        "--expert.experts-dir",
+        experts,
+        "--expert.timesteps",
+        300,
+        "--sac.learning-starts",
+        100,
+        "--expert.num-demos",
+        2,
+        "--irl.total-timesteps",
+        300,
+        "--irl.train-every",
+        100,
+        "--eval.frequency",
+        150,
+        "--log-frequency",
+        50,
+        "--run-dir",
+        run_dir,
+        "--capture-video",
+        *TINY,
+    ]
+    rc, out, err = run_script(SCRIPT, *args, timeout=300)
     assert rc == 0, err[-2000:]
+    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
     for f in ("demos.npz", "expert_actor.pt", "expert_meta.json"):
         assert (experts / PENDULUM / f).is_file()
     meta = json.loads((experts / PENDULUM / "expert_meta.json").read_text())
     assert meta["num_demos"] == 2 and meta["env_id"] == PENDULUM and meta["script"] == SCRIPT
     actor = torch.load(experts / PENDULUM / "expert_actor.pt", weights_only=False)
     assert {"actor", "obs_dim", "act_dim", "hidden", "env_id", "total_timesteps", "mean_return"} <= set(actor)
-    assert list(run_dir.glob("events.out.tfevents.*")) and (run_dir / "args.json").is_file()
+    saved_args = json.loads((run_dir / "args.json").read_text())
+    assert saved_args["script"] == SCRIPT and saved_args["env_id"] == PENDULUM
     assert (run_dir / "checkpoints" / "irl.pt").is_file() and (run_dir / "checkpoints" / "expert.pt").is_file()
-    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "actor.pt").is_file()
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "policy.pt").is_file()
+    assert not list(run_dir.rglob("*.tmp"))
     res = json.loads((run_dir / "results.json").read_text())
     for key in ("eval_mean", "eval_std", "normalized_return", "expert_return", "total_env_steps", "SPS"):
         assert math.isfinite(res[key]), key
@@ -320,72 +426,323 @@ def test_smoke_full_pipeline_writes_all_artifacts(run_script, run_dir, tmp_path)
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"charts/SPS", "eval/episodic_return", "losses/qf_loss", "irl/disc_loss", "expert/SPS"} <= tags
-    # a second run reuses the cached demos (no expert phase) and evaluate-only works on the finished run
-    rc, out, err = run_script(SCRIPT, "--eval-only", run_dir, "--eval-episodes", 1, timeout=120)
-    assert rc == 0 and json.loads(out.strip().splitlines()[-1])["env_id"] == PENDULUM, err[-2000:]
+    assert_vp9_video(run_dir / "videos" / "final.webm")
+
+
+def assert_vp9_video(path: Path) -> None:
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    codec = int(cap.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode()
+    ok, frame = cap.read()
+    assert codec == "VP90" and ok and frame.shape == (fi.VIDEO_SIZE, fi.VIDEO_SIZE, 3) and frame.std() > 0, codec
+    assert cap.get(cv2.CAP_PROP_FRAME_COUNT) >= 2
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
+    """A finished tiny run on cached demos (no expert phase): (run dir, demos file, its command's arguments)."""
+    root = tmp_path_factory.mktemp("finished")
+    demos = save_npz(root / "demos.npz", pendulum_demos)
+    args = [
+        "--env-id",
+        PENDULUM,
+        "--expert.path",
+        demos,
+        "--irl.total-timesteps",
+        120,
+        "--sac.learning-starts",
+        60,
+        "--irl.train-every",
+        60,
+        "--eval.frequency",
+        120,
+        "--seed",
+        3,
+        "--threads",
+        1,
+        *TINY,
+    ]
+    rc, _, err = run_script_quietly(args + ["--run-dir", root / "run"])
+    assert rc == 0, err[-2000:]
+    return root / "run", demos, args
+
+
+def run_script_quietly(args: list, timeout: float = 300):
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_same_seed_and_threads_give_identical_weights_and_scores(finished_run, tmp_path):
+    run_dir, _, args = finished_run
+    rc, _, err = run_script_quietly(args + ["--run-dir", tmp_path / "again"])
+    assert rc == 0, err[-2000:]
+    first, second = fi.load_policy(run_dir / "policy.pt"), fi.load_policy(tmp_path / "again" / "policy.pt")
+    for k, v in first.state_dict().items():
+        torch.testing.assert_close(v, second.state_dict()[k], rtol=0, atol=0)
+    results = [json.loads((d / "results.json").read_text()) for d in (run_dir, tmp_path / "again")]
+    assert results[0]["eval_returns"] == results[1]["eval_returns"]
+
+
+def test_policy_snippet_from_the_contract_loads_and_acts(finished_run):
+    run_dir, _, _ = finished_run
+    script = fi  # the five lines of docs/CONTRACT.md
+    policy = script.load_policy(run_dir / "policy.pt")
+    envs = script.make_policy_envs(policy, num_envs=1)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    assert not policy.training and policy.env_id == PENDULUM
+    assert actions.shape == (1, 1) and envs.action_space.contains(actions.astype(np.float32))
+    envs.step(actions)
+
+
+def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_path):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run[0], run_dir)
+    results_before = (run_dir / "results.json").read_bytes()
+    for number in (1, 2):
+        rc, out, err = run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, "--capture-video"])
+        assert rc == 0, err[-2000:]
+        record = json.loads((run_dir / "evaluations" / f"eval_{number:03d}.json").read_text())
+        assert record["env_id"] == PENDULUM and len(record["returns"]) == 2 and math.isfinite(record["mean"])
+    assert (run_dir / "results.json").read_bytes() == results_before
+    assert_vp9_video(run_dir / "videos" / "eval_002.webm")
 
 
 def test_resume_continues_from_saved_step(run_dir, demos_file):
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", PENDULUM, "--expert-path", str(demos_file),
-           "--total-timesteps", "100000", "--learning-starts", "50", "--train-every", "100", "--checkpoint-frequency",
-           "100", "--eval-frequency", "100000", "--run-dir", str(run_dir), *map(str, TINY)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / SCRIPT),
+        "--env-id",
+        PENDULUM,
+        "--expert.path",
+        str(demos_file),
+        "--irl.total-timesteps",
+        "100000",
+        "--sac.learning-starts",
+        "50",
+        "--irl.train-every",
+        "100",
+        "--checkpoint-frequency",
+        "100",
+        "--eval.frequency",
+        "100000",
+        "--run-dir",
+        str(run_dir),
+        *TINY,
+    ]
     ckpt = run_dir / "checkpoints" / "irl.pt"
-    rc, _, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
-    assert rc == 0 and "interrupted" in err, err[-2000:]
-    step = torch.load(ckpt, weights_only=False)["counters"]["step"]
+    rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
+    assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run dir: {run_dir}", err[-2000:]
+    step = torch.load(ckpt, weights_only=False)["progress"]["step"]
     assert step >= 100 and not (run_dir / "results.json").exists()
-    from conftest import run_script_subprocess
-
-    rc, out, err = run_script_subprocess(SCRIPT, "--run-dir", run_dir, "--total-timesteps", step + 50, timeout=180)
+    (run_dir / "checkpoints" / "irl.pt.tmp").write_bytes(b"left by a killed write")
+    rc, out, err = run_script_quietly(["--run-dir", run_dir, "--irl.total-timesteps", step + 50], timeout=180)
     assert rc == 0, err[-2000:]
-    assert f"resuming at step {step}" in err
+    assert f"resuming at step {step}" in err and not (run_dir / "checkpoints" / "irl.pt.tmp").exists()
     res = json.loads((run_dir / "results.json").read_text())
     assert res["policy_env_steps"] == step + 50 and res["outer_iterations"] == (step + 49) // 100 + 1
 
 
 # ------------------------------------------------------------------------------------------------ bad input
+def keep_signals(call):
+    """Run an in-process main and restore pytest's signal handlers after it."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return call()
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+VALID_VALUES = {
+    ("--torch-threads", "0"),
+    ("--seed", "0"),
+    ("--sac.learning-starts", "0"),
+    ("--sac.gamma", "0"),
+    ("--disc.gp-weight", "0"),
+    ("--disc.gp-target", "0"),
+    ("--irl.reset-prob", "0"),
+    ("--irl.p-tremble", "0"),
+}  # documented valid values
+
+
+def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, demos_file):
+    """Generated from the Args dataclass: each case exits 2 with one line naming the flag, or is documented valid
+    (then validation accepts it); nothing is created."""
+    base = ["--env-id", PENDULUM, "--expert.path", str(demos_file), "--run-dir", str(tmp_path / "run")]
+    cases = numeric_flag_cases(fi.Args)
+    assert len(cases) == 4 * len(fi.LIMITS)
+    parsed = fi.parse_args(base)
+    for flag, value in cases:
+        args = copy.deepcopy(parsed)
+        if not apply_flag(args, flag, value):  # not even parsed (e.g. NaN for an int): the command line's turn
+            args = [*base, flag, value]
+        elif (flag, value) in VALID_VALUES:
+            fi.validate(args)
+            continue
+        line = one_line_exit_2(lambda: fi.main(args))
+        assert flag in line or flag.replace("torch-threads", "threads") in line, (flag, value, line)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "env_id, message",
+    [
+        ("Hoper-v5", "did you mean Hopper-v5"),
+        ("hopper-v5", "did you mean Hopper-v5"),
+        ("Hopper", "did you mean"),
+        ("Hopper-v4", "retired version; use Hopper-v5"),
+        ("Walker2d-v3", "use Walker2d-v5"),
+        ("ALE/Breakout-v5", "Atari"),
+        ("BreakoutNoFrameskip-v4", "Atari"),
+        ("CartPole-v1", "not a MuJoCo env"),
+        ("Pendulum-v1", "not a MuJoCo env"),
+    ],
+)
+def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path, env_id, message):
+    line = one_line_exit_2(lambda: fi.main(["--env-id", env_id, "--run-dir", str(tmp_path / "r")]))
+    assert message in line and "--env-id" in line, line
+
+
 def _other_env_run(run_dir: Path, demos_file: Path) -> list:
     run_dir.mkdir(parents=True)
-    (run_dir / "args.json").write_text(json.dumps({"env_id": "Hopper-v5"}))
-    return ["--env-id", PENDULUM, "--expert-path", demos_file, "--run-dir", run_dir]
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "Hopper-v5", "args": {}}))
+    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
 
 
-def _finished_run(run_dir: Path, demos_file: Path) -> list:
+def _other_script_run(run_dir: Path, demos_file: Path) -> list:
     run_dir.mkdir(parents=True)
-    (run_dir / "args.json").write_text(json.dumps({"env_id": PENDULUM}))
-    (run_dir / "results.json").write_text("{}")
-    return ["--env-id", PENDULUM, "--expert-path", demos_file, "--run-dir", run_dir]
+    (run_dir / "args.json").write_text(json.dumps({"script": "hype_irl_mujoco.py", "env_id": PENDULUM, "args": {}}))
+    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
 
 
 def _missing_keys(run_dir: Path, demos_file: Path) -> list:
     demos = dict(np.load(demos_file))
     del demos["next_observations"], demos["terminals"]
-    return ["--env-id", PENDULUM, "--expert-path", save_npz(demos_file.parent / "m.npz", demos), "--run-dir", run_dir]
+    return ["--env-id", PENDULUM, "--expert.path", save_npz(demos_file.parent / "m.npz", demos), "--run-dir", run_dir]
+
+
+def _foreign_dir(run_dir: Path, demos_file: Path) -> list:
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
 
 
 @pytest.mark.parametrize(
     "make_args, message",
     [
-        (lambda r, d: ["--env-id", "Hoper-v5", "--run-dir", r], "did you mean Hopper-v5"),
         (_missing_keys, "lacks keys next_observations, terminals"),
-        (lambda r, d: ["--env-id", "Hopper-v5", "--expert-path", d, "--run-dir", r], "holds demos of InvertedPendulum-v5"),
-        (lambda r, d: ["--env-id", PENDULUM, "--expert-path", r.parent / "nope.npz", "--run-dir", r], "does not exist"),
-        (lambda r, d: ["--env-id", PENDULUM, "--reset-prob", "1.5", "--run-dir", r], "--reset-prob"),
-        (lambda r, d: ["--env-id", PENDULUM, "--threads", "-1", "--run-dir", r], "--torch-threads must be >= 0"),
+        (lambda r, d: ["--env-id", "Hopper-v5", "--expert.path", d, "--run-dir", r], "holds demos of InvertedPendulum"),
+        (lambda r, d: ["--env-id", PENDULUM, "--expert.path", r.parent / "nope.npz", "--run-dir", r], "does not exist"),
+        (lambda r, d: ["--env-id", PENDULUM, "--expert.path", d, "--run-dir", "/proc/x/run"], "not writable"),
+        (
+            lambda r, d: [
+                "--env-id",
+                PENDULUM,
+                "--expert.path",
+                d,
+                "--sac.learning-starts",
+                5000,
+                "--irl.total-timesteps",
+                100,
+                "--run-dir",
+                r,
+            ],
+            "must be below --irl.total-timesteps",
+        ),
+        (
+            lambda r, d: [
+                "--env-id",
+                "Humanoid-v5",
+                "--expert.path",
+                d,
+                "--sac.buffer-size",
+                10**9,
+                "--irl.total-timesteps",
+                10**9,
+                "--run-dir",
+                r,
+            ],
+            "lower --sac.buffer-size",
+        ),
+        (lambda r, d: ["--env-id", PENDULUM, "--seed", "1.5", "--run-dir", r], "--seed"),
+        (lambda r, d: ["--env-id", PENDULUM, "--bogus", "1", "--run-dir", r], "Unrecognized options: --bogus"),
+        (lambda r, d: ["--env-id", PENDULUM, "--eval-only", r], "policy.pt does not exist"),
         (_other_env_run, "holds a Hopper-v5 run"),
-        (_finished_run, "already holds a finished run"),
+        (_other_script_run, "is a run dir of hype_irl_mujoco.py"),
+        (_foreign_dir, "is not a run dir of filter_irl_mujoco.py"),
     ],
-    ids=["unknown-env", "missing-keys", "env-mismatch", "no-file", "bad-prob", "bad-threads", "other-env-run-dir",
-         "finished"],
+    ids=[
+        "missing-keys",
+        "env-mismatch",
+        "no-file",
+        "unwritable",
+        "learning-starts",
+        "memory",
+        "float-seed",
+        "unknown-flag",
+        "eval-only-nothing",
+        "other-env-run-dir",
+        "other-script-run-dir",
+        "foreign-dir",
+    ],
 )
-def test_bad_input_exits_2_with_one_line(run_script, run_dir, demos_file, make_args, message):
-    args = make_args(run_dir, demos_file)
+def test_bad_input_exits_2_with_one_line(run_dir, demos_file, make_args, message):
+    args = [str(a) for a in make_args(run_dir, demos_file)]
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} if run_dir.exists() else None
-    rc, out, err = run_script(SCRIPT, *args, timeout=120)
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert rc == 2 and len(lines) == 1 and message in lines[0], err
-    assert "Traceback" not in err
+    line = one_line_exit_2(lambda: fi.main(args))
+    assert message in line, line
     if before is None:
         assert not run_dir.exists()  # nothing half-written
     else:
         assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # nothing overwritten
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir):
+    rc, out, err = run_script(SCRIPT, "--env-id", "Hoper-v5", "--run-dir", run_dir, timeout=120)
+    assert rc == 2 and err.strip().splitlines() == [err.strip()] and "did you mean Hopper-v5" in err, err
+    assert not run_dir.exists()
+
+
+def test_finished_run_is_never_overwritten_and_exits_0(finished_run):
+    run_dir, demos, args = finished_run
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    rc, out, err = run_script_quietly(["--run-dir", run_dir])
+    assert rc == 0 and "already holds a finished run" in out, err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finished_run, tmp_path):
+    """Generated: every file of a finished run dir, truncated or replaced by random bytes, then the command re-run
+    (results.json removed so that the resume path reads the artifacts): exit 2 with one line naming the file, or a
+    clean redo that finishes (exit 0); never a traceback."""
+    source, demos, args = finished_run
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    assert {Path("args.json"), Path("checkpoints/irl.pt"), Path("policy.pt"), Path("results.json")} <= set(files)
+    cases = [(f, how) for f in files for how in ("truncated", "random")]
+
+    def rerun(name: Path, how: str):
+        run_dir = tmp_path / f"{name.name}-{how}"
+        shutil.copytree(source, run_dir)
+        corrupt_file(run_dir / name, how)
+        if name != Path("results.json"):
+            (run_dir / "results.json").unlink()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:  # in-process (an unexpected exception fails the test with its traceback)
+                keep_signals(lambda: fi.main(["--run-dir", str(run_dir), "--expert.path", str(demos)]))
+                rc = 0
+            except SystemExit as e:
+                rc = e.code
+        return name, how, rc, err.getvalue()
+
+    outcomes = [rerun(name, how) for name, how in cases]
+    for name, how, rc, err in outcomes:
+        assert "Traceback" not in err and rc in (0, 2), (name, how, rc, err[-1500:])
+        if rc == 2:
+            assert len(err.strip().splitlines()) == 1 and name.name in err, (name, how, err)
+        else:
+            assert json.loads((tmp_path / f"{name.name}-{how}" / "results.json").read_text())["policy_env_steps"] == 120
+    assert {(n, rc) for n, _, rc, _ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
