@@ -1,81 +1,49 @@
 """HyPE: hybrid inverse RL on MuJoCo — the learner's SAC minibatches mix expert transitions into its own replay.
 
-Moment-matching inverse RL alternates a discriminator (a cost) f(s, a), trained with an integral-probability-metric
-loss E_expert[f] - E_learner[f] + 10 * gradient penalty toward norm 0.4, and a SAC learner maximising the reward
--f(s, a). HyPE makes the policy step cheap: every SAC minibatch holds a fraction rho of expert transitions and 1 - rho
-of the learner's own replay, all relabelled with the CURRENT discriminator, so the learner needs no global exploration
-and no resets. rho follows a piecewise-linear schedule per environment. `--reset-prob > 0` adds FILTER's resets to
-exact expert states (HyPE+FILTER); `--rho-schedule 0` (with the default `--reset-prob 0`) is plain moment matching.
-
-Paper: Juntao Ren, Gokul Swamy, Zhiwei Steven Wu, J. Andrew Bagnell, Sanjiban Choudhury (2024), "Hybrid Inverse
-Reinforcement Learning", ICML 2024 (arXiv 2402.08848). Defaults follow the official model-free code (jren03/garage):
-discriminator MLP 256-256, one step per outer iteration on 4,096 expert vs 4,096 learner pairs from 4 fresh learner
-trajectories, learning rate lr0/k with the optimiser re-created at every outer iteration k, lr0 = 8e-4, rho schedules
-[[0.2, 0.1, 200k], [0.1, 0.01, 1M]] (Hopper, Humanoid) and [[0.2, 0.2, 300k], [0.2, 0.1, 1M]] (Ant, Walker2d).
-Deliberate differences (see docs/hype_irl_mujoco.md): CleanRL's SAC hyper-parameters and Adam instead of SB3 SAC with
-OAdam and a learning rate that restarts every outer iteration; gymnasium v5 envs on MuJoCo 3+/4; env steps spent on
-the discriminator's rollouts ARE counted in the budget; expert-state resets restore (qpos, qvel, qacc_warmstart) exactly
-instead of replaying seeds and actions.
+Moment matching alternates a discriminator (a cost) f(s, a), trained with an integral-probability-metric loss plus a
+gradient penalty, and a SAC learner maximising -f(s, a). HyPE makes the policy step cheap: every SAC minibatch holds
+a fraction rho of expert transitions and 1 - rho of the learner's own replay, all relabelled with the CURRENT
+discriminator, so the learner needs no global exploration. `--irl.reset-prob > 0` adds FILTER's resets to expert
+states (HyPE+FILTER); `--irl.rho-schedule 0` is plain moment matching. Paper: Ren, Swamy, Wu, Bagnell, Choudhury
+(2024), "Hybrid Inverse Reinforcement Learning", ICML 2024 (arXiv 2402.08848).
 
 Usage:
-    python hype_irl_mujoco.py --env-id Hopper-v5                     # expert phase (or cache) + 1M-step HyPE
-    python hype_irl_mujoco.py --env-id Hopper-v5 --reset-prob 0.5    # HyPE+FILTER
-    python hype_irl_mujoco.py --env-id Hopper-v5 --rho-schedule 0    # no expert rows: moment matching (MM)
-    # minutes on a laptop CPU: a tiny expert and a short IRL run on a cheap env
-    python hype_irl_mujoco.py --env-id InvertedPendulum-v5 --expert-timesteps 10000 --total-timesteps 10000 \
-        --train-every 1000 --eval-frequency 2500 --learning-starts 1000
-    python hype_irl_mujoco.py --env-id Hopper-v5 --run-dir runs/x   # same --run-dir again: resumes (checkpoints/)
-    python hype_irl_mujoco.py --env-id Hopper-v5 --eval-only runs/x  # evaluate a run's learner, write nothing
+    python hype_irl_mujoco.py --env-id Hopper-v5                       # expert phase (or the cache), then HyPE
+    python hype_irl_mujoco.py --env-id InvertedPendulum-v5 --expert.timesteps 10000 --irl.total-timesteps 10000
+    python hype_irl_mujoco.py --run-dir runs/X                          # resume; --eval-only runs/X evaluates
 
-Run directory: TensorBoard events, `args.json`, `checkpoints/{expert,irl}.pt` (atomic; model, optimisers, replay,
-RNG states, counters), `results.json` (final evaluation, budget, SPS), `learning_curve.png`, `eval_history.json`.
-
-Expert data format
-------------------
-Cache: `{experts_dir}/{env_id}/` holds `demos.npz`, `expert_actor.pt` (dict: actor state_dict of the SAC actor
-obs->256->256 ReLU -> mean and log_std heads, tanh squash, action = tanh(mean) * scale + bias at evaluation, plus
-obs_dim, act_dim, hidden=256, env_id, total_timesteps, mean_return) and `expert_meta.json` (env_id, expert training
-steps, number of demos, mean/std of demo returns, seed, date, producing script), all written atomically. If
-`demos.npz` exists it is reused (shapes validated against the env); otherwise a SAC expert is trained on the true
-reward (`--expert-timesteps`) and `--num-demos` deterministic complete episodes are rolled out with reset seeds 0, 1, ...
-`demos.npz` keys (N transitions, E episodes): observations float32 (N, obs_dim); actions float32 (N, act_dim) clipped to
-the action bounds; next_observations float32 (N, obs_dim); rewards float32 (N,) true env reward, stored for reference
-and NEVER used for learning; terminals bool (N,) (env `terminated`); timeouts bool (N,) (env `truncated`); episode_ids
-int64 (N,) in 0..E-1; episode_starts bool (N,); timesteps int64 (N,) index inside the episode; returns float64 (E,)
-true undiscounted return per episode; seeds int64 (E,) reset seed per episode; qpos float64 (N, nq), qvel float64
-(N, nv), qacc_warmstart float64 (N, nv): MuJoCo state before each transition, so restoring them (plus mj_forward) and
-replaying actions[i] reproduces next_observations[i] exactly; env_id 0-d str array. qpos, qvel, qacc_warmstart, seeds
-and timesteps are optional in a user's file (timesteps is derived from episode_starts); without the MuJoCo state,
-`--reset-prob > 0` is refused. Validation: missing keys, observation/action sizes that do not match the env, another
-env_id, or zero episodes exit with code 2 and a one-line message. `--expert-path minari:DATASET_ID` reads a Minari
-dataset (`minari download DATASET_ID` first) into the same keys, as filter_irl_mujoco.py does: an episode's T+1
-observations give observations/next_observations, terminations/truncations give terminals/timeouts. It carries no
-MuJoCo state, so `--reset-prob` must stay 0.
+Defaults, deliberate differences, the expert-data format and the run directory: docs/hype_irl_mujoco.md.
 """
 
-
+import contextlib
 import ctypes
+import dataclasses
 import datetime as dt
 import difflib
+import io
 import json
 import math
 import os
 import random
 import signal
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Callable, Literal, Optional
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
+SCRIPT = "hype_irl_mujoco.py"
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
 # Piecewise-linear rho schedules of the reference ([start, end, until_step] segments, in learner env steps).
 # HalfCheetah is not in the reference; it gets the Ant/Walker2d schedule (our choice). Any other env: Hopper's.
 RHO_SCHEDULES = {
@@ -85,13 +53,85 @@ RHO_SCHEDULES = {
     "Walker2d": "0.2,0.2,300000;0.2,0.1,1000000",
     "HalfCheetah": "0.2,0.2,300000;0.2,0.1,1000000",
 }
-DEFAULT_RHO_SCHEDULE = RHO_SCHEDULES["Hopper"]
-REQUIRED_DEMO_KEYS = (
-    "observations", "actions", "next_observations", "rewards", "terminals", "timeouts",
-    "episode_ids", "episode_starts", "returns", "env_id",
-)
-STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@dataclass
+class ExpertArgs:
+    experts_dir: str = "experts"
+    """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with filter_irl_mujoco.py)"""
+    path: Optional[str] = None
+    """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
+    timesteps: int = 1_000_000
+    """SAC expert training steps on the true reward when no cached demos exist"""
+    num_demos: int = 64
+    """deterministic complete expert episodes rolled out (reset seeds 0, 1, 2, ...)"""
+
+
+@dataclass
+class SACArgs:
+    buffer_size: int = 1_000_000
+    """learner replay capacity"""
+    gamma: float = 0.99
+    """discount factor, in [0, 1)"""
+    tau: float = 0.005
+    """target network smoothing coefficient, in (0, 1]"""
+    batch_size: int = 256
+    """SAC minibatch size (expert + learner rows)"""
+    learning_starts: int = 5000
+    """random-action steps before SAC updates start (each phase; below its budget)"""
+    policy_lr: float = 3e-4
+    """actor learning rate"""
+    q_lr: float = 1e-3
+    """critic (and entropy-temperature, as CleanRL) learning rate"""
+    policy_frequency: int = 2
+    """the actor (and temperature) is updated `policy_frequency` times every `policy_frequency` calls (CleanRL)"""
+    alpha: float = 0.2
+    """entropy temperature when --sac.no-autotune"""
+    autotune: bool = True
+    """automatic entropy tuning toward -act_dim"""
+    hidden_dim: int = 256
+    """width of the two hidden layers of actor, critics and discriminator"""
+
+
+@dataclass
+class DiscArgs:
+    lr: float = 8e-4
+    """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh Adam"""
+    steps: int = 1
+    """discriminator gradient steps per outer iteration"""
+    batch_size: int = 4096
+    """expert and learner (s, a) pairs per discriminator step"""
+    trajectories: int = 4
+    """fresh learner trajectories collected per outer iteration for the discriminator (their steps are counted)"""
+    gp_weight: float = 10.0
+    """gradient-penalty weight (0 = off)"""
+    gp_target: float = 0.4
+    """gradient-penalty target norm"""
+
+
+@dataclass
+class IRLArgs:
+    total_timesteps: int = 1_000_000
+    """IRL budget in policy env steps (the discriminator's rollout steps are counted and reported separately)"""
+    train_every: int = 5000
+    """learner env steps per outer iteration (one discriminator update each)"""
+    rho_schedule: Optional[str] = None
+    """expert fraction rho: 'start,end,until;...' piecewise-linear in learner steps, or one number; default per env"""
+    reset_prob: float = 0.0
+    """probability an episode starts from a uniformly drawn expert state (exact restore): >0 gives HyPE+FILTER"""
+    p_tremble: float = 0.01
+    """trembling hand: probability of replacing the action by a uniform random one (training and evaluation)"""
+    terminal_reward: Literal["min", "none"] = "min"
+    """'min': a terminal transition enters an absorbing state earning the minibatch's lowest relabelled reward
+    forever; 'none': the episode just ends (reference)"""
+
+
+@dataclass
+class EvalArgs:
+    frequency: int = 50_000
+    """evaluate every this many policy env steps"""
+    episodes: int = 10
+    """deterministic evaluation episodes (reset seeds seed + 10000, +1, ...)"""
 
 
 @dataclass
@@ -108,116 +148,61 @@ class Args:
     """if toggled, the run is tracked with Weights and Biases (needs wandb installed)"""
     wandb_project_name: str = "cleanRL"
     """the wandb project name"""
-    wandb_entity: str | None = None
+    wandb_entity: Optional[str] = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """accepted for CleanRL compatibility; this script records no videos"""
+    """record one evaluation episode of the final policy (and of --eval-only) as VP9 WebM in {run_dir}/videos/"""
     save_model: bool = True
-    """if toggled, the final actor is saved to `{run_dir}/hype_irl_mujoco.cleanrl_model`"""
-
-    # Environment and run directory
+    """save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)"""
+    run_dir: Optional[str] = None
+    """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
     env_id: str = "Hopper-v5"
-    """the MuJoCo environment id (Hopper-v5, Walker2d-v5, HalfCheetah-v5, Ant-v5, Humanoid-v5, InvertedPendulum-v5, ...)"""
-    run_dir: str | None = None
-    """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
-    max_episode_steps: int | None = None
+    """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
+    max_episode_steps: Optional[int] = None
     """episode horizon override (default: the env's registered limit, 1000 for the MuJoCo tasks)"""
     torch_threads: int = 0
-    """CPU threads for torch (0 = torch's default: all cores, or OMP_NUM_THREADS). Use 1 on a CPU shared with other
-    jobs: oversubscribed threads made the small-MLP updates many times slower on our busy 2-core machine"""
-
-    # Expert data (shared cache with filter_irl_mujoco.py)
-    experts_dir: str = "experts"
-    """cache of expert data: {experts_dir}/{env_id}/demos.npz, expert_actor.pt, expert_meta.json"""
-    expert_path: str | None = None
-    """a demos.npz of your own (format in the module docstring), or minari:DATASET_ID for a downloaded Minari dataset
-    (e.g. minari:mujoco/hopper/expert-v0; needs `pip install "minari[hdf5]"`); overrides the cache"""
-    expert_timesteps: int = 1_000_000
-    """SAC expert training steps on the true reward when no cached demos exist"""
-    num_demos: int = 64
-    """deterministic complete expert episodes rolled out (reset seeds 0, 1, 2, ...)"""
-
-    # SAC learner (also used, on the true reward, for the expert)
-    total_timesteps: int = 1_000_000
-    """IRL budget in policy env steps (the discriminator's rollout steps are counted and reported separately)"""
-    buffer_size: int = 1_000_000
-    """learner replay capacity"""
-    gamma: float = 0.99
-    """discount factor"""
-    tau: float = 0.005
-    """target network smoothing coefficient"""
-    batch_size: int = 256
-    """SAC minibatch size (expert + learner rows)"""
-    learning_starts: int = 5000
-    """random-action steps before SAC updates start (each phase)"""
-    policy_lr: float = 3e-4
-    """actor and entropy-temperature learning rate"""
-    q_lr: float = 1e-3
-    """critic learning rate"""
-    policy_frequency: int = 2
-    """the actor (and temperature) is updated `policy_frequency` times every `policy_frequency` steps (CleanRL)"""
-    alpha: float = 0.2
-    """entropy temperature when --no-autotune"""
-    autotune: bool = True
-    """automatic entropy tuning toward -act_dim"""
-    hidden_dim: int = 256
-    """width of the two hidden layers of actor, critics and discriminator"""
-
-    # HyPE: hybrid replay and resets
-    rho_schedule: str | None = None
-    """expert fraction rho: 'start,end,until;start,end,until...' piecewise-linear in learner steps, or one number;
-    default per env (Hopper/Humanoid 0.2->0.1 by 200k ->0.01 by 1M; Ant/Walker2d/HalfCheetah 0.2 until 300k ->0.1 by 1M)"""
-    reset_prob: float = 0.0
-    """probability an episode starts from a uniformly drawn expert state (exact restore): >0 gives HyPE+FILTER"""
-    p_tremble: float = 0.01
-    """trembling hand: probability of replacing the action by a uniform random one (training, discriminator
-    rollouts and evaluation, as the reference)"""
-    terminal_reward: str = "min"
-    """'min': a terminal transition enters an absorbing state that earns the minibatch's lowest relabelled reward
-    forever (no survival or suicide bias from the sign of -f); 'none': the episode just ends (reference)"""
-
-    # Discriminator f(s, a); reward = -f
-    train_every: int = 5000
-    """learner env steps per outer iteration (one discriminator update each)"""
-    disc_lr: float = 8e-4
-    """discriminator lr0; outer iteration k uses lr0 / k with a fresh Adam"""
-    disc_steps: int = 1
-    """discriminator gradient steps per outer iteration"""
-    disc_batch_size: int = 4096
-    """expert and learner (s, a) pairs per discriminator step"""
-    disc_trajectories: int = 4
-    """fresh learner trajectories collected per outer iteration for the discriminator (their steps are counted)"""
-    gp_weight: float = 10.0
-    """gradient-penalty weight"""
-    gp_target: float = 0.4
-    """gradient-penalty target norm"""
-
-    # Evaluation, logging, checkpoints
-    eval_frequency: int = 50_000
-    """evaluate every this many policy env steps"""
-    eval_episodes: int = 10
-    """deterministic evaluation episodes (reset seeds seed + 10000, +1, ...)"""
+    """CPU threads for torch (0 = torch's default); use 1 on a CPU shared with other jobs"""
     log_frequency: int = 1000
     """TensorBoard scalars (losses, SPS, rho) every this many env steps"""
     checkpoint_frequency: int = 25_000
     """checkpoint every this many env steps (and on SIGINT/SIGTERM and at the end)"""
-    eval_only: str | None = None
-    """evaluate the learner saved in this run dir (checkpoints/irl.pt) and print the returns; no training"""
+    eval_only: Optional[str] = None
+    """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
+    expert: ExpertArgs = field(default_factory=ExpertArgs)
+    sac: SACArgs = field(default_factory=SACArgs)
+    disc: DiscArgs = field(default_factory=DiscArgs)
+    irl: IRLArgs = field(default_factory=IRLArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
 
 
-def fail(message: str) -> None:
-    """Documented bad input: one line on stderr, exit code 2, nothing written."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+class UsageError(Exception):
+    """Bad input: main prints the one-line message and exits 2."""
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Environments
-# ----------------------------------------------------------------------------------------------------------------------
-def make_env(env_id: str, max_episode_steps: int | None = None) -> tuple[gym.Env, int]:
-    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loop keeps its own time index so that an episode
-    restored to expert time t runs for exactly horizon - t more steps."""
-    env = gym.make(env_id, disable_env_checker=True)
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main prints the phase and step and exits 3."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
+
+
+@dataclass
+class EnvInfo:
+    """What the phases need to know about the env, read once by validation."""
+
+    obs_dim: int
+    act_dim: int
+    low: np.ndarray
+    high: np.ndarray
+
+
+# ---------------------------------------------------------------------------------------------------- Environments
+def make_env(env_id: str, max_episode_steps: Optional[int] = None, render: bool = False) -> tuple[gym.Env, int]:
+    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops keep their own time index so that an
+    episode restored to expert time t runs for exactly horizon - t more steps."""
+    size = {"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {}
+    env = gym.make(env_id, disable_env_checker=True, **size)
     horizon = max_episode_steps or env.spec.max_episode_steps or 1000
     if isinstance(env, gym.wrappers.TimeLimit):
         env = env.env
@@ -234,8 +219,6 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
     """Exact restore: the expert's next states replay bit for bit (warm start included). Returns the recomputed
     observation, which equals the recorded one except, on Ant/Humanoid, for the contact/actuator-force entries
     (gymnasium computes those from the last substep's solver state): the learner's reset uses the recorded one."""
-    import mujoco
-
     u = env.unwrapped
     u.data.qpos[:] = qpos
     u.data.qvel[:] = qvel
@@ -246,9 +229,18 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
     return u._get_obs()
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Networks
-# ----------------------------------------------------------------------------------------------------------------------
+def start_episode(env: gym.Env, seed: int, demos: Optional[dict], reset_prob: float, rng) -> tuple[np.ndarray, int]:
+    """Reset; with probability reset_prob restore a uniformly drawn expert state, whose episode then runs for the
+    expert's remaining horizon. Returns (observation, time index)."""
+    obs, _ = env.reset(seed=seed)
+    if reset_prob > 0 and rng.random() < reset_prob:
+        i = int(rng.integers(len(demos["observations"])))
+        restore_state(env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i])
+        return demos["observations"][i].astype(np.float64), int(demos["timesteps"][i])
+    return obs, 0
+
+
+# ---------------------------------------------------------------------------------------------------- Networks
 class Actor(nn.Module):
     """SAC actor: obs -> 256 -> 256 ReLU -> mean, log_std; tanh-squashed Gaussian (names as CleanRL's)."""
 
@@ -260,6 +252,7 @@ class Actor(nn.Module):
         self.fc_logstd = nn.Linear(hidden, act_dim)
         self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+        self.env_id, self.max_episode_steps = "", None  # set by load_policy
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.relu(self.fc2(F.relu(self.fc1(obs))))
@@ -274,12 +267,24 @@ class Actor(nn.Module):
         y = torch.tanh(x)
         log_prob = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         log_prob = log_prob - torch.log(self.action_scale * (1 - y.pow(2)) + 1e-6).sum(-1)
-        return y * self.action_scale + self.action_bias, log_prob, torch.tanh(mean) * self.action_scale + self.action_bias
+        return (
+            y * self.action_scale + self.action_bias,
+            log_prob,
+            torch.tanh(mean) * self.action_scale + self.action_bias,
+        )
+
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """A batch of observations (numpy) -> the batch of actions (numpy): deterministic, or sampled."""
+        with torch.inference_mode():
+            sample, _, mean = self.get_action(
+                torch.as_tensor(obs, dtype=torch.float32, device=self.action_scale.device)
+            )
+        return (mean if deterministic else sample).cpu().numpy()
 
 
 class TwinQ(nn.Module):
-    """Both Q-networks as ONE batched module: weights stacked on a leading axis, evaluated with batched matmuls, so
-    the critic costs three kernels per layer stack instead of two separate MLPs (the CPU update is latency-bound)."""
+    """Both Q-networks as stacked weights evaluated with batched matmuls: one kernel per layer for the pair instead
+    of one per network (the CPU update is latency-bound on small batches)."""
 
     def __init__(self, in_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
@@ -297,9 +302,7 @@ class TwinQ(nn.Module):
         h = torch.cat([obs, act], -1).expand(w1.shape[0], -1, -1)
         h = F.relu(torch.baddbmm(b1, h, w1))
         h = F.relu(torch.baddbmm(b2, h, w2))
-        # Output width 1: multiply-and-sum instead of a (B, h) x (h, 1) batched matmul, whose backward is an outer
-        # product that MKL runs slowly (~8 % of a Q forward + backward on the 2-core CPU).
-        return (h * w3.transpose(1, 2)).sum(-1) + b3.squeeze(-1)
+        return torch.baddbmm(b3, h, w3).squeeze(-1)
 
 
 class Discriminator(nn.Module):
@@ -307,7 +310,8 @@ class Discriminator(nn.Module):
 
     def __init__(self, in_dim: int, hidden: int = 256):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        layers = [nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)]
+        self.net = nn.Sequential(*layers)
         for m in self.net:
             if isinstance(m, nn.Linear):
                 nn.init.orthogonal_(m.weight, gain=1.0 if m.out_features == 1 else math.sqrt(2))
@@ -316,29 +320,26 @@ class Discriminator(nn.Module):
         return self.net(sa).squeeze(-1)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# The math as pure functions
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- The math
 def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
     """'0.2,0.1,200000;0.1,0.01,1000000' -> [(0.2, 0.1, 200000), (0.1, 0.01, 1000000)]; a single number is constant."""
     spec = spec.strip()
     try:
         if ";" not in spec and "," not in spec:
-            value = float(spec)
-            segments = [(value, value, 1)]
+            segments = [(float(spec), float(spec), 1)]
         else:
             segments = []
             for part in spec.split(";"):
                 start, end, until = part.split(",")
                 segments.append((float(start), float(end), int(float(until))))
     except ValueError:
-        raise ValueError(f"--rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000;0.1,0.01,1000000'")
+        raise ValueError(f"--irl.rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000'")
     previous = 0
     for start, end, until in segments:
         if not (0.0 <= start <= 1.0 and 0.0 <= end <= 1.0):
-            raise ValueError(f"--rho-schedule {spec!r}: every rho must lie in [0, 1]")
+            raise ValueError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
         if until <= previous:
-            raise ValueError(f"--rho-schedule {spec!r}: segment end steps must be positive and increasing")
+            raise ValueError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
         previous = until
     return segments
 
@@ -354,8 +355,7 @@ def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
     return segments[-1][1]
 
 
-def hybrid_indices(batch_size: int, rho: float, num_expert: int, num_learner: int, generator: torch.Generator | None = None,
-                   device: torch.device | str = "cpu") -> torch.Tensor:
+def hybrid_indices(batch_size: int, rho: float, num_expert: int, num_learner: int, generator=None, device="cpu"):
     """Row indices of one hybrid minibatch in the combined storage [expert rows 0..E-1 | learner rows E..E+L-1]:
     exactly round(rho * batch_size) expert rows (uniform over expert transitions) and the rest learner rows (uniform
     over the filled replay). Rows are sampled with replacement, like SB3's buffers."""
@@ -363,8 +363,8 @@ def hybrid_indices(batch_size: int, rho: float, num_expert: int, num_learner: in
     if num_learner == 0:
         n_expert = batch_size
     expert = torch.randint(0, max(num_expert, 1), (n_expert,), generator=generator, device=device)
-    learner = num_expert + torch.randint(0, max(num_learner, 1), (batch_size - n_expert,), generator=generator, device=device)
-    return torch.cat([expert, learner])
+    learner = torch.randint(0, max(num_learner, 1), (batch_size - n_expert,), generator=generator, device=device)
+    return torch.cat([expert, num_expert + learner])
 
 
 def relabel_rewards(disc: Discriminator, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
@@ -373,9 +373,8 @@ def relabel_rewards(disc: Discriminator, obs: torch.Tensor, act: torch.Tensor) -
         return -disc(torch.cat([obs, act], -1))
 
 
-def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target: float = 0.4,
-                     alpha: torch.Tensor | None = None) -> torch.Tensor:
-    """E[(||grad_x f(x_hat)||_2 - target)^2] at x_hat = alpha * x_expert + (1 - alpha) * x_learner, alpha ~ U(0,1) per row."""
+def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target: float = 0.4, alpha=None):
+    """E[(||grad_x f(x_hat)||_2 - target)^2] at x_hat = alpha x_expert + (1 - alpha) x_learner, alpha ~ U(0, 1)."""
     if alpha is None:
         alpha = torch.rand(x_expert.shape[0], 1, device=x_expert.device)
     x_hat = (alpha * x_expert + (1 - alpha) * x_learner).detach().requires_grad_(True)
@@ -383,10 +382,9 @@ def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target:
     return ((grad.norm(2, dim=-1) - target) ** 2).mean()
 
 
-def discriminator_loss(f, x_expert: torch.Tensor, x_learner: torch.Tensor, gp_weight: float = 10.0,
-                       gp_target: float = 0.4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP: f is a cost, pushed down on expert pairs, up on the learner's.
-    Returns (loss, ipm term, gradient penalty)."""
+def discriminator_loss(f, x_expert: torch.Tensor, x_learner: torch.Tensor, gp_weight: float = 10.0, gp_target=0.4):
+    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP: f is a cost, pushed down on expert pairs, up on the
+    learner's. Returns (loss, ipm term, gradient penalty)."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
     gp = gradient_penalty(f, x_expert, x_learner, gp_target)
     return ipm + gp_weight * gp, ipm, gp
@@ -397,8 +395,7 @@ def disc_lr_at(outer_iteration: int, lr0: float) -> float:
     return lr0 / max(1, outer_iteration)
 
 
-def soft_q_target(reward: torch.Tensor, done: torch.Tensor, next_q: torch.Tensor, next_logp: torch.Tensor,
-                  alpha: torch.Tensor, gamma: float, absorbing_reward: torch.Tensor | None = None) -> torch.Tensor:
+def soft_q_target(reward, done, next_q, next_logp, alpha, gamma: float, absorbing_reward=None) -> torch.Tensor:
     """r + gamma * (1 - d) * (min Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`, a terminal transition
     instead enters an absorbing state earning that reward forever: + gamma * d * r_abs / (1 - gamma)."""
     target = reward + gamma * (1.0 - done) * (next_q - alpha * next_logp)
@@ -414,54 +411,53 @@ def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndar
     return action
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# SAC learner
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- SAC and replay
 class SAC:
     """Actor, batched twin Q, target twin Q, automatic entropy tuning. `update` takes the rewards explicitly: in the
-    IRL phase they are always the discriminator's relabelled rewards, never the stored ones."""
+    IRL phase they are always the discriminator's relabelled rewards, never stored ones."""
 
-    def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args: Args, device: torch.device):
-        self.args = args
-        self.actor = Actor(obs_dim, act_dim, low, high, args.hidden_dim).to(device)
-        self.qf = TwinQ(obs_dim + act_dim, args.hidden_dim).to(device)
-        self.qf_target = TwinQ(obs_dim + act_dim, args.hidden_dim).to(device)
+    def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
+        self.cfg = cfg
+        self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim).to(device)
+        self.qf = TwinQ(info.obs_dim + info.act_dim, cfg.hidden_dim).to(device)
+        self.qf_target = TwinQ(info.obs_dim + info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target.load_state_dict(self.qf.state_dict())
-        fused = {"fused": True}  # one fused kernel per optimiser step (CPU and CUDA)
-        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=args.q_lr, **fused)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=args.policy_lr, **fused)
-        self.target_entropy = -float(act_dim)
-        self.log_alpha = torch.tensor([math.log(args.alpha)], device=device, requires_grad=True)
-        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=args.q_lr, **fused)  # CleanRL uses q_lr here
+        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=cfg.q_lr)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr)
+        self.target_entropy = -float(info.act_dim)
+        self.log_alpha = torch.tensor([math.log(cfg.alpha)], device=device, requires_grad=True)
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr)  # CleanRL uses q_lr here
         self.num_updates = 0
 
     def update(self, obs, act, next_obs, done, reward, absorbing: bool = False) -> dict[str, torch.Tensor]:
         """One critic step, `policy_frequency` actor/temperature steps every `policy_frequency` calls, one target
         lerp. Returns loss tensors (no host sync)."""
-        args = self.args
-        alpha = self.log_alpha.detach().exp() if args.autotune else torch.full_like(self.log_alpha, args.alpha)
+        cfg = self.cfg
+        alpha = self.log_alpha.detach().exp() if cfg.autotune else torch.full_like(self.log_alpha, cfg.alpha)
         with torch.no_grad():
             next_act, next_logp, _ = self.actor.get_action(next_obs)
             next_q = self.qf_target(next_obs, next_act).min(0).values
-            target = soft_q_target(reward, done, next_q, next_logp, alpha, args.gamma, reward.min() if absorbing else None)
+            target = soft_q_target(
+                reward, done, next_q, next_logp, alpha, cfg.gamma, reward.min() if absorbing else None
+            )
         q = self.qf(obs, act)
         qf_loss = ((q - target) ** 2).mean(-1).sum()  # qf1_loss + qf2_loss, as CleanRL
         self.q_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
         self.q_optimizer.step()
-        out = {"qf_loss": qf_loss.detach(), "qf1_values": q[0].detach().mean(), "qf2_values": q[1].detach().mean(),
-               "relabelled_reward": reward.mean()}
+        out = {"qf_loss": qf_loss.detach(), "qf1_values": q[0].detach().mean(), "qf2_values": q[1].detach().mean()}
+        out["relabelled_reward"] = reward.mean()
         self.num_updates += 1
-        if self.num_updates % args.policy_frequency == 0:
+        if self.num_updates % cfg.policy_frequency == 0:
             self.qf.requires_grad_(False)  # the actor's loss needs gradients w.r.t. actions only
-            for _ in range(args.policy_frequency):  # same batch each time, as CleanRL
+            for _ in range(cfg.policy_frequency):  # same batch each time, as CleanRL
                 pi, logp, _ = self.actor.get_action(obs)
                 actor_loss = (alpha * logp - self.qf(obs, pi).min(0).values).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 actor_loss.backward()
                 self.actor_optimizer.step()
                 out["actor_loss"] = actor_loss.detach()
-                if args.autotune:
+                if cfg.autotune:
                     alpha_loss = (-self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
                     self.a_optimizer.zero_grad(set_to_none=True)
                     alpha_loss.backward()
@@ -470,27 +466,21 @@ class SAC:
                     out["alpha_loss"] = alpha_loss.detach()
             self.qf.requires_grad_(True)
         with torch.no_grad():
-            torch._foreach_lerp_(list(self.qf_target.parameters()), list(self.qf.parameters()), args.tau)
+            for target_param, param in zip(self.qf_target.parameters(), self.qf.parameters()):
+                target_param.lerp_(param, cfg.tau)
         out["alpha"] = alpha.squeeze()
         return out
 
     def state_dict(self) -> dict:
-        return {
-            "actor": self.actor.state_dict(), "qf": self.qf.state_dict(), "qf_target": self.qf_target.state_dict(),
-            "q_optimizer": self.q_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(), "a_optimizer": self.a_optimizer.state_dict(),
-            "num_updates": self.num_updates,
-        }
+        parts = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer")
+        state = {k: getattr(self, k).state_dict() for k in parts}
+        return {**state, "log_alpha": self.log_alpha.detach().clone(), "num_updates": self.num_updates}
 
     def load_state_dict(self, state: dict) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.qf.load_state_dict(state["qf"])
-        self.qf_target.load_state_dict(state["qf_target"])
-        self.q_optimizer.load_state_dict(state["q_optimizer"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        for k in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer"):
+            getattr(self, k).load_state_dict(state[k])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.a_optimizer.load_state_dict(state["a_optimizer"])
         self.num_updates = state["num_updates"]
 
 
@@ -500,12 +490,11 @@ class Storage:
     reward column holds NaN for every row (the env reward is hidden, expert rewards are not loaded): a learning step
     that read it would turn the losses into NaN and stop the run, which makes 'env reward never used' checkable."""
 
-    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device, expert_rows: torch.Tensor | None = None):
+    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device, expert_rows=None):
         self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.width = 2 * obs_dim + act_dim + 2
         self.num_expert = 0 if expert_rows is None else expert_rows.shape[0]
         self.capacity = capacity
-        self.data = torch.zeros(self.num_expert + capacity, self.width, device=device)
+        self.data = torch.zeros(self.num_expert + capacity, 2 * obs_dim + act_dim + 2, device=device)
         if expert_rows is not None:
             self.data[: self.num_expert] = expert_rows
         self.ptr, self.size = 0, 0
@@ -519,159 +508,462 @@ class Storage:
         self.ptr = (self.ptr + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def split(self, batch: torch.Tensor):
+    def sample(self, batch_size: int, rho: float, generator: Optional[torch.Generator] = None):
+        """(obs, act, next_obs, done, reward) of one hybrid minibatch."""
+        batch = self.data[hybrid_indices(batch_size, rho, self.num_expert, self.size, generator, self.data.device)]
         o, a = self.obs_dim, self.act_dim
-        return batch[:, :o], batch[:, o:o + a], batch[:, o + a:2 * o + a], batch[:, 2 * o + a], batch[:, 2 * o + a + 1]
-
-    def sample(self, batch_size: int, rho: float, generator: torch.Generator | None = None):
-        idx = hybrid_indices(batch_size, rho, self.num_expert, self.size, generator, self.data.device)
-        return self.split(self.data[idx])
+        return batch[:, :o], batch[:, o : o + a], batch[:, o + a : 2 * o + a], batch[:, -2], batch[:, -1]
 
     def learner_rows(self) -> torch.Tensor:
         """The filled learner rows, oldest first (for checkpoints)."""
-        rows = self.data[self.num_expert:self.num_expert + self.size]
+        rows = self.data[self.num_expert : self.num_expert + self.size]
         return torch.roll(rows, -self.ptr, 0) if self.size == self.capacity else rows
 
     def load_learner_rows(self, rows: torch.Tensor) -> None:
         n = min(rows.shape[0], self.capacity)
-        self.data[self.num_expert:self.num_expert + n] = rows[-n:].to(self.data.device)
+        self.data[self.num_expert : self.num_expert + n] = rows[-n:].to(self.data.device)
         self.size, self.ptr = n, n % self.capacity
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Expert data: load and validate, or train an expert and roll out demonstrations
-# ----------------------------------------------------------------------------------------------------------------------
-MINARI = "minari:"
+# ---------------------------------------------------------------------------------------------------- Phases
+def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, max_episode_steps=None, video=None):
+    """Deterministic actions (tanh(mean) * scale + bias), trembling hand as in training (reference), true env
+    return, reset seeds seed, seed + 1, ... With `video`, the first episode is rendered and written there."""
+    rng, returns, frames = np.random.default_rng(seed), [], []
+    for ep in range(episodes):
+        env, horizon = make_env(env_id, max_episode_steps, render=video is not None and ep == 0)
+        obs, _ = env.reset(seed=seed + ep)
+        ret = 0.0
+        for _ in range(horizon):
+            action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
+            obs, reward, terminated, _, _ = env.step(action)
+            ret += float(reward)
+            if env.render_mode:
+                frames.append(env.render())
+            if terminated:
+                break
+        returns.append(ret)
+        env.close()
+    if video is not None:
+        write_video(video, frames, fps=env.metadata.get("render_fps", 30))
+    return returns
 
 
-def read_minari(dataset_id: str) -> dict[str, np.ndarray]:
-    """A downloaded Minari dataset as demos.npz keys (no MuJoCo state); exit 2 with one line if it cannot be read."""
-    try:
-        import minari
-    except ImportError:
-        fail(f"{MINARI}{dataset_id} needs the minari package: pip install 'minari[hdf5]'")
-    if dataset_id not in minari.list_local_datasets():
-        fail(f"Minari dataset {dataset_id} is not downloaded: run `minari download {dataset_id}` first")
-    try:
-        data = minari.load_dataset(dataset_id)
-        env_spec = data.spec.env_spec
-        episodes = list(data.iterate_episodes())
-    except Exception as exc:  # noqa: BLE001 - a broken local copy is bad input
-        fail(f"cannot read Minari dataset {dataset_id} ({type(exc).__name__}); delete it and download it again")
-    if any(not isinstance(ep.observations, np.ndarray) or not isinstance(ep.actions, np.ndarray) for ep in episodes):
-        fail(f"Minari dataset {dataset_id} has dict/tuple spaces; use a dataset with flat Box observations and actions")
-    steps = [len(ep.rewards) for ep in episodes]
-    n = sum(steps)
-
-    def stack(parts, dtype, width=None):
-        out = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-        return out.reshape(n, -1) if width else out
-
-    return {
-        "observations": stack([ep.observations[:-1] for ep in episodes], np.float32, True),
-        "next_observations": stack([ep.observations[1:] for ep in episodes], np.float32, True),
-        "actions": stack([ep.actions for ep in episodes], np.float32, True),
-        "rewards": stack([ep.rewards for ep in episodes], np.float32),
-        "terminals": stack([ep.terminations for ep in episodes], bool),
-        "timeouts": stack([ep.truncations for ep in episodes], bool),
-        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), steps),
-        "episode_starts": stack([np.arange(k) == 0 for k in steps], bool),
-        "timesteps": stack([np.arange(k) for k in steps], np.int64),
-        "returns": np.array([float(ep.rewards.sum()) for ep in episodes], np.float64),
-        "env_id": np.array("" if env_spec is None else env_spec.id),
-    }
-
-
-def load_demos(path: Path | str, env_id: str, obs_dim: int, act_dim: int, need_states: bool) -> dict[str, np.ndarray]:
-    """Load demos.npz (or minari:ID) and validate it against the env (exit 2 with one line on any mismatch)."""
-    if str(path).startswith(MINARI):
-        demos = read_minari(str(path)[len(MINARI):])
-    else:
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                demos = {k: f[k] for k in f.files}
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is bad input
-            fail(f"cannot read expert data {path} ({type(exc).__name__}); pass a valid npz with --expert-path or delete it to regenerate")
-    missing = [k for k in REQUIRED_DEMO_KEYS if k not in demos]
-    if missing:
-        fail(f"{path} lacks keys {', '.join(missing)}; see 'Expert data format' in hype_irl_mujoco.py's docstring")
-    if str(demos["env_id"]) != env_id:
-        fail(f"{path} holds demos of {demos['env_id']}, not {env_id}; use that env's demos (--expert-path / --experts-dir)")
-    o, a = demos["observations"], demos["actions"]
-    if o.ndim != 2 or o.shape[1] != obs_dim or demos["next_observations"].shape != o.shape:
-        fail(f"{path}: observation size {o.shape[1:] } does not match {env_id}'s {obs_dim}; use demos recorded on {env_id}")
-    if a.ndim != 2 or a.shape[1] != act_dim or a.shape[0] != o.shape[0]:
-        fail(f"{path}: action size {a.shape[1:]} does not match {env_id}'s {act_dim}; use demos recorded on {env_id}")
-    if o.shape[0] == 0 or len(demos["returns"]) < 1:
-        fail(f"{path} holds no expert episode; record at least 1 episode")
-    if "timesteps" not in demos:
-        starts = demos["episode_starts"].astype(bool)
-        idx = np.arange(len(starts))
-        demos["timesteps"] = idx - np.maximum.accumulate(np.where(starts, idx, 0))
-    if need_states and any(k not in demos for k in STATE_KEYS):
-        fail(f"{path} has no {'/'.join(STATE_KEYS)}, so expert-state resets are impossible; use --reset-prob 0 or record them")
-    return demos
+def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
+    """Expert phase: SAC on the TRUE env reward for `expert.timesteps`; resumable from checkpoints/expert.pt."""
+    env, horizon = make_env(args.env_id, args.max_episode_steps)
+    sac = SAC(info, args.sac, run.device)
+    storage = Storage(info.obs_dim, info.act_dim, min(args.sac.buffer_size, args.expert.timesteps), run.device)
+    np_rng = np.random.default_rng(args.seed)
+    progress = {"step": 0, "episodes": 0, "curve": []}
+    if ckpt:
+        progress = restore_checkpoint(ckpt, sac, storage, np_rng)
+        print(f"[expert] resuming from step {progress['step']}", flush=True)
+    run.expert_curve = progress["curve"]
+    ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
+    obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
+    progress["episodes"] += 1
+    ep_return, losses = 0.0, {}
+    bar = progress_bar(args.expert.timesteps, progress["step"], "expert")
+    while progress["step"] < args.expert.timesteps:
+        if run.stop.stop:
+            save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+            raise Interrupted("expert phase", progress["step"])
+        learn_started = progress["step"] >= args.sac.learning_starts
+        action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
+        action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
+        next_obs, reward, terminated, _, _ = env.step(action)
+        storage.add(Storage.rows(obs, action, next_obs, float(terminated), float(reward)))
+        obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(reward), progress["step"] + 1
+        progress["step"] = step
+        if terminated or ep_t >= horizon:
+            log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
+            progress["curve"].append((step, ep_return))
+            obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
+            progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
+        if learn_started:
+            meter.start(step - 1)
+            b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
+            losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
+        if step % args.log_frequency == 0 and losses:
+            log_losses(run.writer, "expert", losses, args, step, meter)
+        if step % args.checkpoint_frequency == 0:
+            save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+            plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+        bar.update(1)
+    bar.close()
+    save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+    env.close()
+    return sac
 
 
-def atomic_save(obj, path: Path, save_fn=torch.save) -> None:
-    """Write to a temporary file in the same directory, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_fn(obj, tmp)
-    os.replace(tmp, path)
-
-
-def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: int | None = None) -> dict[str, np.ndarray]:
-    """Roll out `policy(obs) -> action` for complete episodes with reset seeds 0, 1, ...; record MuJoCo state."""
+def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Optional[int] = None) -> dict:
+    """Roll out `policy(obs) -> action` for complete episodes with reset seeds 0, 1, ...; record the MuJoCo state
+    before each step (the demos.npz format of docs/hype_irl_mujoco.md)."""
     env, horizon = make_env(env_id, max_episode_steps)
-    low, high = env.action_space.low, env.action_space.high
-    keys = ["observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids",
-            "episode_starts", "timesteps", "qpos", "qvel", "qacc_warmstart"]
-    buf = {k: [] for k in keys}
+    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids")
+    buf = {k: [] for k in keys + ("episode_starts", "timesteps") + STATE_KEYS}
     returns = []
     for ep in range(num_demos):
         obs, _ = env.reset(seed=ep)
         ret = 0.0
         for t in range(horizon):
             qpos, qvel, qacc = snapshot_state(env)
-            action = np.clip(np.asarray(policy(obs), dtype=np.float32), low, high)
+            action = np.clip(np.asarray(policy(obs), dtype=np.float32), env.action_space.low, env.action_space.high)
             next_obs, reward, terminated, _, _ = env.step(action)
-            truncated = t + 1 >= horizon
-            for k, v in zip(keys, [obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t,
-                                   qpos, qvel, qacc]):
+            values = (obs, action, next_obs, reward, terminated, t + 1 >= horizon, ep, t == 0, t, qpos, qvel, qacc)
+            for k, v in zip(buf, values):
                 buf[k].append(v)
-            ret += float(reward)
-            obs = next_obs
+            ret, obs = ret + float(reward), next_obs
             if terminated:
                 break
         returns.append(ret)
     env.close()
-    dtypes = dict(observations=np.float32, actions=np.float32, next_observations=np.float32, rewards=np.float32,
-                  terminals=bool, timeouts=bool, episode_ids=np.int64, episode_starts=bool, timesteps=np.int64,
-                  qpos=np.float64, qvel=np.float64, qacc_warmstart=np.float64)
-    demos = {k: np.asarray(buf[k], dtype=dtypes[k]) for k in keys}
-    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64), env_id=np.array(env_id))
+    demos = {k: np.asarray(buf[k], dtype=DEMO_FORMAT[k][0]) for k in buf}
+    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64))
+    demos["env_id"] = np.array(env_id)
     return demos
 
 
-def save_expert_cache(cache: Path, demos: dict, actor: Actor | None, meta: dict) -> None:
-    """demos.npz, expert_actor.pt and expert_meta.json, each written atomically."""
-    atomic_save(demos, cache / "demos.npz", lambda d, p: np.savez_compressed(open(p, "wb"), **d))
-    if actor is not None:
-        atomic_save({"actor": {k: v.cpu() for k, v in actor.state_dict().items()}, "obs_dim": meta["obs_dim"],
-                     "act_dim": meta["act_dim"], "hidden": meta["hidden"], "env_id": meta["env_id"],
-                     "total_timesteps": meta["expert_timesteps"], "mean_return": meta["return_mean"]},
-                    cache / "expert_actor.pt")
-    atomic_save(meta, cache / "expert_meta.json", lambda d, p: Path(p).write_text(json.dumps(d, indent=2)))
+def collect_disc_pairs(actor: Actor, env: gym.Env, horizon: int, args: Args, rng, progress: dict) -> torch.Tensor:
+    """`disc.trajectories` complete episodes of the current stochastic policy from the env's own start distribution
+    (trembling hand included); their env steps are counted in progress['disc_env_steps']. Returns the (s, a) pairs."""
+    pairs, low, high = [], env.action_space.low, env.action_space.high
+    for _ in range(args.disc.trajectories):
+        obs, t = start_episode(env, args.seed + progress["episodes"], None, 0.0, rng)
+        progress["episodes"] += 1
+        while t < horizon:
+            action = tremble(actor.act(obs[None], False)[0], rng, args.irl.p_tremble, low, high)
+            pairs.append(np.concatenate([obs, action]).astype(np.float32))
+            obs, _, terminated, _, _ = env.step(action)
+            t, progress["disc_env_steps"] = t + 1, progress["disc_env_steps"] + 1
+            if terminated:
+                break
+    return torch.from_numpy(np.stack(pairs))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Phases
-# ----------------------------------------------------------------------------------------------------------------------
+def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg: DiscArgs) -> dict[str, float]:
+    """Outer iteration k: `steps` steps of a FRESH Adam at lr0 / max(1, k) on batch_size expert vs learner pairs."""
+    lr, device = disc_lr_at(k, cfg.lr), expert_sa.device
+    optimizer = torch.optim.Adam(disc.parameters(), lr=lr)
+    for _ in range(cfg.steps):
+        x_e = expert_sa[torch.randint(0, len(expert_sa), (cfg.batch_size,), device=device)]
+        x_l = learner_sa[torch.randint(0, len(learner_sa), (cfg.batch_size,), device=device)]
+        loss, ipm, gp = discriminator_loss(disc, x_e, x_l, cfg.gp_weight, cfg.gp_target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        stats = {
+            "disc_loss": loss,
+            "ipm": ipm,
+            "gradient_penalty": gp,
+            "reward_expert": -disc(x_e).mean(),
+            "reward_learner": -disc(x_l).mean(),
+        }
+    return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
+
+
+def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: float) -> None:
+    """Evaluate, append to the history, log, and redraw the learning curve."""
+    returns = evaluate(
+        sac.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps
+    )
+    mean, step = float(np.mean(returns)), progress["step"]
+    progress["history"].append(
+        {
+            "step": step,
+            "total_env_steps": step + progress["disc_env_steps"],
+            "mean": mean,
+            "std": float(np.std(returns)),
+            "returns": returns,
+        }
+    )
+    run.writer.add_scalar("eval/episodic_return", mean, step)
+    if math.isfinite(expert_return) and expert_return != 0:
+        run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+
+
+def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt: Optional[dict]) -> tuple:
+    """IRL phase (HyPE). At the start of every outer iteration (each `irl.train_every` policy steps) collect fresh
+    learner episodes and update f; every step: act, store the transition with a NaN reward, maybe start the next
+    episode at an expert state; every minibatch: round(rho * batch) expert rows + learner rows, rewards relabelled
+    as -f(s, a) with the current f. Returns (learner, progress)."""
+    env, horizon = make_env(args.env_id, args.max_episode_steps)
+    disc_env, _ = make_env(args.env_id, args.max_episode_steps)
+    sac = SAC(info, args.sac, run.device)
+    n = len(demos["observations"])
+    # Expert rows: reward column NaN (demo rewards never enter learning); done = the dataset's terminals only.
+    expert_rows = Storage.rows(
+        demos["observations"],
+        demos["actions"],
+        demos["next_observations"],
+        demos["terminals"].astype(np.float32)[:, None],
+        np.full((n, 1), np.nan),
+    )
+    storage = Storage(
+        info.obs_dim,
+        info.act_dim,
+        min(args.sac.buffer_size, args.irl.total_timesteps),
+        run.device,
+        torch.from_numpy(expert_rows),
+    )
+    expert_sa = torch.from_numpy(np.concatenate([demos["observations"], demos["actions"]], -1)).to(run.device)
+    expert_return = float(np.mean(demos["returns"]))
+    disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
+    np_rng = np.random.default_rng(args.seed + 1000)
+    progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "resumed_from_step": 0}
+    if ckpt:
+        progress = restore_checkpoint(ckpt, sac, storage, np_rng, disc)
+        progress["resumed_from_step"] = progress["step"]
+        print(f"[irl] resuming from step {progress['step']}", flush=True)
+    ckpt_path, meter, absorbing = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.terminal_reward == "min"
+    obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
+    progress["episodes"] += 1
+    ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
+    next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
+    bar = progress_bar(args.irl.total_timesteps, progress["step"], "irl")
+    while progress["step"] < args.irl.total_timesteps:
+        if run.stop.stop:
+            save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+            raise Interrupted("IRL phase", progress["step"])
+        step = progress["step"]
+        if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
+            learner_sa = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress).to(run.device)
+            stats = update_discriminator(disc, expert_sa, learner_sa, progress["k"], args.disc)
+            log_discriminator(run.writer, stats, progress, step)
+            progress["k"] += 1
+        learn_started = step >= args.sac.learning_starts
+        action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
+        action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
+        next_obs, env_reward, terminated, _, _ = env.step(action)
+        # The env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
+        storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
+        obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(env_reward), step + 1  # true return: logs
+        progress["step"] = step
+        if terminated or ep_t >= horizon:
+            log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
+            obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
+            progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
+        if learn_started:
+            meter.start(step - 1)
+            rho = rho_at(step, segments)
+            b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
+            b_rew = relabel_rewards(disc, b_obs, b_act)
+            losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
+        if step % args.log_frequency == 0 and losses:
+            log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
+        if step >= next_eval:
+            next_eval += args.eval.frequency
+            meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
+            bar.write(
+                f"[irl] step {step}: eval return {progress['history'][-1]['mean']:.1f} (expert {expert_return:.1f})"
+            )
+        if step % args.checkpoint_frequency == 0:
+            save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+        bar.update(1)
+    bar.close()
+    if losses:
+        check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
+    if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
+        evaluate_learner(sac, args, run, progress, expert_return)
+    progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+    env.close()
+    disc_env.close()
+    return sac, progress
+
+
+def main(argv: Optional[list[str] | Args] = None) -> None:
+    """Parse (or take) and validate everything, then: expert phase (or the cache) -> HyPE -> policy.pt, results."""
+    try:
+        args = argv if isinstance(argv, Args) else parse_args(argv)
+        if args.eval_only:
+            return evaluate_saved_policy(args)
+        setup = validate(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    if setup.finished:
+        print(f"{setup.run_dir} already holds a finished run (results.json); nothing to do")
+        return
+    run, start = start_run(args, setup.run_dir), time.time()
+    try:
+        demos = setup.demos
+        if demos is None:
+            expert = train_expert(args, run, setup.info, setup.checkpoints.get("expert"))
+            demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos, args.max_episode_steps)
+            demos = write_expert_cache(args, expert, demos)
+        sac, progress = train_hype(args, run, setup.info, demos, setup.segments, setup.checkpoints.get("irl"))
+        results = irl_results(args, demos, progress, setup.rho_schedule, time.time() - start, run.device)
+        if args.save_model:
+            save_policy(run.dir / "policy.pt", sac.actor, args, setup.info)
+        if args.capture_video:
+            evaluate(
+                sac.actor,
+                args.env_id,
+                1,
+                args.seed + 10_000,
+                args.irl.p_tremble,
+                args.max_episode_steps,
+                run.dir / "videos" / "final.webm",
+            )
+        atomic_json(run.dir / "results.json", results)
+        print(
+            f"[irl] final return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
+            f"(expert {results['expert_return']:.1f})"
+        )
+    except NonFiniteLoss as e:
+        finish_run(run, f"error: {e}; lower the learning rates or check the expert data (last checkpoint kept)")
+        raise SystemExit(3)
+    except Interrupted as e:
+        finish_run(run, f"interrupted in the {e.args[0]} at step {e.args[1]}: checkpoint saved; re-run to resume")
+        raise SystemExit(130)
+    finish_run(run)
+
+
+# ---- run management ----
+# Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
+DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
+    "observations": (np.float32, ("N", "obs")),
+    "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")),
+    "rewards": (np.float32, ("N",)),
+    "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)),
+    "episode_ids": (np.int64, ("N",)),
+    "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)),
+    "returns": (np.float64, ("E",)),
+    "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")),
+    "qvel": (np.float64, ("N", "nv")),
+    "qacc_warmstart": (np.float64, ("N", "nv")),
+}
+OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
+MINARI_PREFIX = "minari:"
+VIDEO_SIZE = 240  # rendered frame width and height
+
+
+@dataclass
+class Run:
+    dir: Path
+    writer: object  # torch.utils.tensorboard.SummaryWriter
+    device: torch.device
+    stop: "StopFlag"
+    expert_curve: list = field(default_factory=list)
+
+
+@dataclass
+class Setup:
+    """What validation loaded: the run dir, the env's sizes, the demos (None: expert phase) and checkpoints."""
+
+    run_dir: Path
+    info: Optional[EnvInfo] = None
+    demos: Optional[dict] = None
+    checkpoints: dict = field(default_factory=dict)
+    finished: bool = False
+    segments: list = field(default_factory=list)
+    rho_schedule: str = ""
+
+
+class StopFlag:
+    """SIGINT/SIGTERM set a flag; the training loops save a checkpoint and stop at the next step."""
+
+    def __init__(self):
+        self.stop = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self.handler)
+        signal.signal(signal.SIGTERM, self.handler)
+
+    def handler(self, signum, frame) -> None:
+        self.stop = True
+
+
+class SPSMeter:
+    """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
+
+    def __init__(self):
+        self.t0, self.s0, self.paused = None, 0, 0.0
+
+    def start(self, step: int) -> None:
+        if self.t0 is None:
+            self.t0, self.s0 = time.perf_counter(), step
+
+    def pause_while(self, fn, *args):
+        t = time.perf_counter()
+        out = fn(*args)
+        self.paused += time.perf_counter() - t
+        return out
+
+    def sps(self, step: int) -> Optional[float]:
+        if self.t0 is None or step <= self.s0:
+            return None
+        return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+
+
+# ---- checkpoints, atomic writes, RNG state
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to the fixed `name.tmp` beside `path`, then os.replace; start_run removes stale ones."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def atomic_json(path: Path, obj) -> None:
+    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2)))
+
+
+def atomic_torch_save(path: Path, obj) -> None:
+    atomic_write(path, lambda p: torch.save(obj, p))
+
+
+def save_npz(path: Path, arrays: dict) -> None:
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+
+
+def rng_state(np_rng: np.random.Generator) -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "np_rng": np_rng.bit_generator.state,
+    }
+
+
+def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None) -> None:
+    state = {"agent": sac.state_dict(), "learner_rows": storage.learner_rows().cpu(), "progress": progress}
+    state["rng"] = rng_state(np_rng)
+    if disc is not None:
+        state["disc"] = disc.state_dict()
+    atomic_torch_save(path, state)
+
+
+def restore_checkpoint(ckpt: dict, sac: SAC, storage: Storage, np_rng, disc=None) -> dict:
+    """Load a validated checkpoint into the phase's objects and RNGs; returns its progress counters."""
+    sac.load_state_dict(ckpt["agent"])
+    storage.load_learner_rows(ckpt["learner_rows"])
+    if disc is not None:
+        disc.load_state_dict(ckpt["disc"])
+    state = ckpt["rng"]
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np_rng.bit_generator.state = state["np_rng"]
+    return dict(ckpt["progress"])
+
+
 def keep_freed_memory() -> None:
-    """Ask glibc to keep freed memory instead of handing it back to the OS. By default every large tensor an update
-    allocates is freshly mapped and page-faulted again (measured ~8k-20k faults per PPO minibatch, ~80 per SAC step
-    on our 2-core VM; up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same job."""
+    """Ask glibc to keep freed memory instead of re-faulting fresh pages for every update's tensors (measured up to
+    16 % of a SAC update on the 2-core VM, see the docs' speed section)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -682,436 +974,686 @@ def keep_freed_memory() -> None:
     libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-class StopFlag:
-    """SIGINT/SIGTERM set the flag; the training loop saves a checkpoint and exits cleanly."""
-
-    def __init__(self):
-        self.stop = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handler)
-
-    def _handler(self, signum, frame):  # noqa: ARG002
-        self.stop = True
+# ---- logging, plots, video, results
+def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
+    values = {k: float(v.detach()) for k, v in losses.items()}
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}")
+    return values
 
 
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+def log_losses(writer, prefix: str, losses: dict, args: Args, step: int, meter: SPSMeter, rho=None, disc_steps=0):
+    values = check_finite(losses, "expert SAC" if prefix == "expert" else "IRL learner", step)
+    for name, value in values.items():
+        tag = (
+            f"expert/{name}" if prefix == "expert" else "irl/relabelled_reward" if name == "relabelled_reward" else None
+        )
+        writer.add_scalar(tag or f"losses/{name}", value, step)
+    writer.add_scalar(f"{'expert' if prefix == 'expert' else 'charts'}/learning_rate", args.sac.q_lr, step)
+    if prefix != "expert":
+        writer.add_scalar("irl/rho", rho, step)
+        writer.add_scalar("irl/total_env_steps", step + disc_steps, step)
+    if (sps := meter.sps(step)) is not None:
+        writer.add_scalar(f"{'expert' if prefix == 'expert' else 'charts'}/SPS", sps, step)
 
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def log_discriminator(writer, stats: dict, progress: dict, step: int) -> None:
+    for name, value in stats.items():
+        writer.add_scalar(f"irl/{name}", value, step)
+    writer.add_scalar("irl/outer_iteration", progress["k"], step)
+    writer.add_scalar("irl/disc_env_steps", progress["disc_env_steps"], step)
 
 
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, device: torch.device,
-             max_episode_steps: int | None = None) -> list[float]:
-    """Deterministic actions (tanh(mean) * scale + bias), trembling hand as in training (reference), true env
-    return, reset seeds seed, seed + 1, ..."""
-    env, horizon = make_env(env_id, max_episode_steps)
-    low, high = env.action_space.low, env.action_space.high
-    rng = np.random.default_rng(seed)
-    returns = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        ret = 0.0
-        for _ in range(horizon):
-            with torch.inference_mode():
-                action = actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[2][0].cpu().numpy()
-            action = tremble(action, rng, p_tremble, low, high)
-            obs, reward, terminated, _, _ = env.step(action)
-            ret += float(reward)
-            if terminated:
-                break
-        returns.append(ret)
-    env.close()
-    return returns
-
-
-def train_sac(args: Args, phase: str, budget: int, run_dir: Path, writer: SummaryWriter, device: torch.device,
-              stop: StopFlag, demos: dict | None = None, expert_return: float = float("nan")) -> dict:
-    """One SAC phase of `budget` policy env steps, resumable from `checkpoints/{phase}.pt`.
-
-    phase "expert": SAC on the TRUE env reward (builds the expert when no demos are cached).
-    phase "irl": HyPE. At the start of every outer iteration (each `train_every` policy steps) collect
-    `disc_trajectories` fresh learner episodes (counted separately as discriminator env steps) and update f; every
-    step: act, store the transition (reward column NaN), maybe reset to an expert state; every minibatch:
-    round(rho * batch) expert rows + learner rows, rewards relabelled as -f(s, a) with the current f.
-    Returns the learner, the discriminator, the counters and the evaluation history."""
-    irl = phase == "irl"
-    env, horizon = make_env(args.env_id, args.max_episode_steps)
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    low, high = env.action_space.low.astype(np.float32), env.action_space.high.astype(np.float32)
-    sac = SAC(obs_dim, act_dim, low, high, args, device)
-    expert_rows, disc, expert_sa, segments = None, None, None, None
-    if irl:
-        n = len(demos["observations"])
-        # Expert rows: reward column NaN (demo rewards never enter learning); done = the dataset's terminals only.
-        expert_rows = torch.from_numpy(Storage.rows(demos["observations"], demos["actions"], demos["next_observations"],
-                                                    demos["terminals"].astype(np.float32)[:, None], np.full((n, 1), np.nan)))
-        expert_sa = torch.from_numpy(np.concatenate([demos["observations"], demos["actions"]], -1)).to(device)
-        disc = Discriminator(obs_dim + act_dim, args.hidden_dim).to(device)
-        segments = parse_rho_schedule(args.rho_schedule)
-    storage = Storage(obs_dim, act_dim, min(args.buffer_size, max(budget, 1)), device, expert_rows)
-    np_rng = np.random.default_rng(args.seed + (1000 if irl else 0))
-    c = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "resumed_from_step": 0, "sps": None}
-    ckpt_path = run_dir / "checkpoints" / f"{phase}.pt"
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
-        sac.load_state_dict(ckpt["sac"])
-        storage.load_learner_rows(ckpt["learner_rows"])
-        if irl:
-            disc.load_state_dict(ckpt["disc"])
-        c.update(ckpt["counters"])
-        c["resumed_from_step"] = c["step"]
-        set_rng_state(ckpt["rng"])
-        np_rng.bit_generator.state = ckpt["np_rng"]
-        print(f"[{phase}] resuming from step {c['step']} ({ckpt_path})", flush=True)
-
-    def save_checkpoint() -> None:
-        atomic_save({"sac": sac.state_dict(), "disc": disc.state_dict() if irl else None,
-                     "learner_rows": storage.learner_rows().cpu(), "counters": c, "rng": rng_state(),
-                     "np_rng": np_rng.bit_generator.state, "args": asdict(args)}, ckpt_path)
-
-    def policy_action(obs_np: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return sac.actor.get_action(torch.as_tensor(obs_np, dtype=torch.float32, device=device)[None])[0][0].cpu().numpy()
-
-    def start_episode(e: gym.Env, reset_prob: float) -> tuple[np.ndarray, int]:
-        """Reset; with probability reset_prob restore a uniformly drawn expert state, whose episode then runs for
-        the expert's remaining horizon. Returns (obs, time index)."""
-        obs, _ = e.reset(seed=args.seed + c["episodes"])
-        c["episodes"] += 1
-        if reset_prob > 0 and np_rng.random() < reset_prob:
-            i = int(np_rng.integers(len(demos["observations"])))
-            restore_state(e, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i])
-            return demos["observations"][i].astype(np.float64), int(demos["timesteps"][i])
-        return obs, 0
-
-    def discriminator_update() -> dict[str, float]:
-        """Outer iteration k: `disc_trajectories` complete episodes of the current stochastic policy from the env's
-        own start distribution (trembling hand included; counted), then `disc_steps` steps of a FRESH Adam at
-        lr0 / max(1, k) on disc_batch_size expert vs learner pairs."""
-        pairs = []
-        for _ in range(args.disc_trajectories):
-            o, t = start_episode(disc_env, 0.0)
-            while t < horizon:
-                a = tremble(policy_action(o), np_rng, args.p_tremble, low, high)
-                pairs.append(np.concatenate([o, a]).astype(np.float32))
-                o, _, terminated, _, _ = disc_env.step(a)
-                t += 1
-                c["disc_env_steps"] += 1
-                if terminated:
-                    break
-        learner_sa = torch.from_numpy(np.stack(pairs)).to(device)
-        lr = disc_lr_at(c["k"], args.disc_lr)
-        optimizer = torch.optim.Adam(disc.parameters(), lr=lr)
-        for _ in range(args.disc_steps):
-            x_e = expert_sa[torch.randint(0, len(expert_sa), (args.disc_batch_size,), device=device)]
-            x_l = learner_sa[torch.randint(0, len(learner_sa), (args.disc_batch_size,), device=device)]
-            loss, ipm, gp = discriminator_loss(disc, x_e, x_l, args.gp_weight, args.gp_target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        if not torch.isfinite(loss):
-            fail_nonfinite("discriminator loss")
-        with torch.no_grad():
-            stats = {"irl/disc_loss": loss.item(), "irl/ipm": ipm.item(), "irl/gradient_penalty": gp.item(),
-                     "irl/disc_lr": lr, "irl/reward_expert": -disc(x_e).mean().item(),
-                     "irl/reward_learner": -disc(x_l).mean().item(), "irl/outer_iteration": c["k"],
-                     "irl/disc_env_steps": c["disc_env_steps"]}
-        c["k"] += 1
-        return stats
-
-    def run_eval() -> None:
-        returns = evaluate(sac.actor, args.env_id, args.eval_episodes, args.seed + 10_000, args.p_tremble, device,
-                           args.max_episode_steps)
-        mean, std = float(np.mean(returns)), float(np.std(returns))
-        c["history"].append({"step": c["step"], "total_env_steps": c["step"] + c["disc_env_steps"], "mean": mean,
-                             "std": std, "returns": returns})
-        writer.add_scalar("eval/episodic_return" if irl else "expert/eval_return", mean, c["step"])
-        if irl and np.isfinite(expert_return) and expert_return != 0:
-            writer.add_scalar("eval/normalized_return", mean / expert_return, c["step"])
-
-    disc_env = make_env(args.env_id, args.max_episode_steps)[0] if irl else None
-    prefix = "charts" if irl else "expert"
-    obs, ep_t = start_episode(env, args.reset_prob if irl else 0.0)
-    ep_return, ep_len, from_expert = 0.0, 0, ep_t > 0
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
-    losses: dict[str, torch.Tensor] = {}
-    sps_start, paused = None, 0.0  # SPS counts from the first update on (after warm-up), evaluation time excluded
-    next_eval = (c["step"] // args.eval_frequency + 1) * args.eval_frequency
-    rho = 0.0
-    pbar = tqdm(total=budget, initial=c["step"], desc=phase, unit="step", mininterval=5, dynamic_ncols=True)
-    while c["step"] < budget and not stop.stop:
-        if irl and c["step"] % args.train_every == 0 and c["k"] <= c["step"] // args.train_every:
-            for tag, value in discriminator_update().items():
-                writer.add_scalar(tag, value, c["step"])
-        learn_started = c["step"] >= args.learning_starts
-        action = policy_action(obs) if learn_started else np_rng.uniform(low, high).astype(np.float32)
-        action = tremble(action, np_rng, args.p_tremble, low, high)
-        next_obs, reward, terminated, _, _ = env.step(action)
-        ep_t += 1
-        ep_return += float(reward)  # true return, for logging only in the IRL phase
-        ep_len += 1
-        # IRL phase: the env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
-        storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan") if irl else float(reward)))
-        obs = next_obs
-        c["step"] += 1
-        if terminated or ep_t >= horizon:
-            if from_expert:  # an episode restored to an expert state: its return is partial
-                writer.add_scalar("irl/reset_episodic_return", ep_return, c["step"])
-            else:
-                writer.add_scalar(f"{prefix}/episodic_return", ep_return, c["step"])
-                writer.add_scalar(f"{prefix}/episodic_length", ep_len, c["step"])
-                pbar.set_postfix(ret=f"{ep_return:.0f}", refresh=False)
-            obs, ep_t = start_episode(env, args.reset_prob if irl else 0.0)
-            ep_return, ep_len, from_expert = 0.0, 0, ep_t > 0
-
-        if learn_started:
-            if sps_start is None:
-                sps_start = (c["step"] - 1, time.perf_counter())
-            if irl:
-                rho = rho_at(c["step"], segments)
-                b_obs, b_act, b_next, b_done, _ = storage.sample(args.batch_size, rho)
-                b_rew = relabel_rewards(disc, b_obs, b_act)
-            else:
-                b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.batch_size, 0.0)
-            losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing=irl and args.terminal_reward == "min")
-            nonfinite |= ~torch.isfinite(losses["qf_loss"])
-
-        if c["step"] % args.log_frequency == 0 and losses:
-            if bool(nonfinite):
-                fail_nonfinite("SAC loss")
-            for name, value in losses.items():
-                writer.add_scalar(f"irl/{name}" if name == "relabelled_reward" else f"losses/{name}", float(value), c["step"])
-            writer.add_scalar(f"{prefix}/learning_rate", args.q_lr, c["step"])
-            if irl:
-                writer.add_scalar("irl/rho", rho, c["step"])
-                writer.add_scalar("irl/total_env_steps", c["step"] + c["disc_env_steps"], c["step"])
-            if sps_start is not None and c["step"] > sps_start[0]:
-                c["sps"] = (c["step"] - sps_start[0]) / max(time.perf_counter() - sps_start[1] - paused, 1e-9)
-                writer.add_scalar(f"{prefix}/SPS", c["sps"], c["step"])
-        if irl and c["step"] >= next_eval:
-            next_eval += args.eval_frequency
-            t0 = time.perf_counter()
-            run_eval()
-            paused += time.perf_counter() - t0
-            tqdm.write(f"[{phase}] step {c['step']}: eval return {c['history'][-1]['mean']:.1f} (expert {expert_return:.1f})")
-        if c["step"] % args.checkpoint_frequency == 0:
-            save_checkpoint()
-        pbar.update(1)
-    pbar.close()
-    env.close()
-    if bool(nonfinite):
-        fail_nonfinite("SAC loss")
-    if irl and not stop.stop and (not c["history"] or c["history"][-1]["step"] != c["step"]):
-        run_eval()
-    save_checkpoint()
-    if stop.stop:
-        print(f"[{phase}] interrupted at step {c['step']}; checkpoint saved, re-run with --run-dir {run_dir} to resume",
-              flush=True)
-        raise SystemExit(0)
-    return {"sac": sac, "disc": disc, "counters": c, "final_rho": rho}
-
-
-def fail_nonfinite(what: str) -> None:
-    print(f"error: non-finite {what}; lower the learning rates or check the expert data (the run stopped, last checkpoint kept)",
-          file=sys.stderr)
-    raise SystemExit(1)
-
-
-def expert_phase(args: Args, cache: Path, run_dir: Path, writer: SummaryWriter, device: torch.device, stop: StopFlag) -> None:
-    """No cached demos: train SAC on the true reward, roll out deterministic demos, write the shared cache."""
-    print(f"[expert] no demos in {cache}; training a SAC expert for {args.expert_timesteps} steps", flush=True)
-    actor = train_sac(args, "expert", args.expert_timesteps, run_dir, writer, device, stop)["sac"].actor
-
-    def policy(obs):
-        with torch.inference_mode():
-            return actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])[2][0].cpu().numpy()
-
-    demos = collect_demos(args.env_id, policy, args.num_demos, args.max_episode_steps)
-    returns = demos["returns"]
-    meta = {"env_id": args.env_id, "expert_timesteps": args.expert_timesteps, "num_demos": args.num_demos,
-            "return_mean": float(returns.mean()), "return_std": float(returns.std()), "seed": args.seed,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "script": "hype_irl_mujoco.py",
-            "num_transitions": int(len(demos["observations"])), "obs_dim": int(demos["observations"].shape[1]),
-            "act_dim": int(demos["actions"].shape[1]), "hidden": args.hidden_dim}
-    if (cache / "demos.npz").exists():  # another run finished first: keep its demos, never overwrite the shared cache
-        print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", flush=True)
+def log_episode(writer, prefix: str, from_expert: bool, ret: float, length: int, step: int, bar) -> None:
+    """Episodes started from an expert state have partial returns: logged apart from the episodic return."""
+    if from_expert:
+        writer.add_scalar("irl/reset_episodic_return", ret, step)
         return
-    save_expert_cache(cache, demos, actor, meta)
-    writer.add_scalar("expert/demo_return", float(returns.mean()), args.expert_timesteps)
-    print(f"[expert] {args.num_demos} demos, return {returns.mean():.1f} +- {returns.std():.1f} -> {cache}", flush=True)
+    writer.add_scalar(f"{prefix}/episodic_return", ret, step)
+    writer.add_scalar(f"{prefix}/episodic_length", length, step)
+    bar.set_postfix(ret=f"{ret:.0f}", refresh=False)
 
 
-def save_curve(history: list[dict], expert_return: float, path: Path, title: str) -> None:
-    """Learning curve PNG: evaluation return vs policy env steps (and vs all env steps), expert line."""
+def progress_bar(total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
+
+
+def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
+    """learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
+    (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=90)
-    means, stds = np.array([h["mean"] for h in history]), np.array([h["std"] for h in history])
-    steps = [h["step"] for h in history]
-    ax.plot(steps, means, marker="o", label="learner (policy env steps)")
-    ax.fill_between(steps, means - stds, means + stds, alpha=0.2)
-    ax.plot([h["total_env_steps"] for h in history], means, ls="--", alpha=0.6, label="learner (incl. discriminator steps)")
-    if np.isfinite(expert_return):
-        ax.axhline(expert_return, color="k", ls=":", label="expert demos")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("true return (deterministic eval)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    fig, (ax_e, ax_i) = plt.subplots(1, 2, figsize=(11, 4), dpi=90)
+    if len(expert_curve):
+        ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
+    if math.isfinite(expert_return):
+        ax_e.axhline(expert_return, color="k", ls=":", label="demos' mean return")
+    ax_e.set(title="expert phase", xlabel="env steps", ylabel="true return")
+    if history:
+        steps, means = [h["step"] for h in history], [h["mean"] for h in history]
+        ax_i.plot(steps, means, marker="o", label="learner (policy env steps)")
+        ax_i.plot([h["total_env_steps"] for h in history], means, ls="--", alpha=0.6, label="incl. discriminator steps")
+        ax_i.plot(steps[-1:], means[-1:], marker="*", ms=14, color="C3", ls="", label=f"latest: {means[-1]:.0f}")
+        ax_i.axhline(expert_return, color="k", ls=":", label="expert demos")
+    ax_i.set(title="IRL phase: deterministic evaluation", xlabel="env steps", ylabel="true return")
+    for ax in (ax_e, ax_i):
+        ax.legend(fontsize=8) if ax.get_legend_handles_labels()[0] else None
+    method = "HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE"
+    fig.suptitle(f"{args.env_id}: {method} (rho {args.irl.rho_schedule or 'per env'}), seed {args.seed}")
     fig.tight_layout()
-    atomic_save(fig, path, lambda f, p: f.savefig(p, format="png"))
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Orchestration
-# ----------------------------------------------------------------------------------------------------------------
-def validate(args: Args) -> tuple[Path, Path, dict | None]:
-    """Every documented failure exits 2 here, before anything is written. Returns (run_dir, cache dir, demos or None)."""
-    if args.env_id not in gym.registry:
-        close = difflib.get_close_matches(args.env_id, list(gym.registry), n=3)
-        fail(f"unknown env id {args.env_id!r}; did you mean {', '.join(close) or 'Hopper-v5'}? (--env-id)")
-    try:
-        env, _ = make_env(args.env_id)
-    except Exception as exc:  # noqa: BLE001 - e.g. mujoco missing
-        fail(f"cannot create {args.env_id} ({type(exc).__name__}); install gymnasium[mujoco] or pick another --env-id")
-    if not hasattr(env.unwrapped, "data") or not isinstance(env.action_space, gym.spaces.Box):
-        fail(f"{args.env_id} is not a continuous-action MuJoCo env; pass e.g. --env-id Hopper-v5")
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    env.close()
-    for name in ("total_timesteps", "expert_timesteps", "batch_size", "buffer_size", "train_every", "disc_batch_size",
-                 "disc_trajectories", "disc_steps", "eval_frequency", "eval_episodes", "log_frequency",
-                 "checkpoint_frequency", "num_demos", "policy_frequency", "hidden_dim"):
-        if getattr(args, name) < 1:
-            fail(f"--{name.replace('_', '-')} must be >= 1")
-    if args.max_episode_steps is not None and args.max_episode_steps < 1:
-        fail("--max-episode-steps must be >= 1")
-    if args.torch_threads < 0:
-        fail("--torch-threads must be >= 0 (0 = torch's default)")
-    for name in ("reset_prob", "p_tremble"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            fail(f"--{name.replace('_', '-')} must lie in [0, 1]")
-    if args.terminal_reward not in ("min", "none"):
-        fail(f"--terminal-reward must be 'min' or 'none', not {args.terminal_reward!r}")
-    if args.rho_schedule is None:
-        args.rho_schedule = RHO_SCHEDULES.get(args.env_id.split("-")[0], DEFAULT_RHO_SCHEDULE)
-    try:
-        parse_rho_schedule(args.rho_schedule)
-    except ValueError as exc:
-        fail(str(exc))
-    if args.eval_only is not None:
-        if not (Path(args.eval_only) / "checkpoints" / "irl.pt").is_file():
-            fail(f"--eval-only {args.eval_only} has no checkpoints/irl.pt; pass the run dir of an IRL run")
-        return Path(args.eval_only), Path(args.experts_dir) / args.env_id, None
+def write_video(path: Path, frames: list, fps: int) -> None:
+    """VP9 WebM (plays in browsers, TensorBoard and wandb) through opencv's writer, atomically."""
+    import cv2
 
-    run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    if (run_dir / "results.json").exists():
-        fail(f"{run_dir} already holds a finished run (results.json); choose a new --run-dir")
-    if (run_dir / "args.json").exists():
-        previous = json.loads((run_dir / "args.json").read_text())
-        if previous.get("env_id") != args.env_id:
-            fail(f"{run_dir} holds a {previous.get('env_id')} run, not {args.env_id}; choose a new --run-dir")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        fail(f"{run_dir} exists and is not a run of this script; choose a new --run-dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.webm")  # opencv picks the container from the extension
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, (width, height))
+    for frame in frames:
+        writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    writer.release()
+    os.replace(tmp, path)
 
-    cache = Path(args.experts_dir) / args.env_id
-    if args.expert_path is not None:
-        if not args.expert_path.startswith(MINARI) and not Path(args.expert_path).is_file():
-            fail(f"--expert-path {args.expert_path} does not exist; pass a demos.npz (see 'Expert data format')")
-        demos = load_demos(args.expert_path, args.env_id, obs_dim, act_dim, args.reset_prob > 0)
-    elif (cache / "demos.npz").exists():
-        demos = load_demos(cache / "demos.npz", args.env_id, obs_dim, act_dim, args.reset_prob > 0)
+
+def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
+    final, expert_return = progress["history"][-1], float(np.mean(demos["returns"]))
+    return {
+        "env_id": args.env_id,
+        "method": "HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE",
+        "seed": args.seed,
+        "eval_mean": final["mean"],
+        "eval_std": final["std"],
+        "eval_returns": final["returns"],
+        "eval_episodes": args.eval.episodes,
+        "expert_return": expert_return,
+        "normalized_return": final["mean"] / expert_return if expert_return else float("nan"),
+        "num_demos": int(len(demos["returns"])),
+        "policy_env_steps": progress["step"],
+        "disc_env_steps": progress["disc_env_steps"],
+        "total_env_steps": progress["step"] + progress["disc_env_steps"],
+        "outer_iterations": progress["k"],
+        "SPS": progress["SPS"],
+        "rho_schedule": rho_schedule,
+        "final_rho": progress["final_rho"],
+        "reset_prob": args.irl.reset_prob,
+        "p_tremble": args.irl.p_tremble,
+        "terminal_reward": args.irl.terminal_reward,
+        "resumed_from_step": progress["resumed_from_step"],
+        "wall_time_s": wall_time,
+        "device": str(device),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "history": [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]],
+    }
+
+
+# ---- the trained policy (docs/CONTRACT.md)
+def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    config = {
+        "obs_dim": info.obs_dim,
+        "act_dim": info.act_dim,
+        "hidden": args.sac.hidden_dim,
+        "low": info.low.tolist(),
+        "high": info.high.tolist(),
+    }
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
+    saved["max_episode_steps"] = args.max_episode_steps
+    atomic_torch_save(path, saved)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    c = saved["config"]
+    actor = Actor(c["obs_dim"], c["act_dim"], np.array(c["low"]), np.array(c["high"]), c["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit)."""
+    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
+    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id, **limit) for _ in range(num_envs)])
+
+
+def evaluate_saved_policy(args: Args) -> None:
+    """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt, write RUN_DIR/evaluations/eval_NNN.json (never overwritten)."""
+    run_dir = Path(args.eval_only)
+    path = run_dir / "policy.pt"
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; pass the run dir of a finished run (with policy.pt) to --eval-only")
+    check_args(args)
+    try:
+        saved_script = torch.load(path, map_location="cpu", weights_only=True)["script"]
+        policy = load_policy(path)
+    except Exception as e:  # any unreadable or foreign file is bad input
+        raise UsageError(f"{path} is not a readable policy.pt ({type(e).__name__}); re-run the training to rewrite it")
+    if saved_script != SCRIPT:
+        raise UsageError(f"{path} was written by {saved_script}; evaluate it with that script")
+    if args.capture_video:
+        check_rendering(policy.env_id)
+    check_writable(run_dir / "evaluations", "--eval-only")
+    number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
+    video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
+    seed, limit = args.seed + 20_000, policy.max_episode_steps
+    rets = evaluate(policy, policy.env_id, args.eval.episodes, seed, args.irl.p_tremble, limit, video)
+    record = {
+        "env_id": policy.env_id,
+        "mean": float(np.mean(rets)),
+        "std": float(np.std(rets)),
+        "returns": rets,
+        "episodes": args.eval.episodes,
+        "seed": args.seed + 20_000,
+        "p_tremble": args.irl.p_tremble,
+    }
+    atomic_json(run_dir / "evaluations" / f"eval_{number:03d}.json", record)
+    print(
+        f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes "
+        f"-> {run_dir / 'evaluations' / f'eval_{number:03d}.json'}"
+    )
+
+
+# ---- expert data: the shared cache, user files and Minari datasets
+def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
+    """Write demos.npz, expert_actor.pt and expert_meta.json; a cache another run finished first is kept."""
+    cache = Path(args.expert.experts_dir) / args.env_id
+    if (cache / "demos.npz").exists():  # another run (or filter_irl_mujoco.py) finished first: never overwrite
+        print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
+        with np.load(cache / "demos.npz") as z:
+            return {k: z[k] for k in z.files}
+    obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
+    atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
+    actor_file = {
+        "actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()},
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "hidden": args.sac.hidden_dim,
+        "env_id": args.env_id,
+        "total_timesteps": args.expert.timesteps,
+        "mean_return": float(demos["returns"].mean()),
+    }
+    atomic_torch_save(cache / "expert_actor.pt", actor_file)
+    meta = {
+        "env_id": args.env_id,
+        "expert_timesteps": args.expert.timesteps,
+        "num_demos": len(demos["returns"]),
+        "return_mean": float(demos["returns"].mean()),
+        "return_std": float(demos["returns"].std()),
+        "seed": args.seed,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "script": SCRIPT,
+        "num_transitions": len(demos["observations"]),
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "hidden": args.sac.hidden_dim,
+    }
+    atomic_json(cache / "expert_meta.json", meta)
+    print(f"[expert] {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
+    return demos
+
+
+def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
+    """A downloaded Minari dataset in the demos.npz layout (without MuJoCo states)."""
+    try:
+        import minari
+    except ImportError:
+        raise UsageError(f"reading {MINARI_PREFIX}{dataset_id} needs the minari package: pip install 'minari[hdf5]'")
+    if dataset_id not in minari.list_local_datasets():
+        raise UsageError(f"Minari dataset {dataset_id} is not downloaded: run `minari download {dataset_id}` first")
+    try:
+        dataset = minari.load_dataset(dataset_id)
+        spec = dataset.spec.env_spec
+        episodes = list(dataset.iterate_episodes())
+    except Exception as e:  # a broken local copy
+        raise UsageError(f"cannot read Minari dataset {dataset_id} ({type(e).__name__}); delete and download it again")
+    if not all(isinstance(ep.observations, np.ndarray) and isinstance(ep.actions, np.ndarray) for ep in episodes):
+        raise UsageError(f"Minari dataset {dataset_id} has dict or tuple spaces; pass a dataset with flat Box spaces")
+    lengths = [len(ep.rewards) for ep in episodes]
+
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+    demos = {
+        "observations": cat([ep.observations[:-1] for ep in episodes], np.float32),
+        "next_observations": cat([ep.observations[1:] for ep in episodes], np.float32),
+        "actions": cat([ep.actions for ep in episodes], np.float32),
+        "rewards": cat([ep.rewards for ep in episodes], np.float32),
+        "terminals": cat([ep.terminations for ep in episodes], bool),
+        "timeouts": cat([ep.truncations for ep in episodes], bool),
+        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), lengths),
+        "episode_starts": cat([np.arange(n) == 0 for n in lengths], bool),
+        "timesteps": cat([np.arange(n) for n in lengths], np.int64),
+        "returns": np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64),
+        "env_id": np.array(spec.id if spec is not None else ""),
+    }
+    for k in ("observations", "next_observations", "actions"):  # (0,) from an empty dataset: keep 2-d for the checks
+        demos[k] = demos[k].reshape(len(demos["rewards"]), -1)
+    return demos
+
+
+def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, np.ndarray]:
+    """Load a demos.npz or a minari:ID dataset and check every key against the format and the env (`sizes`: obs,
+    act, nq, nv); every failure is a one-line UsageError naming the file and the key."""
+    if str(path).startswith(MINARI_PREFIX):
+        demos = minari_demos(str(path)[len(MINARI_PREFIX) :])
     else:
-        demos = None
-    return run_dir, cache, demos
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                demos = {k: z[k] for k in z.files}
+        except Exception as e:  # corrupt, truncated or not an npz
+            raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another file")
+    missing = [k for k in list(DEMO_FORMAT) + ["env_id"] if k not in demos and k not in OPTIONAL_DEMO_KEYS]
+    if missing:
+        raise UsageError(f"{path} lacks keys {', '.join(missing)}; see the expert-data format in docs/{SCRIPT[:-3]}.md")
+    if demos["env_id"].shape != () or demos["env_id"].dtype.kind != "U":
+        raise UsageError(f"{path}: key env_id must be a 0-d string array naming the env")
+    if str(demos["env_id"]) != env_id:
+        raise UsageError(f"{path} holds demos of {demos['env_id']} (key env_id), not {env_id}; pass matching demos")
+    check_demo_arrays(demos, path, sizes)
+    ids, n = demos["episode_ids"], len(demos["observations"])
+    first = np.r_[True, ids[1:] != ids[:-1]]
+    last = np.r_[ids[1:] != ids[:-1], True]
+    start_index = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    if "timesteps" not in demos:  # derivable from episode_starts
+        demos["timesteps"] = np.arange(n) - start_index
+    continues = np.allclose(
+        demos["next_observations"][:-1][~last[:-1]], demos["observations"][1:][~last[:-1]], rtol=1e-5, atol=1e-6
+    )
+    sums = np.bincount(ids, weights=demos["rewards"].astype(np.float64), minlength=len(demos["returns"]))
+    rules = [
+        (
+            "episode_ids",
+            np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(len(demos["returns"]))),
+            "must number the episodes 0..E-1 in order (E = len(returns))",
+        ),
+        ("episode_starts", np.array_equal(demos["episode_starts"].astype(bool), first), "disagrees with episode_ids"),
+        (
+            "timesteps",
+            np.array_equal(demos["timesteps"], np.arange(n) - start_index),
+            "must count 0, 1, ... inside each episode",
+        ),
+        ("next_observations", continues, "must equal the next transition's observation inside an episode"),
+        (
+            "terminals",
+            not np.any(demos["terminals"].astype(bool) & ~last),
+            "marks a step that does not end its episode",
+        ),
+        ("returns", np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
+    ]
+    for key, ok, message in rules:
+        if not ok:
+            raise UsageError(f"{path}: key {key} {message}")
+    if reset_prob > 0 and any(k not in demos for k in STATE_KEYS):
+        raise UsageError(
+            f"{path} has no qpos/qvel/qacc_warmstart, so expert resets are impossible; pass --irl.reset-prob 0"
+        )
+    return demos
 
 
-def eval_only(args: Args, run_dir: Path, device: torch.device) -> list[float]:
-    """Evaluate the learner of a run's checkpoint; prints the returns, writes nothing."""
-    ckpt = torch.load(run_dir / "checkpoints" / "irl.pt", map_location=device, weights_only=False)
-    env, _ = make_env(args.env_id)
-    actor = Actor(env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low, env.action_space.high,
-                  args.hidden_dim).to(device)
+def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
+    """Dtype kind, shape and finiteness of every demos key (N transitions, E episodes, the env's widths)."""
+    lengths = [
+        len(demos[k]) if demos[k].ndim else -1
+        for k, (_, shape) in DEMO_FORMAT.items()
+        if k in demos and shape[0] == "N"
+    ]
+    n = max(set(lengths), key=lengths.count)  # the length most keys agree on: the odd key out is named
+    ids = demos["episode_ids"]
+    episodes = len(np.unique(ids)) if ids.ndim == 1 and ids.dtype.kind in "iu" else len(demos["returns"])
+    dims = {"N": n, "E": episodes, **sizes}
+    if n < 1 or dims["E"] < 1:
+        raise UsageError(f"{path} holds no complete expert episode; record at least one episode")
+    kinds = {np.float32: "fiu", np.float64: "fiu", np.int64: "iu", bool: "biu"}
+    for key, (dtype, shape) in DEMO_FORMAT.items():
+        if key not in demos:
+            continue
+        a, expected = demos[key], tuple(dims[d] for d in shape)
+        if a.dtype.kind not in kinds[dtype] or (
+            a.dtype.kind in "iu" and dtype is bool and not np.isin(a, (0, 1)).all()
+        ):
+            raise UsageError(f"{path}: key {key} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+        if a.shape != expected:
+            raise UsageError(f"{path}: key {key} has shape {a.shape}, expected {expected} for {sizes['env']}")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise UsageError(f"{path}: key {key} holds NaN or infinite values")
+
+
+# ---- validation: every flag, the env id, the run dir and every artifact, before any work
+LIMITS = {  # every numeric field: its interval ("(" and ")" exclude the bound); NaN fails every range
+    "seed": "[0, 2e9]",
+    "max_episode_steps": "[1, 1e6]",
+    "torch_threads": "[0, 1024]",
+    "log_frequency": "[1, 1e9]",
+    "checkpoint_frequency": "[1, 1e9]",
+    "expert.timesteps": "[1, 1e9]",
+    "expert.num_demos": "[1, 1e5]",
+    "sac.buffer_size": "[1, 1e9]",
+    "sac.gamma": "[0, 1)",
+    "sac.tau": "(0, 1]",
+    "sac.batch_size": "[1, 65536]",
+    "sac.learning_starts": "[0, 1e9]",
+    "sac.policy_lr": "(0, 1]",
+    "sac.q_lr": "(0, 1]",
+    "sac.policy_frequency": "[1, 1000]",
+    "sac.alpha": "(0, 100]",
+    "sac.hidden_dim": "[1, 4096]",
+    "disc.lr": "(0, 1]",
+    "disc.steps": "[1, 1e4]",
+    "disc.batch_size": "[1, 1e6]",
+    "disc.trajectories": "[1, 1000]",
+    "disc.gp_weight": "[0, 1e6]",
+    "disc.gp_target": "[0, 1000]",
+    "irl.total_timesteps": "[1, 1e9]",
+    "irl.train_every": "[1, 1e9]",
+    "irl.reset_prob": "[0, 1]",
+    "irl.p_tremble": "[0, 1]",
+    "eval.frequency": "[1, 1e9]",
+    "eval.episodes": "[1, 1e5]",
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def flat_fields(obj, prefix: str = ""):
+    """(dotted name, value, type hint) of every leaf field of the nested Args."""
+    import typing
+
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from flat_fields(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, hints[f.name]
+
+
+def value_fits(value, hint) -> bool:
+    import types
+    import typing
+
+    origin, inner = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return value_fits(value, inner[0])
+    if origin is Literal:
+        return value in inner
+    if origin in (typing.Union, types.UnionType):
+        return any(value_fits(value, h) for h in inner)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def check_args(args: Args) -> None:
+    """Types, ranges (NaN fails every range) and cross-field rules of every flag."""
+    for name, value, hint in flat_fields(args):
+        if not value_fits(value, hint):
+            raise UsageError(f"{flag(name)} must be of type {hint}, not {value!r}")
+        if name in LIMITS and value is not None:
+            interval = LIMITS[name]
+            lo, hi = (float(x) for x in interval[1:-1].split(","))
+            above = lo < value if interval[0] == "(" else lo <= value
+            if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
+                raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+            raise UsageError(f"{flag(name)} has no validation rule (a bug in {SCRIPT})")
+    if not args.exp_name or "/" in args.exp_name:
+        raise UsageError("--exp-name must be a non-empty name without '/'")
+    if args.sac.learning_starts >= args.irl.total_timesteps:
+        raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
+    if args.track and importlib_missing("wandb"):
+        raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
+    if args.capture_video and importlib_missing("cv2"):
+        raise UsageError("--capture-video needs opencv-python: pip install opencv-python")
+
+
+def importlib_missing(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
+    """A gymnasium MuJoCo v5 env: other families, retired versions and near misses get a suggestion.
+    Returns the env's sizes (one env is made, here only)."""
+    if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+        raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
+    mujoco_ids = [k for k, s in gym.registry.items() if "mujoco" in str(s.entry_point)]
+    current = [k for k in mujoco_ids if k.endswith("-v5")]
+    if env_id not in gym.registry:
+        lower = {k.lower(): k for k in current}
+        close = difflib.get_close_matches(env_id.lower(), list(lower), n=3, cutoff=0.6)
+        guess = ", ".join(lower[c] for c in close) or "Hopper-v5"
+        raise UsageError(f"unknown env id {env_id!r}; did you mean {guess}? (--env-id)")
+    if env_id not in mujoco_ids:
+        raise UsageError(f"{env_id} is not a MuJoCo env; pass a MuJoCo v5 env such as Hopper-v5 (--env-id)")
+    if env_id not in current:
+        newer = env_id.rsplit("-v", 1)[0] + "-v5"
+        raise UsageError(f"{env_id} is a retired version; use {newer if newer in current else 'a -v5 env'} (--env-id)")
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # e.g. a broken MuJoCo install
+        raise UsageError(f"cannot create {env_id} ({type(e).__name__}: {e}); check the gymnasium[mujoco] install")
+    space = env.action_space
+    info = EnvInfo(env.observation_space.shape[0], space.shape[0], space.low, space.high)
+    model = env.unwrapped.model
     env.close()
-    actor.load_state_dict(ckpt["sac"]["actor"])
-    returns = evaluate(actor, args.env_id, args.eval_episodes, args.seed + 10_000, args.p_tremble, device, args.max_episode_steps)
-    print(json.dumps({"run_dir": str(run_dir), "eval_mean_return": float(np.mean(returns)),
-                      "eval_std_return": float(np.std(returns)), "eval_returns": returns}))
-    return returns
+    return info, {"obs": info.obs_dim, "act": info.act_dim, "nq": model.nq, "nv": model.nv, "env": env_id}
 
 
-def main(args: Args) -> dict | None:
-    run_dir, cache, demos = validate(args)
+def check_rendering(env_id: str) -> None:
+    """--capture-video: MuJoCo must be able to render off-screen (EGL unless MUJOCO_GL says otherwise)."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE)
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as e:
+        raise UsageError(f"--capture-video: MuJoCo cannot render here ({type(e).__name__}); set MUJOCO_GL=egl/osmesa")
+
+
+def check_writable(path: Path, flag_name: str) -> None:
+    """The nearest existing ancestor must be a directory we can create something in (nothing is left behind)."""
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(parent)
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError:
+        raise UsageError(f"{flag_name} {path} is not writable here; pass a path you can write")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}); delete it (or the run dir) and re-run")
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object; delete it (or the run dir) and re-run")
+    return data
+
+
+def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> Optional[dict]:
+    """A phase's checkpoint, loaded and checked against this run's networks; None when there is none."""
+    if not path.exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        SAC(info, args.sac, torch.device("cpu")).load_state_dict(ckpt["agent"])
+        if with_disc:
+            Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).load_state_dict(ckpt["disc"])
+        rows, progress = ckpt["learner_rows"], ckpt["progress"]
+        assert (
+            rows.ndim == 2
+            and rows.shape[1] == 2 * info.obs_dim + info.act_dim + 2
+            and isinstance(progress["step"], int)
+        )
+        assert {"python", "numpy", "torch", "np_rng"} <= set(ckpt["rng"])
+    except Exception as e:  # truncated, random bytes, another script's or another configuration's file
+        raise UsageError(
+            f"{path} is corrupt or from another configuration ({type(e).__name__}); delete it to redo that phase"
+        )
+    return ckpt
+
+
+def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
+    """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
+    except SystemExit as e:
+        if not e.code:
+            raise
+        lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
+        lines = [ln for ln in lines if ln]
+        raise UsageError(f"{lines[1] if len(lines) > 1 else 'invalid command line'} (see --help)")
+
+
+def args_from_dict(cls, data: dict):
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            kwargs[f.name] = (
+                args_from_dict(nested, data[f.name]) if nested and isinstance(data[f.name], dict) else data[f.name]
+            )
+    return cls(**kwargs)
+
+
+def parse_args(argv: Optional[list[str]]) -> Args:
+    """The command line; when --run-dir names an existing run of this script, its args.json supplies the defaults,
+    so `--run-dir X` alone resumes it and flags passed again win."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = tyro_cli(argv, None)
+    saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
+    if saved_path is None or not saved_path.exists():
+        return args
+    saved = read_json(saved_path)
+    if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
+        raise UsageError(
+            f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
+            "pass another --run-dir"
+        )
+    try:
+        default = args_from_dict(Args, saved["args"])
+    except TypeError as e:
+        raise UsageError(f"{saved_path} does not hold this script's settings ({e}); pass another --run-dir")
+    check_args(default)
+    args = tyro_cli(argv, default)
+    if args.env_id != saved.get("env_id"):
+        raise UsageError(
+            f"run dir {args.run_dir} holds a {saved.get('env_id')} run, not {args.env_id}; pass another --run-dir"
+        )
+    return args
+
+
+def validate(args: Args) -> Setup:
+    """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
+    check_args(args)
+    info, sizes = check_env_id(args.env_id)
+    rho_schedule = args.irl.rho_schedule or RHO_SCHEDULES.get(args.env_id.split("-")[0], RHO_SCHEDULES["Hopper"])
+    try:
+        segments = parse_rho_schedule(rho_schedule)
+    except ValueError as e:
+        raise UsageError(str(e))
+    row_bytes = 4 * (2 * info.obs_dim + info.act_dim + 2)
+    rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
+    if rows * row_bytes > memory / 2:
+        raise UsageError(
+            f"a replay buffer of {rows} rows needs {rows * row_bytes / 2**30:.1f} GiB, over half this "
+            "machine's memory; lower --sac.buffer-size"
+        )
+    if args.capture_video:
+        check_rendering(args.env_id)
+    run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file; pass a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / "args.json").exists():
+        raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
+    if (run_dir / "results.json").exists():
+        read_json(run_dir / "results.json")
+        return Setup(run_dir, finished=True)
+    check_writable(run_dir, "--run-dir")
+    cache = Path(args.expert.experts_dir) / args.env_id / "demos.npz"
+    path = args.expert.path
+    if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
+        raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
+    if not path and cache.exists():
+        path = cache
+    demos = load_demos(path, args.env_id, sizes, args.irl.reset_prob) if path else None
+    checkpoints = {}
+    if demos is None:
+        check_writable(cache.parent, "--expert.experts-dir")
+        if args.sac.learning_starts >= args.expert.timesteps:
+            raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
+        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
+    checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
+    return Setup(run_dir, info, demos, checkpoints, segments=segments, rho_schedule=rho_schedule)
+
+
+# ---- starting and ending a run
+def start_run(args: Args, run_dir: Path) -> Run:
+    from torch.utils.tensorboard import SummaryWriter
+
+    keep_freed_memory()
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    keep_freed_memory()
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.eval_only is not None:
-        eval_only(args, run_dir, device)
-        return None
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not (run_dir / "args.json").exists():
-        atomic_save(asdict(args), run_dir / "args.json", lambda d, p: Path(p).write_text(json.dumps(d, indent=2)))
+    for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
+        stale.unlink()
+    atomic_json(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-                   name=run_dir.name, save_code=True)
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=run_dir.name,
+            save_code=True,
+        )
     writer = SummaryWriter(str(run_dir))
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
     stop = StopFlag()
     stop.install()
-    start = time.time()
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    print(f"run dir: {run_dir}")
+    return Run(run_dir, writer, device, stop)
 
-    if demos is None:
-        expert_phase(args, cache, run_dir, writer, device, stop)
-        env, _ = make_env(args.env_id)
-        demos = load_demos(cache / "demos.npz", args.env_id, env.observation_space.shape[0], env.action_space.shape[0],
-                           args.reset_prob > 0)
-        env.close()
-    expert_return = float(np.mean(demos["returns"]))
-    method = "HyPE+FILTER" if args.reset_prob > 0 else "HyPE"
-    print(f"[irl] {method}: {len(demos['returns'])} expert episodes, {len(demos['observations'])} transitions, mean "
-          f"return {expert_return:.1f}; rho schedule {args.rho_schedule}, reset_prob {args.reset_prob}", flush=True)
 
-    out = train_sac(args, "irl", args.total_timesteps, run_dir, writer, device, stop, demos, expert_return)
-    c = out["counters"]
-    final = c["history"][-1]
-    results = {
-        "env_id": args.env_id, "method": method, "seed": args.seed, "eval_mean": final["mean"], "eval_std": final["std"],
-        "eval_returns": final["returns"], "eval_episodes": args.eval_episodes, "expert_return": expert_return,
-        "normalized_return": final["mean"] / expert_return if expert_return else float("nan"),
-        "num_demos": int(len(demos["returns"])), "policy_env_steps": c["step"], "disc_env_steps": c["disc_env_steps"],
-        "total_env_steps": c["step"] + c["disc_env_steps"], "outer_iterations": c["k"], "SPS": c["sps"],
-        "rho_schedule": args.rho_schedule, "final_rho": out["final_rho"], "reset_prob": args.reset_prob,
-        "p_tremble": args.p_tremble, "terminal_reward": args.terminal_reward, "resumed_from_step": c["resumed_from_step"],
-        "wall_time_s": time.time() - start, "device": str(device), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "history": [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in c["history"]],
-    }
-    save_curve(c["history"], expert_return, run_dir / "learning_curve.png", f"{method} on {args.env_id}")
-    if args.save_model:
-        atomic_save(out["sac"].actor.state_dict(), run_dir / f"{args.exp_name}.cleanrl_model")
-    atomic_save(results, run_dir / "results.json", lambda d, p: Path(p).write_text(json.dumps(d, indent=2)))
-    writer.close()
-    print(f"[irl] final return {final['mean']:.1f} +- {final['std']:.1f} (expert {expert_return:.1f}) -> {run_dir}", flush=True)
-    return results
+def finish_run(run: Run, message: Optional[str] = None) -> None:
+    run.writer.close()
+    if message:
+        print(message, file=sys.stderr)
+    print(f"run dir: {run.dir}")
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main()

@@ -9,15 +9,15 @@ FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_
 # hopper_{filter,mm}): equal budget of 20,000 policy env steps, a discriminator update (5 steps at lr0 8e-3 / k,
 # larger than the reference's 1 step at 8e-4 because the budget is 50x smaller) every 1,000 steps, evaluation every
 # 2,500 steps (5 deterministic episodes), 2,000 random steps first, seed 1.
-IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --total-timesteps 20000 --train-every 1000 --eval-frequency 2500
-           --eval-episodes 5 --learning-starts 2000 --disc-lr 8e-3 --disc-steps 5 --checkpoint-frequency 2500)
+IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 2500
+           --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-frequency 2500)
 
 # 0. (EVIDENCE2=1 only) Evidence run 2 (third session): HyPE on the demos of the 100k-step expert in runs/filter_evidence2/experts
 #     (`bash benchmarks/filter_irl_mujoco.sh expert2`), the same flags and budget as FILTER/MM's `irl2`, run beside them.
 if [ "${EVIDENCE2:-0}" = 1 ]; then
   mkdir -p runs/hype_evidence2
-  nice -n 10 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --total-timesteps "${IRL2_STEPS:-20000}" \
-    --torch-threads 1 --experts-dir runs/filter_evidence2/experts --run-dir runs/hype_evidence2/hopper_hype \
+  nice -n 10 python hype_irl_mujoco.py "${IRL_FLAGS[@]}" --irl.total-timesteps "${IRL2_STEPS:-20000}" \
+    --torch-threads 1 --expert.experts-dir runs/filter_evidence2/experts --run-dir runs/hype_evidence2/hopper_hype \
     > runs/hype_evidence2/hopper_hype.log 2>&1
   exit 0
 fi
@@ -95,9 +95,10 @@ import numpy as np, hype_irl_mujoco as h
 from pathlib import Path
 rng = np.random.default_rng(0)
 demos = h.collect_demos("Hopper-v5", lambda o: rng.uniform(-1, 1, 3), 64)
-h.save_expert_cache(Path("/tmp/hx/hexp/Hopper-v5"), demos, None, {"env_id": "Hopper-v5"})'
+Path("/tmp/hx/hexp/Hopper-v5").mkdir(parents=True, exist_ok=True)
+np.savez_compressed("/tmp/hx/hexp/Hopper-v5/demos.npz", **demos)'
 nice -n 15 python benchmarks/throughput.py mujoco --env-id Hopper-v5 --seconds 20 --train-seconds 180 --label hype-irl \
-    -- python hype_irl_mujoco.py --env-id Hopper-v5 --experts-dir /tmp/hx/hexp --learning-starts 1000 --log-frequency 100
+    -- python hype_irl_mujoco.py --env-id Hopper-v5 --expert.experts-dir /tmp/hx/hexp --sac.learning-starts 1000 --log-frequency 100
 
 # 5. Test-suite runtime of this script's tests.
 time python -m pytest tests/test_hype_irl_mujoco.py -q -p no:cacheprovider
