@@ -188,18 +188,6 @@ PAPER_BEST_DEMO.update({"qbert": 800.0, "seaquest": 600.0, "space_invaders": 600
 PAPER_BREAKOUT = {"best_demo": 32.0, "average_demo": 14.5, "trex": 221.3}
 
 
-class UsageError(Exception):
-    """Bad input: main prints the one-line message and exits 2 before any work."""
-
-
-class NonFiniteLoss(Exception):
-    """A loss became NaN or infinite: main exits 3."""
-
-
-class Interrupted(Exception):
-    """SIGINT/SIGTERM arrived; the phase saved what it could: main exits 130."""
-
-
 # ---- Environments
 def make_envs(rom: str, num_envs: int, sticky: float, env_args: EnvArgs, life_loss: bool):
     """AtariVectorEnv with explicit semantics: 84x84 gray, 4-stack, frameskip 4 with max-pool, no reward clipping
@@ -507,6 +495,8 @@ class Player:
         self.envs, self.fire, self.device = envs, rom_fire, device
         self.tracker = GameTracker(envs.num_envs)
         obs, _ = envs.reset(seed=seed)
+        # A zero-copy view of the env's frames (on the CPU): each step copies them once, into the rollout buffer,
+        # before the env is stepped again, so the env reusing its buffer is safe.
         self.next_obs = torch.from_numpy(obs).to(device)
         self.next_done = torch.zeros(envs.num_envs, device=device)
         self.need_fire = np.zeros(envs.num_envs, dtype=bool)
@@ -921,7 +911,11 @@ def run_pipeline(args: Args, ctx: dict, writer) -> Optional[dict]:
     save_json(run_dir / "results.json", results)
     print(
         f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); "
-        f"demos best {stats['best']}, average {stats['average']}"
+        + (
+            f"demos best {stats['best']:g}, average {stats['average']:.2f}"
+            if stats["best"] is not None
+            else "no demo scores"
+        )
     )
     return results
 
@@ -967,6 +961,18 @@ def main(args: Args) -> Optional[dict]:
 
 
 # ---- run management ----
+class UsageError(Exception):
+    """Bad input: main prints the one-line message and exits 2 before any work."""
+
+
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main exits 3."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM arrived; the phase saved what it could: main exits 130."""
+
+
 STOP = {"signal": 0}
 SCRIPT = os.path.basename(__file__)
 MIN_DEMOS, MIN_DEMO_LEN = 2, 10
