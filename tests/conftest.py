@@ -121,8 +121,9 @@ def write_minari_dataset(demos: dict, dataset_id: str) -> None:
     for e in range(len(demos["returns"])):
         m = demos["episode_ids"] == e
         obs = np.concatenate([demos["observations"][m], demos["next_observations"][m][-1:]]).astype(np.float64)
-        buffers.append(EpisodeBuffer(id=e, observations=obs, actions=demos["actions"][m], rewards=demos["rewards"][m],
-                                     terminations=demos["terminals"][m], truncations=demos["timeouts"][m]))  # fmt: skip
+        steps = {"actions": demos["actions"][m], "rewards": demos["rewards"][m]}
+        ends = {"terminations": demos["terminals"][m], "truncations": demos["timeouts"][m]}
+        buffers.append(EpisodeBuffer(id=e, observations=obs, **steps, **ends))
     minari.create_dataset_from_buffers(dataset_id, buffers, env=gym.make(str(demos["env_id"])), algorithm_name="PD")
 
 
