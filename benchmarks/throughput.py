@@ -15,8 +15,8 @@ Usage (everything after ``--`` is the script's command; the harness appends ``--
     python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy \
         -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 ...
     python benchmarks/throughput.py mujoco --env-id Hopper-v5 --label filter-irl -- python filter_irl_mujoco.py ...
-The training command is stopped with SIGTERM after ``--train-seconds`` (scripts checkpoint and exit cleanly on
-SIGTERM), so a default-budget command can be measured for a fixed time.
+The training command is stopped with SIGTERM after ``--train-seconds`` (scripts checkpoint and exit with code 130
+on SIGTERM), so a default-budget command can be measured for a fixed time.
 """
 
 from __future__ import annotations
