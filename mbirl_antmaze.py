@@ -4,8 +4,8 @@ A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the rewar
 (5 elites) learns Δs from expert + learner transitions (1:1); the actor (TD3+BC hybrid) trains only on model rollouts
 started from expert states in a window sliding from the end of the demonstrations back to their start.
 Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
-antmaze HyPER config; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD controller; AntMaze
-needs an expert file, no Ant controller ships yet; every real step, the discriminator's included, is counted).
+configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze needs an expert file, no
+Ant controller ships yet; Hopper/Walker2d: SAC on the siblings' expert cache; ALL real steps are counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.freq-train-model 1000 \
         --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2 --eval.frequency 1000     # minutes on a CPU

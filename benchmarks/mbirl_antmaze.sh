@@ -8,7 +8,7 @@ mkdir -p $OUT
 
 # 1. PointMaze Medium, CPU-sized budget (the reference's antmaze budget is 150k real steps with 20 updates each).
 #    Expert: 64 planner + PD episodes (written to $OUT/experts/PointMaze_Medium-v3/). Step 0 of the curve is the
-#    actor after 10,000 behaviour-cloning updates; the rest is HyPER.
+#    actor after 10,000 behaviour-cloning updates; the rest is HyPER. Result (commit 5375f2c): 0.88 -> 0.92.
 if [ "${1:-pointmaze}" = pointmaze ]; then
   nice -n 10 python mbirl_antmaze.py --env-id PointMaze_Medium-v3 --seed 1 --torch-threads 1 \
     --expert.experts-dir $OUT/experts --run-dir $OUT/pointmaze_medium \
