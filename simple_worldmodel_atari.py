@@ -173,6 +173,16 @@ class EvalArgs:
     """policy sampling temperature: logits / T (0 = argmax); the paper found 0.5 usually best"""
     noop_max: int = 8
     """up to this many no-ops at every reset of an evaluation game"""
+    max_steps: int = 0
+    """agent steps per evaluation game (0 = full games; the reference's periodic evaluation used 1000)"""
+    grid: bool = False
+    """--eval-only: evaluate every --eval.grid-temperatures x --eval.grid-noops pair (the reference's grid)"""
+    grid_temperatures: list[float] = field(default_factory=lambda: [0.5, 0.0, 1.0])
+    """sampling temperatures of the grid"""
+    grid_noops: list[int] = field(default_factory=lambda: [8, 0])
+    """max no-ops of the grid"""
+    debug_steps: int = 200
+    """--eval-only --capture-video with a world_model.pt: steps of the model / real / difference video"""
 
 
 @dataclass
@@ -758,7 +768,7 @@ def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, c
                                ("train_reward_accuracy", info["reward_accuracy"])):  # fmt: skip
                 w.add_scalar(f"world_model/{key}", float(value.detach()), state["wm_step"])
             w.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], state["wm_step"])
-            bar.set_postfix(loss=f"{float(loss):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
         maybe_checkpoint(ctx, state, state["phase_step"])
     bar.close()
 
@@ -912,13 +922,15 @@ def collect_real(policy, real: dict, args: Args, ctx: dict, random_policy: bool)
 
 
 def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float, noop_max: int, seed: int,
-                    video_path: Optional[Path] = None) -> dict:  # fmt: skip
-    """Phase 4: full real games (up to max_episode_frames), each env a fixed quota of games, logits / T."""
+                    video_path: Optional[Path] = None, max_steps: int = 0) -> dict:  # fmt: skip
+    """Phase 4: real games, each env a fixed quota of games, logits / T; full games (up to max_episode_frames)
+    or, with max_steps, games truncated after that many agent steps (scored as they stand)."""
     if episodes == 0:
         return {}
     n = min(ctx["eval_envs"], episodes)
     quota = np.array([episodes // n + (i < episodes % n) for i in range(n)])
-    envs = make_envs(ctx["rom"], n, ctx["sticky"], noop_max, ctx["max_episode_frames"])
+    frames_cap = min(ctx["max_episode_frames"], 4 * max_steps) if max_steps else ctx["max_episode_frames"]
+    envs = make_envs(ctx["rom"], n, ctx["sticky"], noop_max, frames_cap)
     obs, _ = envs.reset(seed=seed)
     ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
     while (done_count < quota).any():
@@ -939,7 +951,29 @@ def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float
             ret[i] = 0.0
     envs.close()
     return {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns,
-            "temperature": temperature, "noop_max": noop_max, "full_episodes": True}  # fmt: skip
+            "temperature": temperature, "noop_max": noop_max, "max_steps": max_steps}  # fmt: skip
+
+
+@torch.no_grad()
+def model_vs_real_frames(model: WorldModel, policy: Policy, ctx: dict, steps: int, temperature: float, seed: int):
+    """The evaluator's debug video: the policy plays the real game while the model, started from the same real
+    stack, runs open loop on the same actions. Frames: [model | real | max(|model - real| - 10, 0)]."""
+    envs = make_envs(ctx["rom"], 1, ctx["sticky"], 0, ctx["max_episode_frames"])
+    obs, _ = envs.reset(seed=seed)
+    sim = SimulatedEnv(model.eval(), 0.0, 1.0)
+    sim.reset(torch.as_tensor(obs))
+    frames = []
+    for _ in range(steps):
+        action = policy.act(obs, temperature)
+        obs, _, term, trunc, _ = envs.step(action)
+        stack, _, _ = sim.step(torch.as_tensor(action))
+        model_frame, real_frame = stack[0, -1].numpy(), obs[0, -1]
+        diff = np.clip(np.abs(model_frame.astype(np.int16) - real_frame.astype(np.int16)) - 10, 0, 255)
+        frames.append(np.concatenate([model_frame, real_frame, diff.astype(np.uint8)], axis=1))
+        if term[0] or trunc[0]:
+            break
+    envs.close()
+    return frames
 
 
 def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
@@ -1113,7 +1147,7 @@ LIMITS = {
     "ppo.update_epochs": (1, 1000), "ppo.minibatch_steps": (1, 100_000), "ppo.max_grad_norm": (1e-9, 1e9),
     "ppo.dropout": (0.0, 0.99), "ppo.collect_temperature": (0.0, 100.0),
     "eval.episodes": (0, 10**6), "eval.num_envs": (1, 1024), "eval.temperature": (0.0, 100.0),
-    "eval.noop_max": (0, 10_000),
+    "eval.noop_max": (0, 10_000), "eval.max_steps": (0, 10**8), "eval.debug_steps": (1, 10**6),
 }  # fmt: skip
 ARCHITECTURE = ("model", "optimizer", "hidden_size", "compress_steps", "filter_double_steps", "hidden_layers", "bits",
                 "lstm_size", "inference_filters")  # fmt: skip
@@ -1137,6 +1171,9 @@ def validate(args: Args) -> dict:
             raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
     if args.wm.filter_double_steps > args.wm.compress_steps:
         raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
+    grid = args.eval.grid_temperatures + args.eval.grid_noops
+    if not grid or not all(math.isfinite(v) and 0 <= v <= 10_000 for v in grid) or not args.eval.grid_noops:
+        raise UsageError("--eval.grid-temperatures and --eval.grid-noops need values in [0, 10000]")
     if args.wm.bits % BitPrior.GROUP:
         raise UsageError(f"--wm.bits must be a multiple of {BitPrior.GROUP} (got {args.wm.bits})")
     if args.eval_only:
@@ -1249,13 +1286,37 @@ def eval_only(args: Args, ctx: dict) -> int:
     out_dir = run_dir / "evaluations"
     out_dir.mkdir(exist_ok=True)
     n = len(list(out_dir.glob("eval_*.json")))
+    cfg, policy = args.eval, ctx["policy"]
     video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
-    ev = evaluate_policy(ctx["policy"], ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
-                         args.seed, video)  # fmt: skip
-    ev.update(env_id=ctx["policy"].env_config["env_id"], seed=args.seed, episodes=args.eval.episodes)
-    write_json(out_dir / f"eval_{n:03d}.json", ev)
-    print(f"eval: {ev.get('mean', float('nan')):.2f} over {args.eval.episodes} games -> {out_dir}/eval_{n:03d}.json")
+    pairs = (
+        [(t, k) for t in cfg.grid_temperatures for k in cfg.grid_noops]
+        if cfg.grid
+        else [(cfg.temperature, cfg.noop_max)]
+    )
+    grid = []
+    for i, (temperature, noops) in enumerate(pairs):
+        ev = evaluate_policy(policy, ctx, cfg.episodes, temperature, noops, args.seed, video if i == 0 else None,
+                             cfg.max_steps)  # fmt: skip
+        grid.append(ev)
+        print(f"eval T={temperature} max no-ops={noops}: {ev.get('mean', float('nan')):.2f} over {cfg.episodes} games"
+              f"{' (full games)' if not cfg.max_steps else f' of at most {cfg.max_steps} steps'}")  # fmt: skip
+    out = {**grid[0], "grid": grid} if cfg.grid else grid[0]
+    out.update(env_id=policy.env_config["env_id"], seed=args.seed, episodes=cfg.episodes)
+    if args.capture_video and (run_dir / "world_model.pt").exists():
+        model = load_world_model(run_dir / "world_model.pt")
+        frames = model_vs_real_frames(model, policy, ctx, cfg.debug_steps, cfg.temperature, args.seed)
+        write_video(frames, run_dir / "videos" / f"debug_model_real_diff_{n:03d}.webm")
+        out["debug_video"] = f"videos/debug_model_real_diff_{n:03d}.webm"
+    write_json(out_dir / f"eval_{n:03d}.json", out)
+    print(f"-> {out_dir}/eval_{n:03d}.json")
     return 0
+
+
+def load_world_model(path) -> WorldModel:
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    model = WorldModel(ck["num_actions"], tuple(ck["frame_shape"]), WorldModelArgs(**ck["config"]))
+    model.load_state_dict(ck["state_dict"])
+    return model.eval()
 
 
 def setup_run(args: Args, ctx: dict):

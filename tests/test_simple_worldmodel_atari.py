@@ -217,6 +217,7 @@ def block_batch(rng, n):
     return torch.as_tensor(np.stack(frames)), torch.tensor(actions)
 
 
+@pytest.mark.slow
 def test_world_model_learns_an_action_driven_block_game_better_than_copying():
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -252,16 +253,6 @@ def test_world_model_learns_an_action_driven_block_game_better_than_copying():
 
 
 # ------------------------------------------------------------------------------------------ smoke runs
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    from conftest import run_script_subprocess
-
-    run_dir = tmp_path_factory.mktemp("simple") / "run"
-    rc, out, err = run_script_subprocess(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=400)
-    assert rc == 0, err[-3000:]
-    return run_dir, out
-
-
 def tags(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -270,8 +261,13 @@ def tags(run_dir):
     return set(acc.Tags()["scalars"])
 
 
-def test_simple_loop_smoke_run_writes_every_artifact(finished_run):
-    run_dir, out = finished_run
+@pytest.mark.slow
+def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_path):
+    """One tiny run of the whole loop (one test, so parallel workers never run it twice), then everything that
+    reads its run dir: artifacts, the policy.pt snippet, --eval-only, a finished run, --world-model reuse."""
+    run_dir = tmp_path / "run"
+    rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=400)
+    assert rc == 0, err[-3000:]
     assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]
     res = json.loads((run_dir / "results.json").read_text())
     assert res["real_steps"] == 3 * 64 == res["schedule"]["total"]  # 1 random + 2 policy collections
@@ -290,9 +286,7 @@ def test_simple_loop_smoke_run_writes_every_artifact(finished_run):
         assert tag in t, tag
     assert not list(run_dir.rglob("*.tmp"))
 
-
-def test_contract_snippet_eval_only_and_finished_run(finished_run, run_script):
-    run_dir, _ = finished_run
+    # the user contract: five lines load the policy and act in the envs it was trained on
     sys.path.insert(0, str(REPO_ROOT))
     import simple_worldmodel_atari as script
 
@@ -305,11 +299,38 @@ def test_contract_snippet_eval_only_and_finished_run(finished_run, run_script):
     before = (run_dir / "results.json").read_text()
     rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=120)
     assert rc == 0 and "finished" in out and (run_dir / "results.json").read_text() == before
-    for n in range(2):
-        rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "1", timeout=200)
-        assert rc == 0, err[-2000:]
-        ev = json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())
-        assert ev["env_id"] == "PongNoFrameskip-v4" and len(ev["returns"]) == 1
+    rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "1", timeout=200)
+    assert rc == 0, err[-2000:]
+    ev = json.loads((run_dir / "evaluations" / "eval_000.json").read_text())
+    assert ev["env_id"] == "PongNoFrameskip-v4" and len(ev["returns"]) == 1 and ev["max_steps"] == 0
+    # the evaluator's grid (temperatures x no-ops) with capped games, and the model / real / difference video
+    rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "2", "--eval.grid",
+                              "--eval.grid-temperatures", "0", "1", "--eval.grid-noops", "0", "--eval.max-steps",
+                              "30", "--capture-video", "--eval.debug-steps", "12", timeout=200)  # fmt: skip
+    assert rc == 0, err[-2000:]
+    ev = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
+    assert [(g["temperature"], g["noop_max"], len(g["returns"])) for g in ev["grid"]] == [(0, 0, 2), (1, 0, 2)]
+    assert all(g["max_steps"] == 30 for g in ev["grid"])
+    import cv2
+
+    cap = cv2.VideoCapture(str(run_dir / ev["debug_video"]))
+    ok, frame = cap.read()
+    assert ok and frame.shape[1] == 3 * 80 * 4 and frame.shape[0] == 105 * 4  # three panels, zoom 4
+
+    # a world model from another game or of another type is refused; the right one trains a policy, no model
+    wm_file = str(run_dir / "world_model.pt")
+    for extra, needle in ((["--env-id", "BreakoutNoFrameskip-v4"], "PongNoFrameskip-v4"),
+                          (["--wm.model", "deterministic"], "stochastic-discrete")):  # fmt: skip
+        target = tmp_path / f"r{len(extra[1])}"
+        rc, out, err = run_script(SCRIPT, *TINY, *extra, "--world-model", wm_file, "--run-dir", str(target), timeout=60)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert not target.exists()
+    reuse = tmp_path / "reuse"
+    rc, out, err = run_script(SCRIPT, *TINY, "--loop.epochs", "1", "--eval.episodes", "0", "--world-model", wm_file,
+                              "--run-dir", str(reuse), timeout=300)  # fmt: skip
+    assert rc == 0, err[-3000:]
+    res = json.loads((reuse / "results.json").read_text())
+    assert res["world_model_steps"] == 0 and res["ppo_iterations"] == 2 * 3 and (reuse / "policy.pt").exists()
 
 
 def test_model_free_smoke_run(run_script, run_dir):
@@ -321,19 +342,20 @@ def test_model_free_smoke_run(run_script, run_dir):
     assert "charts/SPS" in tags(run_dir) and "losses/policy_loss" in tags(run_dir)
 
 
-def test_world_model_file_from_another_game_or_type_is_refused(finished_run, run_script, tmp_path):
-    run_dir, _ = finished_run
-    wm = str(run_dir / "world_model.pt")
-    for extra, needle in ((["--env-id", "BreakoutNoFrameskip-v4"], "PongNoFrameskip-v4"),
-                          (["--wm.model", "deterministic"], "stochastic-discrete")):  # fmt: skip
-        target = tmp_path / f"r{len(extra[1])}"
-        rc, out, err = run_script(SCRIPT, *TINY, *extra, "--world-model", wm, "--run-dir", str(target), timeout=60)
-        assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
-        assert not target.exists()
+def test_world_model_only_mode_plays_randomly_and_trains_no_policy(run_script, run_dir):
+    rc, out, err = run_script(SCRIPT, *TINY, "--mode", "world-model-only", "--loop.epochs", "1", "--run-dir",
+                              str(run_dir), timeout=300)  # fmt: skip
+    assert rc == 0, err[-3000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["ppo_iterations"] == 0 and res["world_model_steps"] == 3 and res["real_steps"] == 2 * 128
+    assert out.count("random play") == 2 and "policy play" not in out
+    assert math.isfinite(res["world_model"]["frame_mse_8"]) and (run_dir / "wm_strip.png").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_sigterm_continues_at_its_phase(run_dir, run_script):
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, "--wm.train-steps", "12", "--checkpoint-every", "2"]
+    cmd += ["--eval.episodes", "0"]
     cmd += ["--run-dir", str(run_dir)]
     rc, out, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "state.pt", wait_s=300)
     assert rc == 130, err[-2000:]
