@@ -15,10 +15,12 @@ from conftest import REPO_ROOT, interrupt_when_exists
 import preference_ga3c_atari as pref
 
 SCRIPT = "preference_ga3c_atari.py"
-TINY = ["--total-timesteps", "3000", "--ga3c.workers", "4", "--ga3c.min-batch-segments", "4", "--eval.episodes", "1",
-        "--env.max-episode-frames", "800", "--labels.pretrain", "6", "--labels.budget", "12", "--labels.clip-length",
-        "5", "--reward.pretrain-epochs", "2", "--reward.batch-size", "4", "--labels.rate-scale", "1000",
-        "--reward.labels-per-step", "0.02", "--torch-threads", "1"]  # fmt: skip
+TINY = (
+    "--total-timesteps 3000 --ga3c.workers 4 --ga3c.min-batch-segments 4 --eval.episodes 1 "
+    "--env.max-episode-frames 800 --labels.pretrain 6 --labels.budget 12 --labels.clip-length 5 "
+    "--reward.pretrain-epochs 2 --reward.batch-size 4 --labels.rate-scale 1000 --reward.labels-per-step "
+    "0.02 --torch-threads 1"
+).split()
 
 
 # ---- the math ------------------------------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ def synthetic_clip(rng, quality: float, length: int = 6) -> dict:
 
 
 def make_teacher(tmp_path, feedback="pairwise", **reward):
-    from preference_labels import LabelStore
+    from preference_ga3c_atari import LabelStore
 
     args = pref.Args(feedback=feedback, exp_name="behaviour")
     args.labels.clip_length, args.labels.candidates = 6, 4
@@ -372,11 +374,26 @@ def store_rows(store_dir, sql):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("labeler", "feedback"), [("synthetic", "pairwise"), ("synthetic", "sort-tree"), ("rl", "pairwise")])
+@pytest.mark.parametrize(
+    ("labeler", "feedback"), [("synthetic", "pairwise"), ("synthetic", "sort-tree"), ("rl", "pairwise")]
+)
 def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback):
     run_dir, store = tmp_path / "run", tmp_path / "store"
-    rc, out, err = run_script(SCRIPT, *TINY, "--labeler", labeler, "--feedback", feedback, "--run-dir", run_dir,
-                              "--labels.store-dir", store, "--exp-name", f"smoke-{feedback}", timeout=300)  # fmt: skip
+    rc, out, err = run_script(
+        SCRIPT,
+        *TINY,
+        "--labeler",
+        labeler,
+        "--feedback",
+        feedback,
+        "--run-dir",
+        run_dir,
+        "--labels.store-dir",
+        store,
+        "--exp-name",
+        f"smoke-{feedback}",
+        timeout=300,
+    )
     assert rc == 0, err[-3000:]
     assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]  # printed at start and end
     results = read_results(run_dir)
@@ -391,10 +408,12 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
         return
     assert (run_dir / "checkpoints/reward_model.pt").is_file()
     assert results["labels"] == 12  # the whole budget, answered through the store's queue
-    answers = store_rows(store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'")
+    answers = store_rows(
+        store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'"
+    )
     assert len(answers) == 12 and {a[1] for a in answers} == {"synthetic"}
     if feedback == "sort-tree":
-        from preference_labels import LabelStore
+        from preference_ga3c_atari import LabelStore
 
         tree = pref.SortTree(LabelStore(store, "PongNoFrameskip-v4").load_tree("smoke-sort-tree"))
         pref.check_red_black(tree)
@@ -407,8 +426,21 @@ def test_interrupted_run_resumes_agent_reward_model_and_store(tmp_path):
     import sys
 
     run_dir, store = tmp_path / "run", tmp_path / "store"
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, "--total-timesteps", "6000", "--run-dir", str(run_dir),
-           "--labels.store-dir", str(store), "--checkpoint-every-s", "1", "--exp-name", "resume"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / SCRIPT),
+        *TINY,
+        "--total-timesteps",
+        "6000",
+        "--run-dir",
+        str(run_dir),
+        "--labels.store-dir",
+        str(store),
+        "--checkpoint-every-s",
+        "1",
+        "--exp-name",
+        "resume",
+    ]
     rc, out, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "agent.pt")
     assert rc == 130, err[-2000:]
     assert "resume" in out and not (run_dir / "results.json").exists()
@@ -454,8 +486,17 @@ def test_eval_only_never_overwrites_and_writes_a_vp9_video(run_script, finished_
     import cv2
 
     for number in (1, 2):
-        rc, out, err = run_script(SCRIPT, "--eval-only", finished_rl_run, "--eval.episodes", "1", "--capture-video",
-                                  "--env.max-episode-frames", "400", timeout=120)  # fmt: skip
+        rc, out, err = run_script(
+            SCRIPT,
+            "--eval-only",
+            finished_rl_run,
+            "--eval.episodes",
+            "1",
+            "--capture-video",
+            "--env.max-episode-frames",
+            "400",
+            timeout=120,
+        )
         assert rc == 0, err[-2000:]
         result = json.loads((finished_rl_run / "evaluations" / f"eval_{number:03d}.json").read_text())
         assert len(result["returns"]) == 1
@@ -486,15 +527,43 @@ def numeric_fields(cls, prefix=""):
 
 
 # values that are documented as valid (help text says what they mean)
-VALID = {("torch_threads", 0), ("env.stacked_frames", 0), ("env.noop_max", 0), ("ga3c.max_grad_norm", 0),
-         ("ga3c.reward_clip", 0), ("ga3c.env_threads", 0), ("ga3c.entropy_beta", 0), ("ga3c.gamma", 0),
-         ("ga3c.rms_decay", 0), ("reward.labels_per_step", 0), ("reward.pretrain_epochs", 0), ("reward.dropout", 0),
-         ("reward.l2_init", 0), ("reward.random_response", 0), ("reward.mask_top", 0), ("reward.mask_bottom", 0),
-         ("reward.mask_top", -1), ("reward.mask_bottom", -1), ("env.sticky_actions", 0), ("env.sticky_actions", -1),
-         ("labels.port", 0), ("seed", 0), ("seed", -1), ("seed", 10**12), ("eval.seed", 0), ("eval.seed", -1),
-         ("eval.seed", 10**12), ("labels.rate_scale", 10**12), ("total_timesteps", 10**12),
-         ("checkpoint_every_s", 10**12), ("env.max_episode_frames", 10**12), ("reward.label_buffer", 10**12),
-         ("labels.budget", 10**12), ("ga3c.max_grad_norm", 10**12), ("ga3c.reward_clip", 10**12)}  # fmt: skip
+VALID = {
+    ("torch_threads", 0),
+    ("env.stacked_frames", 0),
+    ("env.noop_max", 0),
+    ("ga3c.max_grad_norm", 0),
+    ("ga3c.reward_clip", 0),
+    ("ga3c.env_threads", 0),
+    ("ga3c.entropy_beta", 0),
+    ("ga3c.gamma", 0),
+    ("ga3c.rms_decay", 0),
+    ("reward.labels_per_step", 0),
+    ("reward.pretrain_epochs", 0),
+    ("reward.dropout", 0),
+    ("reward.l2_init", 0),
+    ("reward.random_response", 0),
+    ("reward.mask_top", 0),
+    ("reward.mask_bottom", 0),
+    ("reward.mask_top", -1),
+    ("reward.mask_bottom", -1),
+    ("env.sticky_actions", 0),
+    ("env.sticky_actions", -1),
+    ("labels.port", 0),
+    ("seed", 0),
+    ("seed", -1),
+    ("seed", 10**12),
+    ("eval.seed", 0),
+    ("eval.seed", -1),
+    ("eval.seed", 10**12),
+    ("labels.rate_scale", 10**12),
+    ("total_timesteps", 10**12),
+    ("checkpoint_every_s", 10**12),
+    ("env.max_episode_frames", 10**12),
+    ("reward.label_buffer", 10**12),
+    ("labels.budget", 10**12),
+    ("ga3c.max_grad_norm", 10**12),
+    ("ga3c.reward_clip", 10**12),
+}
 
 
 def with_value(path: str, value):
@@ -507,7 +576,9 @@ def with_value(path: str, value):
     return args
 
 
-@pytest.mark.parametrize(("path", "field"), list(numeric_fields(pref.Args)), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    ("path", "field"), list(numeric_fields(pref.Args)), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_every_numeric_flag_is_checked(tmp_path, path, field):
     for value in (0, -1, float("nan"), 10**12):
         if field.type is int and isinstance(value, float):
@@ -540,7 +611,9 @@ def test_every_numeric_flag_is_checked(tmp_path, path, field):
     ],
 )
 def test_bad_input_exits_2_with_one_line(run_script, tmp_path, extra, message):
-    rc, out, err = run_script(SCRIPT, "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s", *extra, timeout=60)
+    rc, out, err = run_script(
+        SCRIPT, "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s", *extra, timeout=60
+    )
     assert rc == 2
     lines = [line for line in err.strip().splitlines() if line.strip()]
     if extra != ["--ga3c.t-max", "1.5"]:  # tyro's own message for a type error is a box, also exit 2
@@ -573,7 +646,7 @@ def test_run_dirs_of_other_scripts_envs_and_corrupt_checkpoints_are_refused(tmp_
 
 
 def test_a_store_of_another_env_is_refused(run_script, tmp_path):
-    from preference_labels import LabelStore
+    from preference_ga3c_atari import LabelStore
 
     store_dir = tmp_path / "store"
     LabelStore(store_dir, "ALE/Breakout-v5").close()
@@ -590,8 +663,18 @@ def test_port_in_use_exits_2(run_script, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        rc, _, err = run_script(SCRIPT, "--labeler", "human", "--labels.port", port, "--run-dir", tmp_path / "run",
-                                "--labels.store-dir", tmp_path / "s", timeout=60)  # fmt: skip
+        rc, _, err = run_script(
+            SCRIPT,
+            "--labeler",
+            "human",
+            "--labels.port",
+            port,
+            "--run-dir",
+            tmp_path / "run",
+            "--labels.store-dir",
+            tmp_path / "s",
+            timeout=60,
+        )
     assert rc == 2 and "--labels.port" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import preference_labels as labels
+import preference_ga3c_atari as labels
 
 ENV = "ALE/Pong-v5"
 
@@ -129,9 +129,16 @@ def test_answers_after_is_in_answer_order_not_query_order(store):
     seqs = [r["seq"] for r in got]
     assert seqs == sorted(seqs) and len(set(seqs)) == 3
     assert got[2] | {"answered_at": 0} == {
-        "seq": seqs[2], "id": q2, "kind": "tree", "left": c, "right": a, "node": 7, "answer": "right",
-        "labeller": "s", "answered_at": 0,
-    }  # fmt: skip
+        "seq": seqs[2],
+        "id": q2,
+        "kind": "tree",
+        "left": c,
+        "right": a,
+        "node": 7,
+        "answer": "right",
+        "labeller": "s",
+        "answered_at": 0,
+    }
     assert [r["id"] for r in store.answers_after("exp", seqs[0])] == [q1, q2]
     assert store.answers_after("exp", seqs[2]) == []
     assert store.count_answers("exp") == 3
@@ -147,8 +154,12 @@ def test_pending_queries_oldest_first_by_kind(store):
     assert [q["id"] for q in store.pending_queries("exp", "pair")] == [q1, q3]
     first = store.pending_queries("exp", "tree")[0]
     assert {k: first[k] for k in ("id", "kind", "left", "right", "node")} == {
-        "id": q2, "kind": "tree", "left": a, "right": b, "node": 0,
-    }  # fmt: skip
+        "id": q2,
+        "kind": "tree",
+        "left": a,
+        "right": b,
+        "node": 0,
+    }
     with pytest.raises(ValueError):
         store.add_query("exp", "triple", a, b)
     with pytest.raises(KeyError):
@@ -192,8 +203,11 @@ def test_cancel_makes_a_query_stale(store):
 
 def test_tree_status_and_experiments(store):
     assert store.load_tree("exp") is None and store.get_status("exp") == {}
-    tree = {"root": 1, "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False, "clips": [3]}},
-            "pending": {"4": 1}}  # fmt: skip
+    tree = {
+        "root": 1,
+        "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False, "clips": [3]}},
+        "pending": {"4": 1},
+    }
     store.save_tree("exp", tree)
     store.set_status("exp", {"labels": 3, "budget": 10})
     store.set_status("other", {"agent": "idle"})
@@ -336,15 +350,17 @@ def test_http_next_answer_and_skip(app):
     assert "immutable" in headers["Cache-Control"]
     status, _, _ = call(server, "GET", first["left"]["media"], headers={"If-None-Match": headers["ETag"]})
     assert status == 304
-    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"},
-                           headers={"X-Client-Id": "alice"})  # fmt: skip
+    status, body, _ = call(
+        server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"}, headers={"X-Client-Id": "alice"}
+    )
     assert (status, body) == (200, {"ok": True, "query_id": queries[0], "answer": "left"})
     status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[1], "answer": "cant_tell"})
     assert status == 200
     got = store.answers_after("exp", 0)
     assert [(r["id"], r["answer"], r["labeller"]) for r in got] == [
-        (queries[0], "left", "web:alice"), (queries[1], "cant_tell", "web:tester"),
-    ]  # fmt: skip
+        (queries[0], "left", "web:alice"),
+        (queries[1], "cant_tell", "web:tester"),
+    ]
     status, body, _ = call(server, "GET", API + "/status")
     assert status == 200 and body["answers"] == 2 and body["pending"] == {"pair": 1, "tree": 0}
 
@@ -363,9 +379,17 @@ def test_http_stale_and_unknown_queries(app):
 
 @pytest.mark.parametrize(
     "body",
-    [b"{not json", b"[1, 2]", b"\xff\xfe", {"answer": "left"}, {"query_id": "1", "answer": "left"},
-     {"query_id": True, "answer": "left"}, {"query_id": 1, "answer": "up"}, {"query_id": 1}],
-)  # fmt: skip
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"\xff\xfe",
+        {"answer": "left"},
+        {"query_id": "1", "answer": "left"},
+        {"query_id": True, "answer": "left"},
+        {"query_id": 1, "answer": "up"},
+        {"query_id": 1},
+    ],
+)
 def test_http_malformed_answer_body_is_400(app, body):
     server, store, clips, queries = app
     status, reply, _ = call(server, "POST", API + "/answer", body)
@@ -428,8 +452,11 @@ def test_http_pages_redirect_and_set_a_client_cookie(app):
 
 def test_tree_endpoint_adds_the_clips_media(app):
     server, store, clips, queries = app
-    tree = {"root": 1, "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False,
-            "clips": [clips[0], clips[1]]}}, "pending": {}}  # fmt: skip
+    tree = {
+        "root": 1,
+        "nodes": {"1": {"left": None, "right": None, "parent": None, "red": False, "clips": [clips[0], clips[1]]}},
+        "pending": {},
+    }
     store.save_tree("exp", tree)
     status, body, _ = call(server, "GET", API + "/tree")
     assert status == 200 and body["tree"] == tree
@@ -553,8 +580,14 @@ def browser():
         skip_or_fail("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--autoplay-policy=no-user-gesture-required", "--window-size=1000,760"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1000,760",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
     driver.set_page_load_timeout(30)
@@ -680,17 +713,23 @@ def sort_tree_fixture(store, pong_frames):
     """A 5-node red-black tree over Pong clips (node 2 holds a tie), two clips pending insertion."""
     clips = [add_pong_clip(store, pong_frames, k) for k in range(8)]
     node = lambda left, right, parent, red, bound: {  # noqa: E731
-        "left": left, "right": right, "parent": parent, "red": red, "clips": bound,
-    }  # fmt: skip
+        "left": left,
+        "right": right,
+        "parent": parent,
+        "red": red,
+        "clips": bound,
+    }
     tree = {
         "root": 2,
         "nodes": {
-            "2": node(1, 4, None, False, [clips[2], clips[5]]), "1": node(None, None, 2, False, [clips[1]]),
-            "4": node(3, 5, 2, True, [clips[4]]), "3": node(None, None, 4, False, [clips[3]]),
+            "2": node(1, 4, None, False, [clips[2], clips[5]]),
+            "1": node(None, None, 2, False, [clips[1]]),
+            "4": node(3, 5, 2, True, [clips[4]]),
+            "3": node(None, None, 4, False, [clips[3]]),
             "5": node(None, None, 4, False, [clips[0]]),
         },
         "pending": {str(clips[6]): 2, str(clips[7]): 2},
-    }  # fmt: skip
+    }
     store.save_tree("exp", tree)
     return clips, tree
 
@@ -757,12 +796,15 @@ def test_the_app_s_queries_use_indexes_not_table_scans(store):
     """The speed of the next-query, answer and status requests with 10,000s of rows rests on these plans
     (timings: benchmarks/results/preference_webapp.md)."""
     plans = {
-        "next": ("SELECT id FROM queries WHERE experiment=? AND status='pending' AND kind=? AND (lease_client IS NULL "
-                 "OR lease_client=? OR lease_until < ?) ORDER BY id LIMIT ?", ("e", "pair", "c", 0.0, 2)),
+        "next": (
+            "SELECT id FROM queries WHERE experiment=? AND status='pending' AND kind=? AND (lease_client IS NULL "
+            "OR lease_client=? OR lease_until < ?) ORDER BY id LIMIT ?",
+            ("e", "pair", "c", 0.0, 2),
+        ),
         "answers_after": ("SELECT seq, id FROM queries WHERE experiment=? AND seq > ? ORDER BY seq", ("e", 0)),
         "count_answers": ("SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'", ("e",)),
         "answer": ("UPDATE queries SET status='answered' WHERE id=? AND experiment=? AND status='pending'", (1, "e")),
-    }  # fmt: skip
+    }
     for name, (sql, params) in plans.items():
         plan = " ".join(row[-1] for row in store._read("EXPLAIN QUERY PLAN " + sql, params))
         assert "SCAN" not in plan and ("INDEX" in plan or "PRIMARY KEY" in plan), (name, plan)

@@ -19,21 +19,23 @@ import pytest
 from conftest import REPO_ROOT, subprocess_env
 from test_preference_labels import browser, press, shown_query, wait_for  # noqa: F401 (browser is a fixture)
 
-import preference_labels as labels
+import preference_ga3c_atari as labels
 
 SCRIPT = "preference_ga3c_atari.py"
 ENV = "PongNoFrameskip-v4"
-TINY = ["--env-id", ENV, "--total-timesteps", "6000", "--ga3c.workers", "4", "--ga3c.min-batch-segments", "4",
-        "--eval.episodes", "1", "--env.max-episode-frames", "800", "--labels.pretrain", "6", "--labels.budget", "12",
-        "--labels.clip-length", "5", "--reward.pretrain-epochs", "2", "--reward.batch-size", "4",
-        "--labels.rate-scale", "1000", "--reward.labels-per-step", "0.02", "--torch-threads", "1"]  # fmt: skip
+TINY = (
+    f"--env-id {ENV} --total-timesteps 6000 --ga3c.workers 4 --ga3c.min-batch-segments 4 --eval.episodes 1 "
+    f"--env.max-episode-frames 800 --labels.pretrain 6 --labels.budget 12 --labels.clip-length 5 "
+    f"--reward.pretrain-epochs 2 --reward.batch-size 4 --labels.rate-scale 1000 --reward.labels-per-step "
+    f"0.02 --torch-threads 1"
+).split()
 # How the browser answers, in turn: by click and by key, every answer kind.
 ACTIONS = [
     ("click", "answer-left", "left"),
     ("key", "\ue014", "right"),
     ("click", "answer-equal", "equal"),
     ("key", "\ue015", "cant_tell"),
-]  # fmt: skip  (\ue014 = ArrowRight, \ue015 = ArrowDown)
+]  # \ue014 = ArrowRight, \ue015 = ArrowDown
 
 
 def free_port() -> int:
@@ -47,8 +49,15 @@ class Run:
 
     def __init__(self, *args):
         cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, TINY), *map(str, args)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
 
@@ -115,8 +124,20 @@ def store_answers(store_dir, experiment: str) -> list[dict]:
 @pytest.mark.slow
 def test_browser_labels_a_pairwise_training_run(browser, tmp_path):  # noqa: F811
     run_dir, store_dir = tmp_path / "run", tmp_path / "store"
-    run = Run("--labeler", "human", "--feedback", "pairwise", "--labels.port", free_port(), "--run-dir", run_dir,
-              "--labels.store-dir", store_dir, "--exp-name", "e2e-pairwise")  # fmt: skip
+    run = Run(
+        "--labeler",
+        "human",
+        "--feedback",
+        "pairwise",
+        "--labels.port",
+        free_port(),
+        "--run-dir",
+        run_dir,
+        "--labels.store-dir",
+        store_dir,
+        "--exp-name",
+        "e2e-pairwise",
+    )
     try:
         browser.get(run.app_url())
         assert browser.current_url.endswith("/experiments/e2e-pairwise/compare")
@@ -137,8 +158,18 @@ def test_browser_labels_a_pairwise_training_run(browser, tmp_path):  # noqa: F81
 @pytest.mark.slow
 def test_resume_with_a_half_labelled_sort_tree_store(browser, tmp_path):  # noqa: F811
     run_dir, store_dir = tmp_path / "run", tmp_path / "store"
-    args = ("--labeler", "human", "--feedback", "sort-tree", "--run-dir", run_dir, "--labels.store-dir", store_dir,
-            "--exp-name", "e2e-tree")  # fmt: skip
+    args = (
+        "--labeler",
+        "human",
+        "--feedback",
+        "sort-tree",
+        "--run-dir",
+        run_dir,
+        "--labels.store-dir",
+        store_dir,
+        "--exp-name",
+        "e2e-tree",
+    )
     first = Run(*args, "--labels.port", free_port())
     try:
         browser.get(first.app_url())
