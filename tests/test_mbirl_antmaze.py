@@ -275,7 +275,7 @@ def test_planner_expert_reaches_the_goal_on_umaze_and_records_exact_state(umaze_
 
 # ---------------------------------------------------------------------------------------------- smoke, contract, resume
 @pytest.mark.slow
-def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, experts_dir):
+def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, experts_dir, capsys):
     rc, out, err = run_script(
         "mbirl_antmaze.py",
         "--run-dir",
@@ -317,14 +317,17 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     actions = policy.act(obs)
     assert actions.shape == (2, 2) and np.all(np.abs(actions) <= 1)
     envs.close()
-    # --eval-only writes numbered files and never overwrites
-    for n in range(2):
-        rc, out, err = run_script("mbirl_antmaze.py", "--eval-only", run_dir, "--eval.episodes", "2", timeout=120)
-        assert rc == 0, err
-        assert json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())["episodes"] == 2
+    # --eval-only writes numbered files and never overwrites (once on the command line, once in-process)
+    rc, out, err = run_script("mbirl_antmaze.py", "--eval-only", run_dir, "--eval.episodes", "2", timeout=120)
+    assert rc == 0, err
+    mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "3"]))
+    for n, episodes in enumerate((2, 3)):
+        assert json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())["episodes"] == episodes
     # a finished run is never overwritten
-    rc, _, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, timeout=120)
-    assert rc == 2 and "finished" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        mb.main(mb.cli(["--run-dir", str(run_dir)]))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "finished" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
