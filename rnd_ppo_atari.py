@@ -439,6 +439,32 @@ class Player:
         return episodes
 
 
+@torch.no_grad()
+def score_rollout(buf: Rollout, player: Player, agent, rnd, obs_rms, reward_rms, filter_state, args: Args, world):
+    """The rollout's intrinsic rewards -- the frame statistics updated first, then every next frame scored by the
+    pre-update predictor (uint8 frames whitened chunk by chunk) -- and the GAE of both streams (the intrinsic one
+    non-episodic). Returns the PPO batch and the reward filter's new state."""
+    T, N = buf.actions.shape
+    frames = buf.next_frames.view(T * N, 84, 84)
+    obs_rms.update(frames, world)
+    mean, var = obs_rms.mean.float(), obs_rms.var.float()
+    raw_int = torch.zeros_like(buf.ext_rewards)
+    if args.rnd.int_coef != 0:  # plain PPO: the RND networks are not run
+        chunks = frames.split(4096)
+        raw_int = torch.cat([rnd.errors(normalize_frames(c, mean, var, args.rnd.obs_clip)) for c in chunks]).view(T, N)
+    int_rewards, filter_state = intrinsic_rewards(raw_int, filter_state, reward_rms, args.rnd.int_gamma, world)
+    _, next_v_ext, next_v_int, _ = agent(player.next_obs[None], player.state, player.next_first[None])
+    gamma, lam, zeros = args.ppo.gamma, args.ppo.gae_lambda, torch.zeros_like(buf.firsts)
+    ext_adv, ext_ret = compute_gae(buf.ext_rewards, buf.v_ext, buf.firsts, next_v_ext, player.next_first, gamma, lam)
+    int_adv, int_ret = compute_gae(int_rewards, buf.v_int, zeros, next_v_int, zeros[0], args.rnd.int_gamma, lam)
+    batch = dict(vars(buf)) | {"advantages": args.rnd.ext_coef * ext_adv + args.rnd.int_coef * int_adv}
+    batch |= {"ext_returns": ext_ret, "int_returns": int_ret, "obs_mean": mean, "obs_var": var}
+    return batch | {"raw_int": raw_int, "int_rewards": int_rewards}, filter_state
+
+
+MINIBATCH_KEYS = ("obs", "firsts", "actions", "logprobs", "advantages", "ext_returns", "int_returns", "next_frames")
+
+
 def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", params: list) -> dict:
     """update_epochs x num_minibatches steps on env slices (whole sequences, for the GRU); returns the last epoch's
     mean losses as tensors (no host sync)."""
@@ -449,7 +475,7 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", p
         perm = torch.randperm(N, device=device)
         for start in range(0, N, mb_envs):
             envs_idx = perm[start : start + mb_envs]
-            mb = {k: v[:, envs_idx] for k, v in batch.items() if k not in ("obs_mean", "obs_var", "state0")}
+            mb = {k: batch[k][:, envs_idx] for k in MINIBATCH_KEYS}
             obs = mb["obs"].permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
             logits, v_ext, v_int, _ = agent(obs, batch["state0"][:, envs_idx], mb["firsts"])
             dist = Categorical(logits=logits)
@@ -539,44 +565,20 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
                     )
             run["global_step"] += batch_size
 
-            # intrinsic rewards: update the frame statistics, then score the rollout with the pre-update predictor
-            flat_frames = buf.next_frames.view(T * N, 84, 84)
-            obs_rms.update(flat_frames, world)
-            mean32, var32 = obs_rms.mean.float(), obs_rms.var.float()
-            with torch.no_grad():
-                raw_int = torch.zeros_like(buf.ext_rewards)
-                if args.rnd.int_coef != 0:  # frames stay uint8 in memory and are whitened chunk by chunk
-                    chunks = flat_frames.split(4096)
-                    raw_int = torch.cat(
-                        [rnd.errors(normalize_frames(c, mean32, var32, args.rnd.obs_clip)) for c in chunks]
-                    )
-                    raw_int = raw_int.view(T, N)
-                int_rewards, filter_state = intrinsic_rewards(
-                    raw_int, filter_state, reward_rms, args.rnd.int_gamma, world
-                )
-                _, next_v_ext, next_v_int, _ = agent(player.next_obs[None], player.state, player.next_first[None])
-                ext_adv, ext_ret = compute_gae(
-                    buf.ext_rewards, buf.v_ext, buf.firsts, next_v_ext, player.next_first, ppo.gamma, ppo.gae_lambda
-                )
-                zeros = torch.zeros_like(buf.firsts)  # the intrinsic stream is non-episodic
-                int_adv, int_ret = compute_gae(
-                    int_rewards, buf.v_int, zeros, next_v_int, zeros[0], args.rnd.int_gamma, ppo.gae_lambda
-                )
-            batch = dict(vars(buf)) | {"advantages": args.rnd.ext_coef * ext_adv + args.rnd.int_coef * int_adv}
-            batch |= {"ext_returns": ext_ret, "int_returns": int_ret, "obs_mean": mean32, "obs_var": var32}
+            batch, filter_state = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
             losses = ppo_update(agent, rnd, optimizer, batch, args, world, params)
 
             # one host sync per iteration: diagnostics, the NaN guard and the stop conditions of all ranks
             diagnostics = {f"losses/{k}": v for k, v in losses.items()} | {
                 "rnd/predictor_loss": losses["predictor_loss"],
-                "rnd/intrinsic_reward_raw": raw_int.mean(),
-                "rnd/intrinsic_reward": int_rewards.mean(),
-                "rnd/intrinsic_return": int_ret.mean(),
-                "rnd/extrinsic_return": ext_ret.mean(),
+                "rnd/intrinsic_reward_raw": batch["raw_int"].mean(),
+                "rnd/intrinsic_reward": batch["int_rewards"].mean(),
+                "rnd/intrinsic_return": batch["int_returns"].mean(),
+                "rnd/extrinsic_return": batch["ext_returns"].mean(),
                 "rnd/extrinsic_reward": buf.ext_rewards.mean(),
                 "rnd/intrinsic_return_std": torch.sqrt(reward_rms.var.float()),
-                "losses/explained_variance": explained_variance(buf.v_ext, ext_ret),
-                "losses/explained_variance_int": explained_variance(buf.v_int, int_ret),
+                "losses/explained_variance": explained_variance(buf.v_ext, batch["ext_returns"]),
+                "losses/explained_variance_int": explained_variance(buf.v_int, batch["int_returns"]),
             }
             values = torch.stack([v.float() for v in diagnostics.values()])
             flags = torch.tensor(

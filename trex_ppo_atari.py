@@ -632,20 +632,8 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
                 )
             state["iteration"], state["global_step"] = iteration, state["global_step"] + buf.actions.numel()
             step = state["global_step"]
-            for k, (score, length) in enumerate(buf.games):
-                learned = learned_games[k] if k < len(learned_games) else float("nan")
-                state["history"].append((step, score, length, learned))
-                recent.append(score)
-                writer.add_scalar("charts/episodic_return", score, step)
-                writer.add_scalar("charts/episodic_length", length, step)
-                if use_learned:
-                    writer.add_scalar("trex/learned_episodic_return", learned, step)
-            writer.add_scalar("charts/learning_rate", lr_now, step)
-            for name, value in losses.items():
-                writer.add_scalar(f"losses/{name}", value, step)
-            writer.add_scalar("losses/explained_variance", explained_variance(buf.values, returns), step)
-            if use_learned:
-                writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
+            log_iteration(writer, state, buf, losses, returns, learned_games if use_learned else None, lr_now)
+            recent.extend(score for score, _ in buf.games)
             if sps_start is None:  # SPS counts from the end of this process's first iteration (after warm-up)
                 sps_start = (step, time.perf_counter())
             elif step > sps_start[0]:
@@ -1176,6 +1164,24 @@ def load_snapshots(folder: Path, keep: int) -> list:
     if not all({"agent", "iteration"} <= set(s) for s in snapshots):
         raise UsageError(f"a snapshot in {folder} lacks its weights: {fix}")
     return [(int(s["iteration"]), s["agent"]) for s in snapshots]
+
+
+def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games: Optional[list], lr: float):
+    """The finished games (true score; learned return with a learned reward) into the history and TensorBoard."""
+    step = state["global_step"]
+    for k, (score, length) in enumerate(buf.games):
+        learned = learned_games[k] if learned_games and k < len(learned_games) else float("nan")
+        state["history"].append((step, score, length, learned))
+        writer.add_scalar("charts/episodic_return", score, step)
+        writer.add_scalar("charts/episodic_length", length, step)
+        if learned_games is not None:
+            writer.add_scalar("trex/learned_episodic_return", learned, step)
+    writer.add_scalar("charts/learning_rate", lr, step)
+    for name, value in losses.items():
+        writer.add_scalar(f"losses/{name}", value, step)
+    writer.add_scalar("losses/explained_variance", explained_variance(buf.values, returns), step)
+    if learned_games is not None:
+        writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
 
 
 def resume_ppo(ctx: dict, phase: str, num_iterations: int, agent, optimizer, rms, state: dict) -> bool:
