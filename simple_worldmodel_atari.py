@@ -186,6 +186,20 @@ class EvalArgs:
 
 
 @dataclass
+class PlayArgs:
+    zoom: int = 4
+    """window zoom"""
+    fps: int = 20
+    """frames per second when the wait mode is off"""
+    wait: bool = True
+    """the game advances only on a key press (the reference's WAIT mode; the c key toggles it)"""
+    keys: Optional[str] = None
+    """scripted key presses instead of the keyboard (no window is opened), e.g. 'ddx aq'"""
+    screenshot: Optional[str] = None
+    """write the last frame shown (model / real / difference) to this PNG"""
+
+
+@dataclass
 class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
@@ -207,8 +221,9 @@ class Args:
     """CPU threads for torch (0 = torch's default)"""
     env_id: str = "PongNoFrameskip-v4"
     """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
-    mode: Literal["simple", "model-free", "world-model-only"] = "simple"
-    """simple: the SimPLe loop; model-free: PPO on the real game; world-model-only: random play + world model"""
+    mode: Literal["simple", "model-free", "world-model-only", "play"] = "simple"
+    """simple: the SimPLe loop; model-free: PPO on the real game; world-model-only: random play + world model;
+    play: play inside --world-model with the keyboard beside the real game"""
     run_dir: Optional[str] = None
     """run directory (default runs/{env_id}__{exp_name}__{seed}__{time}); an existing one is resumed"""
     eval_only: Optional[str] = None
@@ -222,6 +237,7 @@ class Args:
     wm: WorldModelArgs = field(default_factory=WorldModelArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)
     eval: EvalArgs = field(default_factory=EvalArgs)
+    play: PlayArgs = field(default_factory=PlayArgs)
 
 
 FRAME_SHAPE = (105, 80, 3)  # SimPLe's frames: 210x160 RGB downscaled x2 (area), height, width, channels
@@ -1083,6 +1099,81 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     return {"real_steps": state["real_steps"], "eval": ev}
 
 
+KEY_MEANINGS = {"w": "UP", "s": "DOWN", "a": "LEFT", "d": "RIGHT", " ": "FIRE", "n": "NOOP"}
+
+
+def key_action(key: Optional[str], meanings: list[str]) -> int:
+    """A key -> the index of the game's action of that meaning (w/s/a/d = UP/DOWN/LEFT/RIGHT, space = FIRE);
+    a key the game has no action for, or none, is NOOP (index 0)."""
+    meaning = KEY_MEANINGS.get(key or "n", "NOOP")
+    return meanings.index(meaning) if meaning in meanings else 0
+
+
+def player_image(model_frame, real_frame, texts: list[str], wait: bool, zoom: int) -> np.ndarray:
+    """Three columns [model | real | max(|model - real| - 10, 0)], zoomed, under a 27-px header per column
+    (green while the wait mode is on, red when off)."""
+    import cv2
+
+    diff = np.clip(np.abs(model_frame.astype(np.int16) - real_frame.astype(np.int16)) - 10, 0, 255).astype(np.uint8)
+    columns = []
+    for frame, text in zip((model_frame, real_frame, diff), texts):
+        big = cv2.resize(frame, (frame.shape[1] * zoom, frame.shape[0] * zoom), interpolation=cv2.INTER_NEAREST)
+        header = np.zeros((27, big.shape[1], 3), np.uint8)
+        header[:] = (0, 160, 0) if wait else (160, 0, 0)
+        cv2.putText(header, text, (3, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.4 * max(1, zoom / 2), (255, 255, 255), 1)
+        columns.append(np.concatenate([header, big]))
+    return np.concatenate(columns, axis=1)
+
+
+def play(args: Args, ctx: dict) -> int:
+    """The player: a person plays the world model with the keyboard while the real game gets the same actions.
+    w/a/s/d/space act, n = NOOP, x = restart the model from the real game's current frames, r = reset both,
+    c = wait mode on/off, q or Esc = quit."""
+    import cv2
+
+    cfg, model, meanings = args.play, load_world_model(args.world_model), action_meanings(ctx["rom"])
+    envs = make_envs(ctx["rom"], 1, ctx["sticky"], 0, args.env.max_episode_frames)
+    obs, _ = envs.reset(seed=args.seed)
+    sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
+    sim_obs = sim.reset(torch.as_tensor(obs))
+    scripted = iter(cfg.keys) if cfg.keys is not None else None
+    wait, totals, last, steps = cfg.wait, [0.0, 0.0], [0.0, 0.0], 0
+    while True:
+        texts = [f"model c:{totals[0]:.0f} r:{last[0]:.0f}", f"real c:{totals[1]:.0f} r:{last[1]:.0f}", f"fc:{steps}"]
+        image = player_image(sim_obs[0, -1].numpy(), obs[0, -1], texts, wait, cfg.zoom)
+        if scripted is None:
+            cv2.imshow(f"{args.env_id}: model | real | difference", image[:, :, ::-1])
+            code = cv2.waitKey(0 if wait else max(1, 1000 // cfg.fps))
+            key = None if code < 0 else ("q" if code == 27 else chr(code & 0xFF).lower())
+        else:
+            key = next(scripted, "q")
+        if key == "q":
+            break
+        if key == "c":
+            wait = not wait
+        elif key == "x":
+            sim_obs = sim.reset(torch.as_tensor(obs))
+        elif key == "r":
+            obs, _ = envs.reset()
+            sim_obs, totals, steps = sim.reset(torch.as_tensor(obs)), [0.0, 0.0], 0
+        elif key is not None or not wait:
+            action = key_action(key, meanings)
+            obs, reward, term, trunc, _ = envs.step(np.array([action]))
+            sim_obs, sim_reward, _ = sim.step(torch.tensor([action]))
+            last = [float(sim_reward[0]), float(reward[0])]
+            totals = [totals[0] + last[0], totals[1] + last[1]]
+            steps += 1
+            if term[0] or trunc[0]:  # the real game is over: it restarted, so does the model
+                sim_obs = sim.reset(torch.as_tensor(obs))
+    envs.close()
+    if scripted is None:
+        cv2.destroyAllWindows()
+    if cfg.screenshot:
+        cv2.imwrite(cfg.screenshot, image[:, :, ::-1])
+    print(f"played {steps} steps: model total {totals[0]:.0f}, real total {totals[1]:.0f}")
+    return 0
+
+
 def main(args: Args) -> None:
     try:
         ctx = validate(args)
@@ -1091,6 +1182,8 @@ def main(args: Args) -> None:
         raise SystemExit(2) from None
     if args.eval_only:
         raise SystemExit(eval_only(args, ctx))
+    if args.mode == "play":
+        raise SystemExit(play(args, ctx))
     run_dir = ctx["run_dir"]
     print(f"run dir: {run_dir}")
     if ctx.get("finished"):
@@ -1147,6 +1240,7 @@ LIMITS = {
     "ppo.update_epochs": (1, 1000), "ppo.minibatch_steps": (1, 100_000), "ppo.max_grad_norm": (1e-9, 1e9),
     "ppo.dropout": (0.0, 0.99), "ppo.collect_temperature": (0.0, 100.0),
     "eval.episodes": (0, 10**6), "eval.num_envs": (1, 1024), "eval.temperature": (0.0, 100.0),
+    "play.zoom": (1, 32), "play.fps": (1, 1000),
     "eval.noop_max": (0, 10_000), "eval.max_steps": (0, 10**8), "eval.debug_steps": (1, 10**6),
 }  # fmt: skip
 ARCHITECTURE = ("model", "optimizer", "hidden_size", "compress_steps", "filter_double_steps", "hidden_layers", "bits",
@@ -1180,6 +1274,11 @@ def validate(args: Args) -> dict:
         return validate_eval_only(args)
     rom, sticky_default = resolve_env_id(args.env_id)
     sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
+    if args.mode == "play":
+        if not args.world_model:
+            raise UsageError("--mode play needs --world-model PATH (a world_model.pt of this script)")
+        load_world_model_file(args.world_model, args, check_type=False)
+        return {"rom": rom, "sticky": sticky}
     schedule = real_steps_schedule(args.loop.real_steps, args.loop.epochs, args.env.num_envs)
     if args.mode == "model-free" and schedule["total"] < args.env.num_envs * args.ppo.num_steps:
         raise UsageError("model-free: fewer real steps than one rollout: raise --loop.real-steps")
@@ -1197,7 +1296,7 @@ def validate(args: Args) -> dict:
     check_run_dir(args, ctx)
     if args.world_model:
         if args.mode != "simple":
-            raise UsageError("--world-model is for --mode simple (a policy trained in an existing world model)")
+            raise UsageError("--world-model is for --mode simple or play")
         ctx["world_model_ck"] = load_world_model_file(args.world_model, args)
     return ctx
 
@@ -1230,7 +1329,7 @@ def check_run_dir(args: Args, ctx: dict):
         raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
 
 
-def load_world_model_file(path: str, args: Args) -> dict:
+def load_world_model_file(path: str, args: Args, check_type: bool = True) -> dict:
     try:
         ck = torch.load(path, map_location="cpu", weights_only=False)
         assert ck["script"] == os.path.basename(__file__)
@@ -1238,7 +1337,7 @@ def load_world_model_file(path: str, args: Args) -> dict:
         raise UsageError(f"cannot read {path} as a world_model.pt of this script: pass one from a run dir") from None
     if ck["env_id"] != args.env_id:
         raise UsageError(f"{path} is a world model of {ck['env_id']}, not {args.env_id}: pass --env-id {ck['env_id']}")
-    if ck["config"]["model"] != args.wm.model:
+    if check_type and ck["config"]["model"] != args.wm.model:
         raise UsageError(f"{path} is a {ck['config']['model']} world model: pass --wm.model {ck['config']['model']}")
     return ck
 
@@ -1351,13 +1450,17 @@ def setup_run(args: Args, ctx: dict):
     ctx["writer"] = SummaryWriter(str(run_dir))
 
 
-def num_actions_of(rom: str) -> int:
+def action_meanings(rom: str) -> list[str]:
     from ale_py import ALEInterface, LoggerMode, roms
 
     ALEInterface.setLoggerMode(LoggerMode.Error)
     ale = ALEInterface()
     ale.loadROM(roms.get_rom_path(rom))
-    return len(ale.getMinimalActionSet())
+    return [str(a).split(".")[-1] for a in ale.getMinimalActionSet()]
+
+
+def num_actions_of(rom: str) -> int:
+    return len(action_meanings(rom))
 
 
 def build_modules(args: Args, ctx: dict):

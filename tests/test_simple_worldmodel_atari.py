@@ -10,6 +10,7 @@ import math
 import os
 import sys
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -311,8 +312,6 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     ev = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
     assert [(g["temperature"], g["noop_max"], len(g["returns"])) for g in ev["grid"]] == [(0, 0, 2), (1, 0, 2)]
     assert all(g["max_steps"] == 30 for g in ev["grid"])
-    import cv2
-
     cap = cv2.VideoCapture(str(run_dir / ev["debug_video"]))
     ok, frame = cap.read()
     assert ok and frame.shape[1] == 3 * 80 * 4 and frame.shape[0] == 105 * 4  # three panels, zoom 4
@@ -325,6 +324,16 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
         rc, out, err = run_script(SCRIPT, *TINY, *extra, "--world-model", wm_file, "--run-dir", str(target), timeout=60)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
         assert not target.exists()
+    # the player, driven by scripted keys: its last frame has three panels, the third the model-real difference
+    shot = tmp_path / "player.png"
+    rc, out, err = run_script(SCRIPT, "--mode", "play", "--world-model", wm_file, "--play.keys", "dd xa n",
+                              "--play.screenshot", str(shot), "--play.zoom", "2", timeout=120)  # fmt: skip
+    assert rc == 0 and "played 6 steps" in out, err[-2000:]
+    img = cv2.imread(str(shot))[27:, :, ::-1].astype(int)  # below the header
+    assert img.shape == (105 * 2, 3 * 80 * 2, 3)
+    model_panel, real_panel, diff_panel = img[:, :160], img[:, 160:320], img[:, 320:]
+    assert np.array_equal(diff_panel, np.clip(np.abs(model_panel - real_panel) - 10, 0, 255))
+    assert real_panel.std() > 0 and not np.array_equal(model_panel, real_panel)
     reuse = tmp_path / "reuse"
     rc, out, err = run_script(SCRIPT, *TINY, "--loop.epochs", "1", "--eval.episodes", "0", "--world-model", wm_file,
                               "--run-dir", str(reuse), timeout=300)  # fmt: skip
@@ -422,6 +431,12 @@ def test_run_dir_of_another_script_or_game_is_refused(tmp_path, capsys):
             sw.main(sw.Args(run_dir=str(run_dir)))
         assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert sorted(os.listdir(run_dir)) == ["args.json"]
+
+
+def test_player_keys_map_to_the_games_actions():
+    pong = ["NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"]
+    assert [sw.key_action(k, pong) for k in ("d", "a", " ", "n", "w", None, "z")] == [2, 3, 1, 0, 0, 0, 0]
+    assert sw.key_action("w", ["NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN"]) == 2
 
 
 def test_help_is_grouped_by_phase(capsys):
