@@ -61,6 +61,8 @@ FAMILY_DEFAULTS = {
 
 @dataclass
 class ExpertArgs:
+    """Phase 1 - expert data: the shared cache, your own npz, or the PointMaze planner + PD expert."""
+
     experts_dir: str = "experts"
     """cache shared with the sibling scripts: {experts_dir}/{env_id}/demos.npz and expert_meta.json"""
     expert_path: str | None = None
@@ -79,6 +81,8 @@ class ExpertArgs:
 
 @dataclass
 class ModelArgs:
+    """Phase 2 - the Gaussian-ensemble dynamics model: (pre)training and elites."""
+
     ensemble_size: int = 7
     """members of the Gaussian ensemble"""
     num_elites: int = 5
@@ -107,6 +111,8 @@ class ModelArgs:
 
 @dataclass
 class HyperArgs:
+    """Phase 3 - the HyPER loop: real steps, model retraining, model rollouts, actor updates."""
+
     total_timesteps: int = 150_000
     """real env steps of the learner (the discriminator's real rollouts are counted separately, and reported)"""
     exploration_steps: int | None = None
@@ -136,6 +142,8 @@ class HyperArgs:
 
 @dataclass
 class ActorArgs:
+    """Phase 3 - the actor: TD3+BC hybrid on mazes, SAC on Hopper/Walker2d."""
+
     hidden: int | None = None
     """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, Walker2d 1024)"""
     lr: float | None = None
@@ -164,6 +172,8 @@ class ActorArgs:
 
 @dataclass
 class DiscArgs:
+    """Phase 3 - the discriminator f(s, a); the policy's reward is -f."""
+
     every: int | None = None
     """real learner steps between discriminator updates (default: mazes 100, MuJoCo 1,000)"""
     lr: float | None = None
@@ -184,6 +194,8 @@ class DiscArgs:
 
 @dataclass
 class EvalArgs:
+    """Phase 4 - evaluation, logging, checkpoints."""
+
     frequency: int = 10_000
     """evaluate every this many real steps (and at the end)"""
     episodes: int | None = None
