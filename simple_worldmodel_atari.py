@@ -4,14 +4,13 @@ Each epoch: train an action-conditioned next-frame model (conv encoder-decoder w
 softmax, a 3-class reward head, optionally a 128-bit stochastic latent with an LSTM prior) on all real frames;
 train PPO only inside that model (16 simulated envs x 50 steps from real start frames); collect 6,400 real steps
 with the policy; evaluate in the real game. 16 collections x 6,400 = 102,400 agent steps (the paper's "100K").
-Paper: Kaiser et al. (2020), "Model-Based Reinforcement Learning for Atari", ICLR (arXiv 1903.00374).
-Defaults follow tensor2tensor/rl (rlmb_base_stochastic_discrete); this file is frame-stacked, not recurrent.
-Usage:
-    python simple_worldmodel_atari.py --env-id PongNoFrameskip-v4                  # the paper's loop and budget
-    bash benchmarks/simple_worldmodel_atari.sh quick                               # every phase, CPU quick config
-    python simple_worldmodel_atari.py --mode model-free --env-id PongNoFrameskip-v4  # PPO on the real game
-    python simple_worldmodel_atari.py ... --run-dir runs/X     # re-run with the same run dir: resumes
-    python simple_worldmodel_atari.py --eval-only runs/X       # evaluate runs/X/policy.pt -> evaluations/eval_NNN.json
+Kaiser et al. (2020), "Model-Based Reinforcement Learning for Atari", ICLR. Defaults: tensor2tensor/rl
+(rlmb_base_stochastic_discrete); frame-stacked, not recurrent; differences in docs/simple_worldmodel_atari.md.
+    python simple_worldmodel_atari.py --env-id PongNoFrameskip-v4       # the paper's loop; --run-dir X resumes
+    bash benchmarks/simple_worldmodel_atari.sh quick                    # every phase, CPU quick configuration
+    python simple_worldmodel_atari.py --mode model-free                 # the baseline: PPO on the real game
+    python simple_worldmodel_atari.py --eval-only runs/X [--eval.grid]  # -> runs/X/evaluations/eval_NNN.json
+    python simple_worldmodel_atari.py --mode play --world-model runs/X/world_model.pt   # play inside the model
 Run dir: args.json, TensorBoard events, data/collection_NNN.npz, world_model.pt, policy.pt, checkpoints/state.pt,
 wm_strip.png (real / predicted / difference), learning_curve.png, results.json, videos/ (--capture-video).
 """
