@@ -674,7 +674,10 @@ def main(args: Args) -> Optional[dict]:
         if world.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if ctx.get("finished") is not None:
+    if ctx.get("finished") is not None:  # (the other ranks of an --eval-only run also wait here for rank 0)
+        world.close()
+        if world.rank != 0:
+            return None
         print(
             f"{ctx['run_dir']} is finished (results.json is never overwritten); "
             f"--eval-only {ctx['run_dir']} evaluates it again"
@@ -804,11 +807,13 @@ def validate(args: Args, world: "World") -> dict:
             ctx |= validate_eval_only(args) if args.eval_only else validate_run_dir(args)
         except UsageError as e:
             message = str(e)
-    run_dir, message = world.broadcast_object((str(ctx.get("run_dir", "")), message))
+    run_dir, message, finished = world.broadcast_object((str(ctx.get("run_dir", "")), message, "finished" in ctx))
     if message is not None:
         raise UsageError(message)
-    if world.rank != 0:
+    if world.rank != 0:  # the other ranks read the snapshot rank 0 has checked (--eval-only runs on rank 0 alone)
         ctx["run_dir"] = Path(run_dir)
+        if finished or args.eval_only:
+            return ctx | {"finished": {}}
         paths = checkpoint_paths(ctx["run_dir"])
         ctx["ckpt"] = load_snapshot(paths[-1]) if paths else None
     return ctx
