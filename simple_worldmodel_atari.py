@@ -891,7 +891,10 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
     while state["phase_step"] < iterations:
         t0 = time.time()
         obs = sim.reset(data.start_stacks(cfg.num_envs, ctx["rng"]).to(device))
-        _, rollout, stats = rollout_and_update(policy, optimizer, sim.step, obs, cfg, cfg.num_steps)
+        try:
+            _, rollout, stats = rollout_and_update(policy, optimizer, sim.step, obs, cfg, cfg.num_steps)
+        except NonFiniteLoss as e:
+            raise NonFiniteLoss(f"{e} in PPO inside the model at iteration {state['ppo_iter'] + 1}") from None
         state["ppo_iter"] += 1
         state["phase_step"] += 1
         sim_return = rollout["rewards"].sum(0).mean().item()
@@ -911,6 +914,7 @@ def collect_real(policy, real: dict, args: Args, ctx: dict, random_policy: bool)
     """Phase 3: play steps-per-epoch real agent steps (per env: per_env steps) with the policy at the collection
     temperature, or uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
     envs, obs, steps = real["envs"], real["obs"], ctx["schedule"]["per_env"]
+    policy.eval()  # no dropout when acting
     frames = [obs[:, k] for k in range(STACK)]
     actions, rewards, dones = [], [], []
     t0 = time.time()
@@ -943,6 +947,7 @@ def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float
     if episodes == 0:
         return {}
     n = min(ctx["eval_envs"], episodes)
+    policy.eval()
     quota = np.array([episodes // n + (i < episodes % n) for i in range(n)])
     frames_cap = min(ctx["max_episode_frames"], 4 * max_steps) if max_steps else ctx["max_episode_frames"]
     envs = make_envs(ctx["rom"], n, ctx["sticky"], noop_max, frames_cap)
@@ -1078,7 +1083,10 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     bar = progress_bar(iterations, "model-free PPO", state["ppo_iter"])
     while state["ppo_iter"] < iterations:
         t0 = time.time()
-        obs, _, stats = rollout_and_update(policy, optimizer, env_step, obs, cfg, cfg.num_steps)
+        try:
+            obs, _, stats = rollout_and_update(policy, optimizer, env_step, obs, cfg, cfg.num_steps)
+        except NonFiniteLoss as e:
+            raise NonFiniteLoss(f"{e} in model-free PPO at iteration {state['ppo_iter'] + 1}") from None
         state["ppo_iter"] += 1
         sps = num_envs * cfg.num_steps / max(time.time() - t0, 1e-9)
         ctx["writer"].add_scalar("charts/SPS", sps, state["real_steps"])

@@ -467,6 +467,30 @@ def test_run_dir_of_another_script_or_game_is_refused(tmp_path, capsys):
     assert sorted(os.listdir(run_dir)) == ["args.json"]
 
 
+def test_non_finite_losses_stop_with_the_phase_and_step():
+    cfg = sw.WorldModelArgs(model="deterministic", hidden_size=8, compress_steps=1, filter_double_steps=0,
+                            target_frames=1, batch_size=2)  # fmt: skip
+    model = sw.WorldModel(2, (2, 2, 1), cfg)
+    with torch.no_grad():
+        model.frame_head.bias.fill_(float("nan"))
+    data = sw.RealData()
+    data.add(toy_collection(12, 2, base=0))
+    args = sw.Args(wm=cfg)
+    opt = sw.make_wm_optimizer(model, cfg)
+    ctx = {"device": torch.device("cpu"), "rng": np.random.default_rng(0), "writer": None}
+    state = {"epoch": 0, "phase_step": 0, "wm_step": 7}
+    with pytest.raises(sw.NonFiniteLoss, match="world-model step 7"):
+        sw.train_world_model(
+            model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), data, args, ctx, state, 3
+        )
+    policy = sw.Policy(2, (16, 16, 1))
+    rollout = {"obs": torch.zeros(4, 2, 4, 16, 16, 1, dtype=torch.uint8), "actions": torch.zeros(4, 2).long(),
+               "logprobs": torch.zeros(4, 2), "advantages": torch.full((4, 2), float("nan")),
+               "returns": torch.zeros(4, 2)}  # fmt: skip
+    with pytest.raises(sw.NonFiniteLoss):
+        sw.ppo_update(policy, torch.optim.Adam(policy.parameters()), rollout, sw.PPOArgs(minibatch_steps=2))
+
+
 def test_player_keys_map_to_the_games_actions():
     pong = ["NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"]
     assert [sw.key_action(k, pong) for k in ("d", "a", " ", "n", "w", None, "z")] == [2, 3, 1, 0, 0, 0, 0]
