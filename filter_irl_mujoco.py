@@ -43,6 +43,28 @@ import tyro
 SCRIPT = "filter_irl_mujoco.py"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
+DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
+    "observations": (np.float32, ("N", "obs")),
+    "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")),
+    "rewards": (np.float32, ("N",)),
+    "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)),
+    "episode_ids": (np.int64, ("N",)),
+    "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)),
+    "returns": (np.float64, ("E",)),
+    "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")),
+    "qvel": (np.float64, ("N", "nv")),
+    "qacc_warmstart": (np.float64, ("N", "nv")),
+}
+OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
+
+
+def ranged(default, interval: str):
+    """A numeric setting with the interval it must lie in ("(" and ")" exclude the bound), checked before any work."""
+    return field(default=default, metadata={"range": interval})
 
 
 @dataclass
@@ -51,9 +73,9 @@ class ExpertArgs:
     """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with hype_irl_mujoco.py)"""
     path: Optional[str] = None
     """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
-    timesteps: int = 1_000_000
+    timesteps: int = ranged(1_000_000, "[1, 1e9]")
     """env steps of SAC expert training on the true reward when no demos exist"""
-    num_demos: int = 64
+    num_demos: int = ranged(64, "[1, 1e5]")
     """deterministic expert episodes to record (reset seeds 0, 1, 2, ...)"""
     only: bool = False
     """stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)"""
@@ -61,29 +83,29 @@ class ExpertArgs:
 
 @dataclass
 class SACArgs:
-    buffer_size: int = 1_000_000
+    buffer_size: int = ranged(1_000_000, "[1, 1e9]")
     """replay memory size"""
-    gamma: float = 0.99
+    gamma: float = ranged(0.99, "[0, 1)")
     """discount factor, in [0, 1)"""
-    tau: float = 0.005
+    tau: float = ranged(0.005, "(0, 1]")
     """target smoothing coefficient, in (0, 1]"""
-    batch_size: int = 256
+    batch_size: int = ranged(256, "[1, 65536]")
     """batch size of the SAC updates"""
-    learning_starts: int = 5000
+    learning_starts: int = ranged(5000, "[0, 1e9]")
     """env steps with uniform random actions before SAC updates start (each phase; below its budget)"""
-    policy_lr: float = 3e-4
+    policy_lr: float = ranged(3e-4, "(0, 1]")
     """learning rate of the policy network optimizer"""
-    q_lr: float = 1e-3
+    q_lr: float = ranged(1e-3, "(0, 1]")
     """learning rate of the Q network optimizer (and of the entropy coefficient, as CleanRL)"""
-    policy_frequency: int = 2
+    policy_frequency: int = ranged(2, "[1, 1000]")
     """the policy is updated `policy_frequency` times every `policy_frequency` steps (delayed, as TD3)"""
-    target_network_frequency: int = 1
+    target_network_frequency: int = ranged(1, "[1, 1e6]")
     """the frequency of updates for the target networks"""
-    alpha: float = 0.2
+    alpha: float = ranged(0.2, "(0, 100]")
     """entropy coefficient (initial value when autotuned)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
-    hidden_dim: int = 256
+    hidden_dim: int = ranged(256, "[1, 4096]")
     """width of the two hidden layers of actor, critics and discriminator"""
     compile: bool = False
     """torch.compile the SAC update (opt-in)"""
@@ -91,17 +113,17 @@ class SACArgs:
 
 @dataclass
 class DiscArgs:
-    lr: float = 8e-4
+    lr: float = ranged(8e-4, "(0, 1]")
     """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh optimizer"""
-    steps: int = 1
+    steps: int = ranged(1, "[1, 1e4]")
     """discriminator gradient steps per outer iteration"""
-    batch_size: int = 4096
+    batch_size: int = ranged(4096, "[1, 1e6]")
     """expert and learner (s, a) pairs per discriminator step"""
-    trajectories: int = 4
+    trajectories: int = ranged(4, "[1, 1000]")
     """fresh learner trajectories collected for each discriminator update (their env steps are counted)"""
-    gp_weight: float = 10.0
+    gp_weight: float = ranged(10.0, "[0, 1e6]")
     """weight of the gradient penalty (0 = off)"""
-    gp_target: float = 0.4
+    gp_target: float = ranged(0.4, "[0, 1000]")
     """target gradient norm of the penalty"""
     reset: bool = False
     """also reset the discriminator's learner trajectories to expert states (garage does; FILTER's intent is not)"""
@@ -109,26 +131,26 @@ class DiscArgs:
 
 @dataclass
 class IRLArgs:
-    total_timesteps: int = 1_000_000
+    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")
     """learner env steps in the IRL phase (discriminator-collection steps are counted separately)"""
-    train_every: int = 5000
+    train_every: int = ranged(5000, "[1, 1e9]")
     """learner env steps per outer iteration (one discriminator update at its start)"""
-    reset_prob: float = 0.5
+    reset_prob: float = ranged(0.5, "[0, 1]")
     """probability that a learner episode starts from a uniformly chosen expert state (0 = MM baseline)"""
-    p_tremble: float = 0.01
+    p_tremble: float = ranged(0.01, "[0, 1]")
     """trembling hand: probability of replacing the learner's action by a uniform one (training and evaluation)"""
     terminal_reward: Literal["min", "none"] = "min"
     """'min': a terminal transition enters an absorbing state earning the batch's lowest relabelled reward forever;
     'none': the episode just ends (reference behaviour)"""
-    stop_at_normalized: Optional[float] = None
+    stop_at_normalized: Optional[float] = ranged(None, "(0, 10]")
     """end the IRL phase early once an evaluation reaches this fraction of the expert's mean return (e.g. 0.9)"""
 
 
 @dataclass
 class EvalArgs:
-    frequency: int = 50_000
+    frequency: int = ranged(50_000, "[1, 1e9]")
     """evaluate every this many learner env steps"""
-    episodes: int = 10
+    episodes: int = ranged(10, "[1, 1e5]")
     """deterministic evaluation episodes"""
 
 
@@ -136,7 +158,7 @@ class EvalArgs:
 class Args:
     exp_name: str = "filter_irl_mujoco"
     """the name of this experiment"""
-    seed: int = 1
+    seed: int = ranged(1, "[0, 2e9]")
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
@@ -156,11 +178,11 @@ class Args:
     """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
     env_id: str = "Hopper-v5"
     """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
-    torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = 0
+    torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = ranged(0, "[0, 1024]")
     """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
-    log_frequency: int = 100
+    log_frequency: int = ranged(100, "[1, 1e9]")
     """log losses and SPS every this many env steps"""
-    checkpoint_frequency: int = 25_000
+    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")
     """write a checkpoint every this many env steps"""
     eval_only: Optional[str] = None
     """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
@@ -248,11 +270,13 @@ class LearnerEnv:
         i = sample_start(self.rng, self.reset_prob, self.num_states)
         self.from_expert = i >= 0
         if self.from_expert:
-            d = self.demos
-            restore_state(self.env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["timesteps"][i])
+            demos = self.demos
+            restore_state(
+                self.env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i], demos["timesteps"][i]
+            )
             # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
             # forces that gymnasium reads after mj_step, i.e. at the PREVIOUS state; every later one is exact.
-            obs = d["observations"][i].astype(np.float64)
+            obs = demos["observations"][i].astype(np.float64)
         return obs
 
     def step(self, action: np.ndarray):
@@ -561,37 +585,36 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
     ret, length, step = 0.0, 0, progress["step"]
     meter = SPSMeter()
-    bar = progress_bar(args.expert.timesteps, step, "expert SAC")
-    while step < args.expert.timesteps:
-        if run.stop.stop:
-            save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
-            raise Interrupted("expert phase", step)
-        if step < args.sac.learning_starts:
-            action = np_rng.uniform(info.low, info.high).astype(np.float32)
-        else:
-            action = agent.act(obs)
-        next_obs, reward, terminated, truncated, _ = env.step(action)
-        rb.add(obs, action, next_obs, terminated, reward)
-        ret, length, obs = ret + float(reward), length + 1, next_obs
-        if terminated or truncated:
-            run.writer.add_scalar("expert/episodic_return", ret, step)
-            run.writer.add_scalar("expert/episodic_length", length, step)
-            bar.set_postfix(ret=f"{ret:.0f}")
-            progress["episodes"] += 1
-            progress["curve"].append((step, ret))
-            obs, _ = env.reset()
-            ret, length = 0.0, 0
-        progress["step"] = step = step + 1
-        if step > args.sac.learning_starts:
-            meter.start(step - 1)
-            losses = sac_train_step(agent, rb, step)
-            if step % args.log_frequency == 0:
-                log_losses(run.writer, "expert", losses, agent, step, meter)
-        if step % args.checkpoint_frequency == 0:
-            save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
-            plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
-        bar.update(1)
-    bar.close()
+    with progress_bar(args.expert.timesteps, step, "expert SAC") as bar:
+        while step < args.expert.timesteps:
+            if run.stop.stop:
+                save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+                raise Interrupted("expert phase", step)
+            if step < args.sac.learning_starts:
+                action = np_rng.uniform(info.low, info.high).astype(np.float32)
+            else:
+                action = agent.act(obs)
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            rb.add(obs, action, next_obs, terminated, reward)
+            ret, length, obs = ret + float(reward), length + 1, next_obs
+            if terminated or truncated:
+                run.writer.add_scalar("expert/episodic_return", ret, step)
+                run.writer.add_scalar("expert/episodic_length", length, step)
+                bar.set_postfix(ret=f"{ret:.0f}")
+                progress["episodes"] += 1
+                progress["curve"].append((step, ret))
+                obs, _ = env.reset()
+                ret, length = 0.0, 0
+            progress["step"] = step = step + 1
+            if step > args.sac.learning_starts:
+                meter.start(step - 1)
+                losses = sac_train_step(agent, rb, step)
+                if step % args.log_frequency == 0:
+                    log_losses(run.writer, "expert", losses, agent, step, meter)
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+                plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+            bar.update(1)
     save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
     env.close()
     return agent
@@ -698,48 +721,47 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     meter = SPSMeter()
     obs = learner_env.reset(seed=args.seed + progress["episodes"])
     ret, length, step = 0.0, 0, progress["step"]
-    bar = progress_bar(args.irl.total_timesteps, step, f"IRL (reset {args.irl.reset_prob})")
-    while step < args.irl.total_timesteps:
-        if run.stop.stop:
-            save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
-            raise Interrupted("IRL phase", step)
-        if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
-            # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
-            pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
-            progress["disc_env_steps"] += n
-            stats = update_discriminator(
-                disc, expert_pairs, torch.as_tensor(pairs, device=run.device), progress["k"], args.disc
-            )
-            log_discriminator(run.writer, stats, args.disc, progress, step)
-            progress["k"] += 1
-        if step < args.sac.learning_starts:
-            action = np_rng.uniform(info.low, info.high).astype(np.float32)
-        else:
-            action = agent.act(obs)
-        action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
-        rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
-        ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
-        if terminated or truncated:
-            log_episode(run.writer, learner_env.from_expert, ret, length, step, bar)
-            progress["episodes"] += 1
-            obs, ret, length = learner_env.reset(), 0.0, 0
-        progress["step"] = step = step + 1
-        if step > args.sac.learning_starts:
-            meter.start(step - 1)
-            losses = sac_train_step(agent, rb, step, lambda o, a: relabel_rewards(disc, o, a), absorbing)
-            if step % args.log_frequency == 0:
-                log_losses(run.writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
-        if step >= progress["next_eval"]:
-            meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
-            progress["next_eval"] += args.eval.frequency
-            entry = progress["history"][-1]
-            bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
-            if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
-                break
-        if step % args.checkpoint_frequency == 0:
-            save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
-        bar.update(1)
-    bar.close()
+    with progress_bar(args.irl.total_timesteps, step, f"IRL (reset {args.irl.reset_prob})") as bar:
+        while step < args.irl.total_timesteps:
+            if run.stop.stop:
+                save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+                raise Interrupted("IRL phase", step)
+            if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
+                # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
+                pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
+                progress["disc_env_steps"] += n
+                stats = update_discriminator(
+                    disc, expert_pairs, torch.as_tensor(pairs, device=run.device), progress["k"], args.disc
+                )
+                log_discriminator(run.writer, stats, args.disc, progress, step)
+                progress["k"] += 1
+            if step < args.sac.learning_starts:
+                action = np_rng.uniform(info.low, info.high).astype(np.float32)
+            else:
+                action = agent.act(obs)
+            action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
+            rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
+            ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
+            if terminated or truncated:
+                log_episode(run.writer, learner_env.from_expert, ret, length, step, bar)
+                progress["episodes"] += 1
+                obs, ret, length = learner_env.reset(), 0.0, 0
+            progress["step"] = step = step + 1
+            if step > args.sac.learning_starts:
+                meter.start(step - 1)
+                losses = sac_train_step(agent, rb, step, lambda o, a: relabel_rewards(disc, o, a), absorbing)
+                if step % args.log_frequency == 0:
+                    log_losses(run.writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
+            if step >= progress["next_eval"]:
+                meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
+                progress["next_eval"] += args.eval.frequency
+                entry = progress["history"][-1]
+                bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
+                if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
+                    break
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+            bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
         evaluate_learner(agent, args, run, progress, expert_return)
     progress["SPS"] = meter.sps(progress["step"])
@@ -748,6 +770,43 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     env.close()
     disc_env.close()
     return agent, progress
+
+
+def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
+    config.update(low=info.low.tolist(), high=info.high.tolist())
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
+    atomic_torch_save(path, saved)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    config = saved["config"]
+    low, high = np.array(config["low"]), np.array(config["high"])
+    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id = saved["env_id"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the registered MuJoCo env with its TimeLimit)."""
+    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id) for _ in range(num_envs)])
+
+
+def irl_results(args: Args, demos: dict, progress: dict) -> dict:
+    """results.json: the final evaluation, budget and env-step counts, SPS and the evaluation history."""
+    final, history, steps = progress["history"][-1], progress["history"], progress["step"]
+    results = dict(env_id=args.env_id, method="FILTER" if args.irl.reset_prob > 0 else "MM", seed=args.seed)
+    results.update(reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble, eval_episodes=args.eval.episodes)
+    results.update(final_eval=final, eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
+    results.update(normalized_return=final["normalized"], expert_return=float(np.mean(demos["returns"])))
+    results.update(best_eval_mean=max(h["mean"] for h in history), num_demos=len(demos["returns"]))
+    results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
+    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], history=history)
+    return results
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -793,23 +852,6 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
 
 # ---- run management ----
 # Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
-DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
-    "observations": (np.float32, ("N", "obs")),
-    "actions": (np.float32, ("N", "act")),
-    "next_observations": (np.float32, ("N", "obs")),
-    "rewards": (np.float32, ("N",)),
-    "terminals": (bool, ("N",)),
-    "timeouts": (bool, ("N",)),
-    "episode_ids": (np.int64, ("N",)),
-    "episode_starts": (bool, ("N",)),
-    "timesteps": (np.int64, ("N",)),
-    "returns": (np.float64, ("E",)),
-    "seeds": (np.int64, ("E",)),
-    "qpos": (np.float64, ("N", "nq")),
-    "qvel": (np.float64, ("N", "nv")),
-    "qacc_warmstart": (np.float64, ("N", "nv")),
-}
-OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
 MINARI_PREFIX = "minari:"
 VIDEO_SIZE = 240  # rendered frame width and height
 
@@ -1040,61 +1082,6 @@ def write_video(path: Path, frames: list, fps: int) -> None:
     os.replace(tmp, path)
 
 
-def irl_results(args: Args, demos: dict, progress: dict) -> dict:
-    final, history = progress["history"][-1], progress["history"]
-    return {
-        "env_id": args.env_id,
-        "method": "FILTER" if args.irl.reset_prob > 0 else "MM",
-        "seed": args.seed,
-        "reset_prob": args.irl.reset_prob,
-        "final_eval": final,
-        "eval_mean": final["mean"],
-        "eval_std": final["std"],
-        "eval_returns": final["returns"],
-        "normalized_return": final["normalized"],
-        "expert_return": float(np.mean(demos["returns"])),
-        "best_eval_mean": max(h["mean"] for h in history),
-        "num_demos": int(len(demos["returns"])),
-        "policy_env_steps": progress["step"],
-        "disc_env_steps": progress["disc_env_steps"],
-        "total_env_steps": progress["step"] + progress["disc_env_steps"],
-        "outer_iterations": progress["k"],
-        "SPS": progress["SPS"],
-        "p_tremble": args.irl.p_tremble,
-        "eval_episodes": args.eval.episodes,
-        "history": history,
-    }
-
-
-# ---- the trained policy (docs/CONTRACT.md)
-def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
-    config = {
-        "obs_dim": info.obs_dim,
-        "act_dim": info.act_dim,
-        "hidden": args.sac.hidden_dim,
-        "low": info.low.tolist(),
-        "high": info.high.tolist(),
-    }
-    state = {k: v.cpu() for k, v in actor.state_dict().items()}
-    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    atomic_torch_save(path, saved)
-
-
-def load_policy(path, device="cpu") -> Actor:
-    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)
-    c = saved["config"]
-    actor = Actor(c["obs_dim"], c["act_dim"], np.array(c["low"]), np.array(c["high"]), c["hidden"])
-    actor.load_state_dict(saved["state_dict"])
-    actor.env_id = saved["env_id"]
-    return actor.to(device).eval()
-
-
-def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the registered MuJoCo env with its TimeLimit)."""
-    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id) for _ in range(num_envs)])
-
-
 def evaluate_saved_policy(args: Args) -> None:
     """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt, write RUN_DIR/evaluations/eval_NNN.json (never overwritten)."""
     run_dir = Path(args.eval_only)
@@ -1141,26 +1128,16 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
             return {k: z[k] for k in z.files}
     obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
     atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
-    actor_file = {
-        "actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()},
-        "obs_dim": obs_dim,
-        "act_dim": act_dim,
-        "hidden": args.sac.hidden_dim,
-        "env_id": args.env_id,
-        "total_timesteps": args.expert.timesteps,
-        "mean_return": float(demos["returns"].mean()),
-    }
+    returns = demos["returns"]
+    actor_file = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
+    actor_file.update(
+        obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim, total_timesteps=args.expert.timesteps
+    )
+    actor_file["mean_return"] = float(returns.mean())
     atomic_torch_save(cache / "expert_actor.pt", actor_file)
-    meta = {
-        "env_id": args.env_id,
-        "expert_timesteps": args.expert.timesteps,
-        "num_demos": len(demos["returns"]),
-        "return_mean": float(demos["returns"].mean()),
-        "return_std": float(demos["returns"].std()),
-        "seed": args.seed,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "script": SCRIPT,
-    }
+    meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
+    meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
+    meta["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     atomic_json(cache / "expert_meta.json", meta)
     print(f"expert: {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
@@ -1293,38 +1270,6 @@ def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
 
 
 # ---- validation: every flag, the env id, the run dir and every artifact, before any work
-LIMITS = {  # every numeric field: its interval ("(" and ")" exclude the bound); NaN fails every range
-    "seed": "[0, 2e9]",
-    "torch_threads": "[0, 1024]",
-    "log_frequency": "[1, 1e9]",
-    "checkpoint_frequency": "[1, 1e9]",
-    "expert.timesteps": "[1, 1e9]",
-    "expert.num_demos": "[1, 1e5]",
-    "sac.buffer_size": "[1, 1e9]",
-    "sac.gamma": "[0, 1)",
-    "sac.tau": "(0, 1]",
-    "sac.batch_size": "[1, 65536]",
-    "sac.learning_starts": "[0, 1e9]",
-    "sac.policy_lr": "(0, 1]",
-    "sac.q_lr": "(0, 1]",
-    "sac.policy_frequency": "[1, 1000]",
-    "sac.target_network_frequency": "[1, 1e6]",
-    "sac.alpha": "(0, 100]",
-    "sac.hidden_dim": "[1, 4096]",
-    "disc.lr": "(0, 1]",
-    "disc.steps": "[1, 1e4]",
-    "disc.batch_size": "[1, 1e6]",
-    "disc.trajectories": "[1, 1000]",
-    "disc.gp_weight": "[0, 1e6]",
-    "disc.gp_target": "[0, 1000]",
-    "irl.total_timesteps": "[1, 1e9]",
-    "irl.train_every": "[1, 1e9]",
-    "irl.reset_prob": "[0, 1]",
-    "irl.p_tremble": "[0, 1]",
-    "irl.stop_at_normalized": "(0, 10]",
-    "eval.frequency": "[1, 1e9]",
-    "eval.episodes": "[1, 1e5]",
-}
 
 
 def flag(name: str) -> str:
@@ -1332,51 +1277,26 @@ def flag(name: str) -> str:
 
 
 def flat_fields(obj, prefix: str = ""):
-    """(dotted name, value, type hint) of every leaf field of the nested Args."""
-    import typing
-
-    hints = typing.get_type_hints(type(obj), include_extras=True)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
+    """(dotted name, value, dataclasses.Field) of every leaf setting of the nested Args."""
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
         if dataclasses.is_dataclass(value):
-            yield from flat_fields(value, f"{prefix}{f.name}.")
+            yield from flat_fields(value, f"{prefix}{spec.name}.")
         else:
-            yield f"{prefix}{f.name}", value, hints[f.name]
-
-
-def value_fits(value, hint) -> bool:
-    import types
-    import typing
-
-    origin, inner = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Annotated:
-        return value_fits(value, inner[0])
-    if origin is Literal:
-        return value in inner
-    if origin in (typing.Union, types.UnionType):
-        return any(value_fits(value, h) for h in inner)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+            yield f"{prefix}{spec.name}", value, spec
 
 
 def check_args(args: Args) -> None:
-    """Types, ranges (NaN fails every range) and cross-field rules of every flag."""
-    for name, value, hint in flat_fields(args):
-        if not value_fits(value, hint):
-            raise UsageError(f"{flag(name)} must be of type {hint}, not {value!r}")
-        if name in LIMITS and value is not None:
-            interval = LIMITS[name]
+    """Ranges (NaN fails every one; `ranged` fields in Args) and cross-field rules of every flag."""
+    for name, value, spec in flat_fields(args):
+        interval = spec.metadata.get("range")
+        if interval is None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise UsageError(f"{flag(name)} has no range (a bug in {SCRIPT}: declare it with ranged())")
+        if interval and value is not None:
             lo, hi = (float(x) for x in interval[1:-1].split(","))
             above = lo < value if interval[0] == "(" else lo <= value
             if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
                 raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
-            raise UsageError(f"{flag(name)} has no validation rule (a bug in {SCRIPT})")
     if not args.exp_name or "/" in args.exp_name:
         raise UsageError("--exp-name must be a non-empty name without '/'")
     if not args.expert.only and args.sac.learning_starts >= args.irl.total_timesteps:
@@ -1476,7 +1396,7 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> O
     return ckpt
 
 
-def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
+def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Args:
     """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
     err = io.StringIO()
     try:
@@ -1486,19 +1406,24 @@ def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
         if not e.code:
             raise
         lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-        lines = [ln for ln in lines if ln]
-        raise UsageError(f"{lines[1] if len(lines) > 1 else 'invalid command line'} (see --help)")
+        line = [ln for ln in lines if ln][1:2] or ["invalid command line"]
+        raise UsageError(
+            f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
+        )
 
 
-def args_from_dict(cls, data: dict):
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-            kwargs[f.name] = (
-                args_from_dict(nested, data[f.name]) if nested and isinstance(data[f.name], dict) else data[f.name]
-            )
-    return cls(**kwargs)
+def as_argv(saved: dict, prefix: str = "") -> list[str]:
+    """Saved settings as command-line flags, so that tyro checks their types as it checks the user's."""
+    argv = []
+    for key, value in saved.items():
+        name = key.replace("_", "-")
+        if isinstance(value, dict):
+            argv += as_argv(value, f"{prefix}{key}.")
+        elif isinstance(value, bool):
+            argv.append(f"--{prefix}{'' if value else 'no-'}{name}")
+        else:
+            argv += [f"--{prefix}{name}", str(value)]
+    return argv
 
 
 def parse_args(argv: Optional[list[str]]) -> Args:
@@ -1515,11 +1440,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
             f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
             "pass another --run-dir"
         )
-    try:
-        default = args_from_dict(Args, saved["args"])
-    except TypeError as e:
-        raise UsageError(f"{saved_path} does not hold this script's settings ({e}); pass another --run-dir")
-    check_args(default)
+    default = tyro_cli(as_argv(saved["args"]), None, f"{saved_path} holds settings this script cannot read")
     args = tyro_cli(argv, default)
     if args.env_id != saved.get("env_id"):
         raise UsageError(
