@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Optional
+from typing import Callable, Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -44,6 +44,23 @@ import tyro
 SCRIPT = "hype_irl_mujoco.py"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
+DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
+    "observations": (np.float32, ("N", "obs")),
+    "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")),
+    "rewards": (np.float32, ("N",)),
+    "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)),
+    "episode_ids": (np.int64, ("N",)),
+    "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)),
+    "returns": (np.float64, ("E",)),
+    "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")),
+    "qvel": (np.float64, ("N", "nv")),
+    "qacc_warmstart": (np.float64, ("N", "nv")),
+}
+OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
 # Piecewise-linear rho schedules of the reference ([start, end, until_step] segments, in learner env steps).
 # HalfCheetah is not in the reference; it gets the Ant/Walker2d schedule (our choice). Any other env: Hopper's.
 RHO_SCHEDULES = {
@@ -55,71 +72,76 @@ RHO_SCHEDULES = {
 }
 
 
+def ranged(default, interval: str):
+    """A numeric setting with the interval it must lie in ("(" and ")" exclude the bound), checked before any work."""
+    return field(default=default, metadata={"range": interval})
+
+
 @dataclass
 class ExpertArgs:
     experts_dir: str = "experts"
     """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with filter_irl_mujoco.py)"""
     path: Optional[str] = None
     """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
-    timesteps: int = 1_000_000
+    timesteps: int = ranged(1_000_000, "[1, 1e9]")
     """SAC expert training steps on the true reward when no cached demos exist"""
-    num_demos: int = 64
+    num_demos: int = ranged(64, "[1, 1e5]")
     """deterministic complete expert episodes rolled out (reset seeds 0, 1, 2, ...)"""
 
 
 @dataclass
 class SACArgs:
-    buffer_size: int = 1_000_000
+    buffer_size: int = ranged(1_000_000, "[1, 1e9]")
     """learner replay capacity"""
-    gamma: float = 0.99
+    gamma: float = ranged(0.99, "[0, 1)")
     """discount factor, in [0, 1)"""
-    tau: float = 0.005
+    tau: float = ranged(0.005, "(0, 1]")
     """target network smoothing coefficient, in (0, 1]"""
-    batch_size: int = 256
+    batch_size: int = ranged(256, "[1, 65536]")
     """SAC minibatch size (expert + learner rows)"""
-    learning_starts: int = 5000
+    learning_starts: int = ranged(5000, "[0, 1e9]")
     """random-action steps before SAC updates start (each phase; below its budget)"""
-    policy_lr: float = 3e-4
+    policy_lr: float = ranged(3e-4, "(0, 1]")
     """actor learning rate"""
-    q_lr: float = 1e-3
+    q_lr: float = ranged(1e-3, "(0, 1]")
     """critic (and entropy-temperature, as CleanRL) learning rate"""
-    policy_frequency: int = 2
+    policy_frequency: int = ranged(2, "[1, 1000]")
     """the actor (and temperature) is updated `policy_frequency` times every `policy_frequency` calls (CleanRL)"""
-    alpha: float = 0.2
+    alpha: float = ranged(0.2, "(0, 100]")
     """entropy temperature when --sac.no-autotune"""
     autotune: bool = True
     """automatic entropy tuning toward -act_dim"""
-    hidden_dim: int = 256
+    hidden_dim: int = ranged(256, "[1, 4096]")
     """width of the two hidden layers of actor, critics and discriminator"""
 
 
 @dataclass
 class DiscArgs:
-    lr: float = 8e-4
+    lr: float = ranged(8e-4, "(0, 1]")
     """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh Adam"""
-    steps: int = 1
+    steps: int = ranged(1, "[1, 1e4]")
     """discriminator gradient steps per outer iteration"""
-    batch_size: int = 4096
+    batch_size: int = ranged(4096, "[1, 1e6]")
     """expert and learner (s, a) pairs per discriminator step"""
-    trajectories: int = 4
+    trajectories: int = ranged(4, "[1, 1000]")
     """fresh learner trajectories collected per outer iteration for the discriminator (their steps are counted)"""
-    gp_weight: float = 10.0
+    gp_weight: float = ranged(10.0, "[0, 1e6]")
     """gradient-penalty weight (0 = off)"""
-    gp_target: float = 0.4
+    gp_target: float = ranged(0.4, "[0, 1000]")
     """gradient-penalty target norm"""
 
 
 @dataclass
 class IRLArgs:
-    total_timesteps: int = 1_000_000
+    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")
     """IRL budget in policy env steps (the discriminator's rollout steps are counted and reported separately)"""
-    train_every: int = 5000
+    train_every: int = ranged(5000, "[1, 1e9]")
     """learner env steps per outer iteration (one discriminator update each)"""
     rho_schedule: Optional[str] = None
     """expert fraction rho: 'start,end,until;...' piecewise-linear in learner steps, or one number; default per env"""
-    reset_prob: float = 0.0
+    reset_prob: float = ranged(0.0, "[0, 1]")
     """probability an episode starts from a uniformly drawn expert state (exact restore): >0 gives HyPE+FILTER"""
-    p_tremble: float = 0.01
+    p_tremble: float = ranged(0.01, "[0, 1]")
     """trembling hand: probability of replacing the action by a uniform random one (training and evaluation)"""
     terminal_reward: Literal["min", "none"] = "min"
     """'min': a terminal transition enters an absorbing state earning the minibatch's lowest relabelled reward
@@ -128,9 +150,9 @@ class IRLArgs:
 
 @dataclass
 class EvalArgs:
-    frequency: int = 50_000
+    frequency: int = ranged(50_000, "[1, 1e9]")
     """evaluate every this many policy env steps"""
-    episodes: int = 10
+    episodes: int = ranged(10, "[1, 1e5]")
     """deterministic evaluation episodes (reset seeds seed + 10000, +1, ...)"""
 
 
@@ -138,7 +160,7 @@ class EvalArgs:
 class Args:
     exp_name: str = "hype_irl_mujoco"
     """the name of this experiment"""
-    seed: int = 1
+    seed: int = ranged(1, "[0, 2e9]")
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
@@ -158,13 +180,13 @@ class Args:
     """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
     env_id: str = "Hopper-v5"
     """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
-    max_episode_steps: Optional[int] = None
+    max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")
     """episode horizon override (default: the env's registered limit, 1000 for the MuJoCo tasks)"""
-    torch_threads: int = 0
+    torch_threads: int = ranged(0, "[0, 1024]")
     """CPU threads for torch (0 = torch's default); use 1 on a CPU shared with other jobs"""
-    log_frequency: int = 1000
+    log_frequency: int = ranged(1000, "[1, 1e9]")
     """TensorBoard scalars (losses, SPS, rho) every this many env steps"""
-    checkpoint_frequency: int = 25_000
+    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")
     """checkpoint every this many env steps (and on SIGINT/SIGTERM and at the end)"""
     eval_only: Optional[str] = None
     """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
@@ -564,34 +586,33 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
     progress["episodes"] += 1
     ep_return, losses = 0.0, {}
-    bar = progress_bar(args.expert.timesteps, progress["step"], "expert")
-    while progress["step"] < args.expert.timesteps:
-        if run.stop.stop:
-            save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
-            raise Interrupted("expert phase", progress["step"])
-        learn_started = progress["step"] >= args.sac.learning_starts
-        action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
-        action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
-        next_obs, reward, terminated, _, _ = env.step(action)
-        storage.add(Storage.rows(obs, action, next_obs, float(terminated), float(reward)))
-        obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(reward), progress["step"] + 1
-        progress["step"] = step
-        if terminated or ep_t >= horizon:
-            log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
-            progress["curve"].append((step, ep_return))
-            obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
-            progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
-        if learn_started:
-            meter.start(step - 1)
-            b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
-            losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
-        if step % args.log_frequency == 0 and losses:
-            log_losses(run.writer, "expert", losses, args, step, meter)
-        if step % args.checkpoint_frequency == 0:
-            save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
-            plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
-        bar.update(1)
-    bar.close()
+    with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar:
+        while progress["step"] < args.expert.timesteps:
+            if run.stop.stop:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                raise Interrupted("expert phase", progress["step"])
+            learn_started = progress["step"] >= args.sac.learning_starts
+            action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
+            action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
+            next_obs, reward, terminated, _, _ = env.step(action)
+            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float(reward)))
+            obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(reward), progress["step"] + 1
+            progress["step"] = step
+            if terminated or ep_t >= horizon:
+                log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
+                progress["curve"].append((step, ep_return))
+                obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
+                progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
+            if learn_started:
+                meter.start(step - 1)
+                b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
+                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
+            if step % args.log_frequency == 0 and losses:
+                log_losses(run.writer, "expert", losses, args, step, meter)
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+            bar.update(1)
     save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
     env.close()
     return sac
@@ -723,47 +744,51 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     progress["episodes"] += 1
     ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
     next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
-    bar = progress_bar(args.irl.total_timesteps, progress["step"], "irl")
-    while progress["step"] < args.irl.total_timesteps:
-        if run.stop.stop:
-            save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
-            raise Interrupted("IRL phase", progress["step"])
-        step = progress["step"]
-        if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
-            learner_sa = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress).to(run.device)
-            stats = update_discriminator(disc, expert_sa, learner_sa, progress["k"], args.disc)
-            log_discriminator(run.writer, stats, progress, step)
-            progress["k"] += 1
-        learn_started = step >= args.sac.learning_starts
-        action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
-        action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
-        next_obs, env_reward, terminated, _, _ = env.step(action)
-        # The env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
-        storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
-        obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(env_reward), step + 1  # true return: logs
-        progress["step"] = step
-        if terminated or ep_t >= horizon:
-            log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
-            obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
-            progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
-        if learn_started:
-            meter.start(step - 1)
-            rho = rho_at(step, segments)
-            b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
-            b_rew = relabel_rewards(disc, b_obs, b_act)
-            losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
-        if step % args.log_frequency == 0 and losses:
-            log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
-        if step >= next_eval:
-            next_eval += args.eval.frequency
-            meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
-            bar.write(
-                f"[irl] step {step}: eval return {progress['history'][-1]['mean']:.1f} (expert {expert_return:.1f})"
-            )
-        if step % args.checkpoint_frequency == 0:
-            save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
-        bar.update(1)
-    bar.close()
+    with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar:
+        while progress["step"] < args.irl.total_timesteps:
+            if run.stop.stop:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+                raise Interrupted("IRL phase", progress["step"])
+            step = progress["step"]
+            if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
+                learner_sa = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress).to(run.device)
+                stats = update_discriminator(disc, expert_sa, learner_sa, progress["k"], args.disc)
+                log_discriminator(run.writer, stats, progress, step)
+                progress["k"] += 1
+            learn_started = step >= args.sac.learning_starts
+            action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
+            action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
+            next_obs, env_reward, terminated, _, _ = env.step(action)
+            # The env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
+            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
+            obs, ep_t, ep_return, step = (
+                next_obs,
+                ep_t + 1,
+                ep_return + float(env_reward),
+                step + 1,
+            )  # true return: logs
+            progress["step"] = step
+            if terminated or ep_t >= horizon:
+                log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
+                obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
+                progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
+            if learn_started:
+                meter.start(step - 1)
+                rho = rho_at(step, segments)
+                b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
+                b_rew = relabel_rewards(disc, b_obs, b_act)
+                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
+            if step % args.log_frequency == 0 and losses:
+                log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
+            if step >= next_eval:
+                next_eval += args.eval.frequency
+                meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
+                bar.write(
+                    f"[irl] step {step}: eval return {progress['history'][-1]['mean']:.1f} (expert {expert_return:.1f})"
+                )
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+            bar.update(1)
     if losses:
         check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
     if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
@@ -774,6 +799,48 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     env.close()
     disc_env.close()
     return sac, progress
+
+
+def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
+    config.update(low=info.low.tolist(), high=info.high.tolist())
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
+    saved["max_episode_steps"] = args.max_episode_steps
+    atomic_torch_save(path, saved)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    config = saved["config"]
+    low, high = np.array(config["low"]), np.array(config["high"])
+    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit)."""
+    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
+    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id, **limit) for _ in range(num_envs)])
+
+
+def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
+    """results.json: the final evaluation, budget and env-step counts, SPS, rho and the evaluation history."""
+    final, expert_return, steps = progress["history"][-1], float(np.mean(demos["returns"])), progress["step"]
+    results = dict(env_id=args.env_id, method="HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE", seed=args.seed)
+    results.update(eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
+    results.update(eval_episodes=args.eval.episodes, expert_return=expert_return, num_demos=len(demos["returns"]))
+    results["normalized_return"] = final["mean"] / expert_return if expert_return else float("nan")
+    results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
+    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule)
+    results.update(final_rho=progress["final_rho"], reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble)
+    results.update(terminal_reward=args.irl.terminal_reward, resumed_from_step=progress["resumed_from_step"])
+    results.update(wall_time_s=wall_time, device=str(device), date=dt.datetime.now(dt.timezone.utc).isoformat())
+    results["history"] = [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]]
+    return results
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -826,23 +893,6 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
 
 # ---- run management ----
 # Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
-DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
-    "observations": (np.float32, ("N", "obs")),
-    "actions": (np.float32, ("N", "act")),
-    "next_observations": (np.float32, ("N", "obs")),
-    "rewards": (np.float32, ("N",)),
-    "terminals": (bool, ("N",)),
-    "timeouts": (bool, ("N",)),
-    "episode_ids": (np.int64, ("N",)),
-    "episode_starts": (bool, ("N",)),
-    "timesteps": (np.int64, ("N",)),
-    "returns": (np.float64, ("E",)),
-    "seeds": (np.int64, ("E",)),
-    "qpos": (np.float64, ("N", "nq")),
-    "qvel": (np.float64, ("N", "nv")),
-    "qacc_warmstart": (np.float64, ("N", "nv")),
-}
-OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
 MINARI_PREFIX = "minari:"
 VIDEO_SIZE = 240  # rendered frame width and height
 
@@ -1065,68 +1115,6 @@ def write_video(path: Path, frames: list, fps: int) -> None:
     os.replace(tmp, path)
 
 
-def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
-    final, expert_return = progress["history"][-1], float(np.mean(demos["returns"]))
-    return {
-        "env_id": args.env_id,
-        "method": "HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE",
-        "seed": args.seed,
-        "eval_mean": final["mean"],
-        "eval_std": final["std"],
-        "eval_returns": final["returns"],
-        "eval_episodes": args.eval.episodes,
-        "expert_return": expert_return,
-        "normalized_return": final["mean"] / expert_return if expert_return else float("nan"),
-        "num_demos": int(len(demos["returns"])),
-        "policy_env_steps": progress["step"],
-        "disc_env_steps": progress["disc_env_steps"],
-        "total_env_steps": progress["step"] + progress["disc_env_steps"],
-        "outer_iterations": progress["k"],
-        "SPS": progress["SPS"],
-        "rho_schedule": rho_schedule,
-        "final_rho": progress["final_rho"],
-        "reset_prob": args.irl.reset_prob,
-        "p_tremble": args.irl.p_tremble,
-        "terminal_reward": args.irl.terminal_reward,
-        "resumed_from_step": progress["resumed_from_step"],
-        "wall_time_s": wall_time,
-        "device": str(device),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "history": [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]],
-    }
-
-
-# ---- the trained policy (docs/CONTRACT.md)
-def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
-    config = {
-        "obs_dim": info.obs_dim,
-        "act_dim": info.act_dim,
-        "hidden": args.sac.hidden_dim,
-        "low": info.low.tolist(),
-        "high": info.high.tolist(),
-    }
-    state = {k: v.cpu() for k, v in actor.state_dict().items()}
-    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    saved["max_episode_steps"] = args.max_episode_steps
-    atomic_torch_save(path, saved)
-
-
-def load_policy(path, device="cpu") -> Actor:
-    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)
-    c = saved["config"]
-    actor = Actor(c["obs_dim"], c["act_dim"], np.array(c["low"]), np.array(c["high"]), c["hidden"])
-    actor.load_state_dict(saved["state_dict"])
-    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
-    return actor.to(device).eval()
-
-
-def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit)."""
-    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
-    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id, **limit) for _ in range(num_envs)])
-
-
 def evaluate_saved_policy(args: Args) -> None:
     """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt, write RUN_DIR/evaluations/eval_NNN.json (never overwritten)."""
     run_dir = Path(args.eval_only)
@@ -1174,30 +1162,19 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
             return {k: z[k] for k in z.files}
     obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
     atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
-    actor_file = {
-        "actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()},
-        "obs_dim": obs_dim,
-        "act_dim": act_dim,
-        "hidden": args.sac.hidden_dim,
-        "env_id": args.env_id,
-        "total_timesteps": args.expert.timesteps,
-        "mean_return": float(demos["returns"].mean()),
-    }
+    returns = demos["returns"]
+    actor_file = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
+    actor_file.update(
+        obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim, total_timesteps=args.expert.timesteps
+    )
+    actor_file["mean_return"] = float(returns.mean())
     atomic_torch_save(cache / "expert_actor.pt", actor_file)
-    meta = {
-        "env_id": args.env_id,
-        "expert_timesteps": args.expert.timesteps,
-        "num_demos": len(demos["returns"]),
-        "return_mean": float(demos["returns"].mean()),
-        "return_std": float(demos["returns"].std()),
-        "seed": args.seed,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "script": SCRIPT,
-        "num_transitions": len(demos["observations"]),
-        "obs_dim": obs_dim,
-        "act_dim": act_dim,
-        "hidden": args.sac.hidden_dim,
-    }
+    meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
+    meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
+    meta["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    meta.update(
+        num_transitions=len(demos["observations"]), obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim
+    )
     atomic_json(cache / "expert_meta.json", meta)
     print(f"[expert] {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
@@ -1330,37 +1307,6 @@ def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
 
 
 # ---- validation: every flag, the env id, the run dir and every artifact, before any work
-LIMITS = {  # every numeric field: its interval ("(" and ")" exclude the bound); NaN fails every range
-    "seed": "[0, 2e9]",
-    "max_episode_steps": "[1, 1e6]",
-    "torch_threads": "[0, 1024]",
-    "log_frequency": "[1, 1e9]",
-    "checkpoint_frequency": "[1, 1e9]",
-    "expert.timesteps": "[1, 1e9]",
-    "expert.num_demos": "[1, 1e5]",
-    "sac.buffer_size": "[1, 1e9]",
-    "sac.gamma": "[0, 1)",
-    "sac.tau": "(0, 1]",
-    "sac.batch_size": "[1, 65536]",
-    "sac.learning_starts": "[0, 1e9]",
-    "sac.policy_lr": "(0, 1]",
-    "sac.q_lr": "(0, 1]",
-    "sac.policy_frequency": "[1, 1000]",
-    "sac.alpha": "(0, 100]",
-    "sac.hidden_dim": "[1, 4096]",
-    "disc.lr": "(0, 1]",
-    "disc.steps": "[1, 1e4]",
-    "disc.batch_size": "[1, 1e6]",
-    "disc.trajectories": "[1, 1000]",
-    "disc.gp_weight": "[0, 1e6]",
-    "disc.gp_target": "[0, 1000]",
-    "irl.total_timesteps": "[1, 1e9]",
-    "irl.train_every": "[1, 1e9]",
-    "irl.reset_prob": "[0, 1]",
-    "irl.p_tremble": "[0, 1]",
-    "eval.frequency": "[1, 1e9]",
-    "eval.episodes": "[1, 1e5]",
-}
 
 
 def flag(name: str) -> str:
@@ -1368,51 +1314,26 @@ def flag(name: str) -> str:
 
 
 def flat_fields(obj, prefix: str = ""):
-    """(dotted name, value, type hint) of every leaf field of the nested Args."""
-    import typing
-
-    hints = typing.get_type_hints(type(obj), include_extras=True)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
+    """(dotted name, value, dataclasses.Field) of every leaf setting of the nested Args."""
+    for spec in dataclasses.fields(obj):
+        value = getattr(obj, spec.name)
         if dataclasses.is_dataclass(value):
-            yield from flat_fields(value, f"{prefix}{f.name}.")
+            yield from flat_fields(value, f"{prefix}{spec.name}.")
         else:
-            yield f"{prefix}{f.name}", value, hints[f.name]
-
-
-def value_fits(value, hint) -> bool:
-    import types
-    import typing
-
-    origin, inner = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Annotated:
-        return value_fits(value, inner[0])
-    if origin is Literal:
-        return value in inner
-    if origin in (typing.Union, types.UnionType):
-        return any(value_fits(value, h) for h in inner)
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
+            yield f"{prefix}{spec.name}", value, spec
 
 
 def check_args(args: Args) -> None:
-    """Types, ranges (NaN fails every range) and cross-field rules of every flag."""
-    for name, value, hint in flat_fields(args):
-        if not value_fits(value, hint):
-            raise UsageError(f"{flag(name)} must be of type {hint}, not {value!r}")
-        if name in LIMITS and value is not None:
-            interval = LIMITS[name]
+    """Ranges (NaN fails every one; `ranged` fields in Args) and cross-field rules of every flag."""
+    for name, value, spec in flat_fields(args):
+        interval = spec.metadata.get("range")
+        if interval is None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise UsageError(f"{flag(name)} has no range (a bug in {SCRIPT}: declare it with ranged())")
+        if interval and value is not None:
             lo, hi = (float(x) for x in interval[1:-1].split(","))
             above = lo < value if interval[0] == "(" else lo <= value
             if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
                 raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
-            raise UsageError(f"{flag(name)} has no validation rule (a bug in {SCRIPT})")
     if not args.exp_name or "/" in args.exp_name:
         raise UsageError("--exp-name must be a non-empty name without '/'")
     if args.sac.learning_starts >= args.irl.total_timesteps:
@@ -1515,7 +1436,7 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> O
     return ckpt
 
 
-def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
+def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Args:
     """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
     err = io.StringIO()
     try:
@@ -1525,19 +1446,24 @@ def tyro_cli(argv: list[str], default: Optional[Args]) -> Args:
         if not e.code:
             raise
         lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-        lines = [ln for ln in lines if ln]
-        raise UsageError(f"{lines[1] if len(lines) > 1 else 'invalid command line'} (see --help)")
+        line = [ln for ln in lines if ln][1:2] or ["invalid command line"]
+        raise UsageError(
+            f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
+        )
 
 
-def args_from_dict(cls, data: dict):
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            nested = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-            kwargs[f.name] = (
-                args_from_dict(nested, data[f.name]) if nested and isinstance(data[f.name], dict) else data[f.name]
-            )
-    return cls(**kwargs)
+def as_argv(saved: dict, prefix: str = "") -> list[str]:
+    """Saved settings as command-line flags, so that tyro checks their types as it checks the user's."""
+    argv = []
+    for key, value in saved.items():
+        name = key.replace("_", "-")
+        if isinstance(value, dict):
+            argv += as_argv(value, f"{prefix}{key}.")
+        elif isinstance(value, bool):
+            argv.append(f"--{prefix}{'' if value else 'no-'}{name}")
+        else:
+            argv += [f"--{prefix}{name}", str(value)]
+    return argv
 
 
 def parse_args(argv: Optional[list[str]]) -> Args:
@@ -1554,11 +1480,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
             f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
             "pass another --run-dir"
         )
-    try:
-        default = args_from_dict(Args, saved["args"])
-    except TypeError as e:
-        raise UsageError(f"{saved_path} does not hold this script's settings ({e}); pass another --run-dir")
-    check_args(default)
+    default = tyro_cli(as_argv(saved["args"]), None, f"{saved_path} holds settings this script cannot read")
     args = tyro_cli(argv, default)
     if args.env_id != saved.get("env_id"):
         raise UsageError(

@@ -374,6 +374,15 @@ def test_hype_on_inverted_pendulum_learns_to_balance_from_demos_alone(run_script
 
 
 # ------------------------------------------------------------------------------------------------ the real command
+def rendering_available() -> bool:
+    """MuJoCo off-screen rendering (EGL/OSMesa) is a system library: without it the video checks are skipped."""
+    try:
+        hy.check_rendering(PENDULUM)
+        return True
+    except hy.UsageError:
+        return False
+
+
 def assert_vp9_video(path: Path) -> None:
     import cv2
 
@@ -410,7 +419,7 @@ def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_d
         100,
         "--run-dir",
         run_dir,
-        "--capture-video",
+        *(["--capture-video"] if rendering_available() else []),
         *TINY,
         timeout=300,
     )
@@ -449,7 +458,8 @@ def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_d
         "expert/SPS",
     } <= tags
     assert all(math.isfinite(e.value) for e in ea.Scalars("losses/qf_loss"))  # NaN env rewards never reached the loss
-    assert_vp9_video(run_dir / "videos" / "final.webm")
+    if rendering_available():
+        assert_vp9_video(run_dir / "videos" / "final.webm")
 
 
 @pytest.fixture(scope="module")
@@ -510,12 +520,15 @@ def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_pat
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run[0], run_dir)
     results_before = (run_dir / "results.json").read_bytes()
+    video = ["--capture-video"] if rendering_available() else []
     for number in (1, 2):
-        rc, out, err = run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, "--capture-video"])
+        rc, out, err = run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, *video])
         assert rc == 0, err[-2000:]
         record = json.loads((run_dir / "evaluations" / f"eval_{number:03d}.json").read_text())
         assert record["env_id"] == PENDULUM and len(record["returns"]) == 2 and math.isfinite(record["mean"])
     assert (run_dir / "results.json").read_bytes() == results_before
+    if not video:
+        pytest.skip("MuJoCo cannot render off-screen here (install libegl1 or OSMesa): video not checked")
     assert_vp9_video(run_dir / "videos" / "eval_002.webm")
 
 
@@ -576,7 +589,8 @@ def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, pendu
     demos = save_npz(tmp_path / "demos.npz", pendulum_demos)
     base = ["--env-id", PENDULUM, "--expert.path", str(demos), "--run-dir", str(tmp_path / "run")]
     cases = numeric_flag_cases(hy.Args)
-    assert len(cases) == 4 * len(hy.LIMITS)
+    ranged = [name for name, _, spec in hy.flat_fields(hy.Args()) if "range" in spec.metadata]
+    assert len(cases) == 4 * len(ranged) and "sac.gamma" in ranged  # every numeric field carries its range
     parsed = hy.parse_args(base)
     for flag, value in cases:
         args = copy.deepcopy(parsed)
@@ -734,3 +748,26 @@ def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finish
         else:
             assert json.loads((tmp_path / f"{name.name}-{how}" / "results.json").read_text())["policy_env_steps"] == 120
     assert {(n, rc) for n, _, rc, _ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
+
+
+def test_help_is_grouped_by_phase(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        hy.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for group in ("expert options", "sac options", "disc options", "irl options", "eval options"):
+        assert group in out, group
+    assert "--irl.total-timesteps" in out and "--sac.learning-starts" in out and "--eval.episodes" in out
+
+
+def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finished_run, tmp_path, monkeypatch):
+    _, _, args = finished_run
+    monkeypatch.setattr(hy, "relabel_rewards", lambda disc, obs, act: torch.full((len(obs),), float("nan")))
+    err = io.StringIO()
+    argv = [*map(str, args), "--run-dir", str(tmp_path / "nan"), "--log-frequency", "10"]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as e:
+        keep_signals(lambda: hy.main(argv))
+    errors = [line for line in err.getvalue().splitlines() if line.startswith("error:")]
+    assert e.value.code == 3 and len(errors) == 1, err.getvalue()[-2000:]
+    assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
+    assert not (tmp_path / "nan" / "results.json").exists()
