@@ -488,12 +488,9 @@ def antmaze_demos():
 
 
 def test_antmaze_flat_layout_is_31_d_and_leaves_no_temp_xml(antmaze_demos):
-    import glob
-    import tempfile
-
-    before = set(glob.glob(f"{tempfile.gettempdir()}/ant_maze*.xml"))
     env = mb.make_env("AntMaze_UMaze-v5")
-    assert set(glob.glob(f"{tempfile.gettempdir()}/ant_maze*.xml")) == before
+    xml = env.unwrapped.tmp_xml_file_path  # (a global glob of the temp dir would race with other test workers)
+    assert xml and not Path(xml).exists()
     obs, _ = env.reset(seed=0)
     data = mb.mujoco_data(env)
     assert obs.shape == (31,) and np.allclose(obs[:2], data.qpos[:2]) and np.allclose(obs[2:15], data.qpos[2:])
@@ -623,3 +620,45 @@ def test_hopper_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_
     assert not (run_dir / "maze.png").exists() and (run_dir / "learning_curve.png").is_file()
     policy = mb.load_policy(str(run_dir / "policy.pt"))
     assert isinstance(policy, mb.GaussianActor) and policy.act(np.zeros((1, 11), np.float32)).shape == (1, 3)
+
+
+def _write_minari_maze(demos: dict, dataset_id: str, ant: bool) -> None:
+    """Store flat demos as a local Minari dataset with the mazes' dict observations (as D4RL/pointmaze and
+    D4RL/antmaze store them: observation without (x, y) for the Ant, achieved_goal, desired_goal)."""
+    import minari
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    buffers = []
+    for e in range(len(demos["returns"])):
+        m = demos["episode_ids"] == e
+        flat = np.concatenate([demos["observations"][m], demos["next_observations"][m][-1:]]).astype(np.float64)
+        inner = flat[:, 2:-2] if ant else flat[:, :-2]
+        obs = {"achieved_goal": flat[:, :2], "desired_goal": flat[:, -2:], "observation": inner}
+        buffers.append(EpisodeBuffer(id=e, observations=obs, actions=demos["actions"][m],
+                                     rewards=list(demos["rewards"][m]), terminations=list(demos["terminals"][m]),
+                                     truncations=list(demos["timeouts"][m])))  # fmt: skip
+    env = mb.make_env(str(demos["env_id"])).env  # the dict-observation env under the flattening wrapper
+    minari.create_dataset_from_buffers(dataset_id, buffers, env=env.spec, observation_space=env.observation_space,
+                                       action_space=env.action_space, algorithm_name="planner")  # fmt: skip
+    env.close()
+
+
+@pytest.mark.parametrize("which", ["pointmaze", "antmaze"])
+def test_minari_maze_dataset_reads_as_the_same_demos(tmp_path, monkeypatch, which, request):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    d = request.getfixturevalue("umaze_demos" if which == "pointmaze" else "antmaze_demos")
+    env_id, dims = str(d["env_id"]), d["observations"].shape[1]
+    _write_minari_maze(d, f"test/{which}/planner-v0", ant=which == "antmaze")
+    nq, nv = d["qpos"].shape[1], d["qvel"].shape[1]
+    got = mb.load_demos(f"minari:test/{which}/planner-v0", env_id, dims, d["actions"].shape[1], nq, nv)
+    assert np.allclose(got["observations"], d["observations"]) and np.allclose(
+        got["next_observations"], d["next_observations"]
+    )
+    # the MuJoCo state read off the observation equals the recorded one
+    assert np.allclose(got["qpos"], d["qpos"], atol=1e-5) and np.allclose(got["qvel"], d["qvel"], atol=1e-5)
+    assert np.array_equal(got["episode_ids"], d["episode_ids"]) and np.array_equal(got["terminals"], d["terminals"])
+    assert np.allclose(got["goal"], d["goal"]) and str(got["env_id"]) == env_id
+    with pytest.raises(mb.UsageError, match="not PointMaze_Medium-v3"):
+        mb.load_demos(f"minari:test/{which}/planner-v0", "PointMaze_Medium-v3", dims, 2, nq, nv)
+    with pytest.raises(mb.UsageError, match="minari download test/none-v0"):
+        mb.load_demos("minari:test/none-v0", env_id, dims, 2, nq, nv)
