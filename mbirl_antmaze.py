@@ -7,8 +7,8 @@ Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement 
 configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze needs an expert file, no
 Ant controller ships yet; Hopper/Walker2d: SAC on the siblings' expert cache; ALL real steps are counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
-    python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.freq-train-model 1000 \
-        --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2 --eval.frequency 1000     # minutes on a CPU
+    python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.exploration-steps 500 \
+        --hyper.freq-train-model 1000 --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2   # minutes on a CPU
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --run-dir runs/x  # same --run-dir again: resumes
     python mbirl_antmaze.py --eval-only runs/x                            # writes runs/x/evaluations/eval_NNN.json
 Run dir: args.json, events, checkpoints/hyper.pt, model_pretrained.pt, policy.pt, results.json, learning_curve.png,
