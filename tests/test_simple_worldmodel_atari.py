@@ -404,9 +404,10 @@ def test_resume_after_sigterm_continues_at_its_phase(run_dir, run_script):
     assert rc == 130, err[-2000:]
     saved = torch.load(run_dir / "checkpoints" / "state.pt", weights_only=False)["state"]
     assert saved["epoch"] == 0 and saved["phase"] == 0 and 2 <= saved["wm_step"] < 12
+    (run_dir / "data" / "collection_001.npz.tmp").write_bytes(b"left by a killed write")
     rc, out, err = run_script(*cmd[1:], timeout=400)
     assert rc == 0, err[-3000:]
-    assert "resuming at epoch 0, phase 0" in out
+    assert "resuming at epoch 0, phase 0" in out and not list(run_dir.rglob("*.tmp"))
     res = json.loads((run_dir / "results.json").read_text())
     assert res["world_model_steps"] == 24 and res["real_steps"] == 192  # nothing trained or collected twice
 
@@ -495,6 +496,34 @@ def test_player_keys_map_to_the_games_actions():
     pong = ["NOOP", "FIRE", "RIGHT", "LEFT", "RIGHTFIRE", "LEFTFIRE"]
     assert [sw.key_action(k, pong) for k in ("d", "a", " ", "n", "w", None, "z")] == [2, 3, 1, 0, 0, 0, 0]
     assert sw.key_action("w", ["NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN"]) == 2
+
+
+def test_corrupt_state_or_collection_exits_2_naming_the_file(tmp_path, capsys):
+    args = sw.Args(run_dir=str(tmp_path / "run"))
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "data").mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, **dataclasses.asdict(args)}))
+    for broken in (run_dir / "checkpoints" / "state.pt", run_dir / "data" / "collection_000.npz"):
+        broken.write_bytes(b"not a file of this script")
+        with pytest.raises(SystemExit) as exc:
+            sw.main(args)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and broken.name in err, err
+        broken.unlink()
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_world_models(tmp_path, run_script):
+    weights = []
+    for name in ("a", "b"):
+        rc, out, err = run_script(SCRIPT, *TINY, "--mode", "world-model-only", "--loop.epochs", "1",
+                                  "--run-dir", str(tmp_path / name), timeout=300)  # fmt: skip
+        assert rc == 0, err[-2000:]
+        weights.append(torch.load(tmp_path / name / "world_model.pt", weights_only=False)["state_dict"])
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    data = [np.load(tmp_path / n / "data" / "collection_001.npz")["frames"] for n in ("a", "b")]
+    assert np.array_equal(data[0], data[1])
 
 
 def test_help_is_grouped_by_phase(capsys):
