@@ -42,6 +42,8 @@ import tyro
 
 @dataclass
 class EnvArgs:
+    """The real game (ale-py AtariVectorEnv, 105x80 RGB frames, stack 4, frameskip 4)."""
+
     sticky_actions: float = -1.0
     """repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5"""
     noop_max: int = 8
@@ -54,6 +56,8 @@ class EnvArgs:
 
 @dataclass
 class LoopArgs:
+    """The SimPLe loop and its real-step budget."""
+
     epochs: int = 15
     """SimPLe epochs (world model -> PPO in the model -> real collection -> evaluation)"""
     real_steps: int = 96_000
@@ -62,6 +66,8 @@ class LoopArgs:
 
 @dataclass
 class WorldModelArgs:
+    """Phase 1: the world model (next frame + reward from 4 frames and an action)."""
+
     model: Literal["stochastic-discrete", "deterministic"] = "stochastic-discrete"
     """deterministic trunk, or the trunk with a 128-bit latent (inference net in training, LSTM prior at play)"""
     hidden_size: int = 96
@@ -132,6 +138,8 @@ class WorldModelArgs:
 
 @dataclass
 class PPOArgs:
+    """Phase 2: PPO inside the world model (and on the real game in model-free mode)."""
+
     iterations: int = 1000
     """PPO iterations in the model per epoch (x3 on the last epoch, x2 on epochs 1, 7, 11)"""
     num_envs: int = 16
@@ -164,6 +172,8 @@ class PPOArgs:
 
 @dataclass
 class EvalArgs:
+    """Phase 4: evaluation in the real game (and --eval-only)."""
+
     episodes: int = 8
     """full real games per evaluation (0 = no evaluation)"""
     num_envs: int = 8
@@ -186,6 +196,8 @@ class EvalArgs:
 
 @dataclass
 class PlayArgs:
+    """--mode play: the player."""
+
     zoom: int = 4
     """window zoom"""
     fps: int = 20
@@ -221,8 +233,7 @@ class Args:
     env_id: str = "PongNoFrameskip-v4"
     """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
     mode: Literal["simple", "model-free", "world-model-only", "play"] = "simple"
-    """simple: the SimPLe loop; model-free: PPO on the real game; world-model-only: random play + world model;
-    play: play inside --world-model with the keyboard beside the real game"""
+    """simple (SimPLe), model-free (PPO on the real game), world-model-only (random play), play (in --world-model)"""
     run_dir: Optional[str] = None
     """run directory (default runs/{env_id}__{exp_name}__{seed}__{time}); an existing one is resumed"""
     eval_only: Optional[str] = None
