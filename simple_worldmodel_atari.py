@@ -96,6 +96,8 @@ class WorldModelArgs:
     """gradient-norm clip"""
     loss_cutoff: float = 0.03
     """per-pixel cross-entropy below this gives no gradient: loss = relu(xent - cutoff)"""
+    input_noise: float = 0.0
+    """share of input pixels set to the median colour in training (0 = off; the deterministic reference: 0.05)"""
     train_steps: int = 15_000
     """optimiser steps per epoch"""
     epoch_multiplier: int = 3
@@ -684,6 +686,16 @@ def clipped_pixel_loss(logits: torch.Tensor, target: torch.Tensor, cutoff: float
     return F.relu(xent - cutoff).mean(), xent.mean().detach()
 
 
+def background_noise(frames: torch.Tensor, prob: float) -> torch.Tensor:
+    """Replace each pixel of uint8 frames (..., C) with probability prob by the batch's median ("background")
+    colour: next_frame_pixel_noise's input noise, so the model cannot rely on any single input pixel."""
+    if prob <= 0:
+        return frames
+    background = frames.reshape(-1, frames.shape[-1]).median(dim=0).values
+    mask = torch.rand(frames.shape[:-1], device=frames.device) < prob
+    return torch.where(mask[..., None], background, frames)
+
+
 def reward_to_class(rewards: torch.Tensor) -> torch.Tensor:
     """Game reward -> class: clip to [-1, 1], round; class = that + 1 (0: -1, 1: 0, 2: +1)."""
     return torch.round(torch.clamp(torch.as_tensor(rewards, dtype=torch.float32), -1, 1)).long() + 1
@@ -750,7 +762,7 @@ def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: Wo
     is, per example, the model's argmax prediction with probability scheduled_sampling_prob, else the real one."""
     targets = actions.shape[1]
     p_own = scheduled_sampling_prob(step, cfg.ss_exp_steps, cfg.ss_lin_steps, cfg.ss_max_prob)
-    stack = frames[:, :STACK]
+    stack = background_noise(frames[:, :STACK], cfg.input_noise)
     loss, xent, reward_acc = 0.0, 0.0, 0.0
     for k in range(targets):
         real = frames[:, STACK + k]
@@ -1246,6 +1258,7 @@ LIMITS = {
     "wm.hidden_layers": (0, 64), "wm.dropout": (0.0, 0.99), "wm.residual_dropout": (0.0, 0.99),
     "wm.target_frames": (1, 256), "wm.batch_size": (1, 4096), "wm.learning_rate": (1e-12, 10.0),
     "wm.warmup_steps": (1, 10**9), "wm.max_grad_norm": (1e-9, 1e9), "wm.loss_cutoff": (0.0, 10.0),
+    "wm.input_noise": (0.0, 1.0),
     "wm.train_steps": (0, 10**9), "wm.epoch_multiplier": (1, 1000), "wm.ss_exp_steps": (1, 10**9),
     "wm.ss_lin_steps": (1, 10**9), "wm.ss_max_prob": (0.0, 1.0), "wm.bits": (8, 4096), "wm.bit_noise": (0.0, 10.0),
     "wm.bit_flip": (0.0, 0.5), "wm.discretize_warmup": (1, 10**9), "wm.prior_max_sampling": (0.0, 1.0),

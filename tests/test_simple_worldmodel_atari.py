@@ -96,6 +96,20 @@ def test_clipped_loss_gives_no_gradient_below_the_cutoff():
     assert torch.all(logits.grad[0, :, 0] == 0) and torch.any(logits.grad[0, :, 1] != 0)
 
 
+def test_input_noise_replaces_the_given_share_by_the_median_colour():
+    torch.manual_seed(0)
+    frames = torch.zeros(4, 4, 20, 20, 3, dtype=torch.uint8)
+    frames[..., 0] = 7  # background (7, 0, 9)
+    frames[..., 2] = 9
+    frames[:, :, :10, :10] = 255  # a quarter of the pixels
+    noisy = sw.background_noise(frames, 0.25)
+    changed = (noisy != frames).any(-1)
+    assert torch.equal(noisy[changed], torch.tensor([7, 0, 9], dtype=torch.uint8).expand(int(changed.sum()), 3))
+    hit = (noisy[:, :, :10, :10] == torch.tensor([7, 0, 9], dtype=torch.uint8)).all(-1).float().mean().item()
+    assert hit == pytest.approx(0.25, abs=0.05)
+    assert torch.equal(sw.background_noise(frames, 0.0), frames)
+
+
 def test_reward_classes_and_the_simulated_env_reward_mapping():
     assert sw.reward_to_class(torch.tensor([-5.0, -1, -0.3, 0, 0.4, 0.6, 3])).tolist() == [0, 0, 1, 1, 1, 2, 2]
     cfg = sw.WorldModelArgs(model="deterministic", hidden_size=8, compress_steps=2, filter_double_steps=1)
