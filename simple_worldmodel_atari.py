@@ -423,7 +423,7 @@ class Injection(nn.Module):
 
 class InferenceNet(nn.Module):
     """Posterior over the bits, training only: (4 context frames, true next frame, action) -> bit logits.
-    Two 8x8 stride-4 convs, each mean-pooled over space (the reference pools with learned attention weights)."""
+    Two 8x8 stride-4 convs, each pooled over space by an attention-weighted mean (1x1 conv -> softmax weights)."""
 
     def __init__(self, channels: int, num_actions: int, cfg: WorldModelArgs):
         super().__init__()
@@ -433,14 +433,20 @@ class InferenceNet(nn.Module):
         self.inject = Injection(num_actions, cfg.hidden_size)
         self.conv1 = nn.Conv2d(cfg.hidden_size, f, 8, 4, 2)
         self.conv2 = nn.Conv2d(f, 4 * f, 8, 4, 2)
+        self.attn1, self.attn2 = nn.Conv2d(f, 1, 1), nn.Conv2d(4 * f, 1, 1)
         self.to_bits = nn.Linear(5 * f, cfg.bits)
+
+    @staticmethod
+    def attention_pool(y, attn):
+        weights = torch.softmax(attn(y).flatten(2), dim=-1)  # (B, 1, H*W)
+        return (y.flatten(2) * weights).sum(-1)
 
     def forward(self, frames, target, actions):
         x = add_timing(self.embed(standardize_frames(torch.cat([frames, target[:, None]], dim=1))))
         x = self.inject(x, F.one_hot(actions, self.num_actions).float())
         y1 = F.relu(self.conv1(x))
         y2 = F.relu(self.conv2(y1))
-        return self.to_bits(torch.cat([y1.mean((2, 3)), y2.mean((2, 3))], dim=1))
+        return self.to_bits(torch.cat([self.attention_pool(y1, self.attn1), self.attention_pool(y2, self.attn2)], 1))
 
 
 class BitPrior(nn.Module):
