@@ -1226,7 +1226,12 @@ def main(args: Args) -> None:
         print(f"{run_dir} holds a finished run (results.json); nothing to do")
         return
     setup_run(args, ctx)
-    modules, state = build_modules(args, ctx)
+    try:
+        modules, state = build_modules(args, ctx)
+    except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
+        print(f"error: {run_dir}/checkpoints/state.pt does not fit this script's networks ({type(e).__name__}): "
+              "pass a new --run-dir", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
     with SignalGuard():
         try:
             if args.mode == "model-free":
