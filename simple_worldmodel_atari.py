@@ -1229,8 +1229,11 @@ def main(args: Args) -> None:
     try:
         modules, state = build_modules(args, ctx)
     except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
-        print(f"error: {run_dir}/checkpoints/state.pt does not fit this script's networks ({type(e).__name__}): "
-              "pass a new --run-dir", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: a saved network ({run_dir}/checkpoints/state.pt or --world-model) does not fit this script's "
+            f"networks ({type(e).__name__}): pass a new --run-dir or another world model",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     with SignalGuard():
         try:
