@@ -1695,7 +1695,7 @@ def plot_learning_curve(history: list, path: Path, env_id: str):
         ax1.plot([e for e, _ in wm], [m.get(f"frame_mse_{hz}") for _, m in wm], "o-", label=f"model, {hz} steps")
         ax1.plot([e for e, _ in wm], [m.get(f"copy_frame_mse_{hz}") for _, m in wm], "s--", label="copy last frame")
         ax1.legend(fontsize=7)
-    ax1.set(xlabel="epoch", ylabel="open-loop frame MSE", title="world model (held-out real play)")
+    ax1.set(xlabel="epoch", ylabel="open-loop frame MSE (log)", yscale="log", title="world model (held-out real play)")
     ev = [(h.get("real_steps"), h["eval"]["mean"]) for h in history if h.get("eval")]
     if ev:
         ax2.plot([s for s, _ in ev], [m for _, m in ev], "o-", label="real score (full games)")
