@@ -3,7 +3,9 @@ the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducib
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
 import shutil
@@ -302,6 +304,8 @@ def build_finished_run(tmp_path_factory):
         *TINY,
         "--demonstrator.total-timesteps",
         "512",
+        "--demonstrator.snapshot-every",
+        "4",
         "--policy.total-timesteps",
         "256",
         "--reward.num-pairs",
@@ -317,7 +321,6 @@ def build_finished_run(tmp_path_factory):
         "--eval.seeds",
         "1",
         "2",
-        "3",
         "--capture-video",
         timeout=400,
     )
@@ -329,7 +332,7 @@ def build_finished_run(tmp_path_factory):
 def check_whole_pipeline_smoke(finished_run, run_script):
     run_dir = finished_run
     snapshots = sorted((run_dir / "demonstrator").glob("ckpt_*.pt"))
-    assert len(snapshots) >= 9  # the untrained policy + one per iteration (8 iterations)
+    assert [p.name for p in snapshots] == ["ckpt_00000.pt", "ckpt_00004.pt", "ckpt_00008.pt"]  # untrained, every 4th
     with np.load(run_dir / "demos.npz") as z:
         assert len(z["lengths"]) >= 12  # >= 12 demos even with fewer snapshots
         assert z["frames"].shape == ((z["lengths"] + 3).sum(), 84, 84)  # each frame once
@@ -338,7 +341,7 @@ def check_whole_pipeline_smoke(finished_run, run_script):
         assert (run_dir / name).stat().st_size > 0, name
     assert json.loads((run_dir / "args.json").read_text())["script"] == SCRIPT
     res = json.loads((run_dir / "results.json").read_text())
-    assert len(res["eval"]["per_seed"]) == 3 and all(len(p["returns"]) == 2 for p in res["eval"]["per_seed"])
+    assert len(res["eval"]["per_seed"]) == 2 and all(len(p["returns"]) == 2 for p in res["eval"]["per_seed"])
     for v in (res["trex_score"], res["demos"]["best"], res["reward"]["val_accuracy"], res["reward"]["spearman"]):
         assert math.isfinite(v)
     assert res["trex_score"] == max(p["mean"] for p in res["eval"]["per_seed"])
@@ -355,7 +358,7 @@ def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeyp
     import cv2
 
     videos = sorted((finished_run / "videos").glob("*.webm"))
-    assert len(videos) == 3
+    assert len(videos) == 2  # one per evaluation seed
     capture = cv2.VideoCapture(str(videos[0]))
     assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90"
     assert capture.read()[0]
@@ -395,12 +398,14 @@ def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
         # both damages for the files a resume reads; one of the two, alternating, for the rest
         for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
             corrupt_file(path, how)
+            err = io.StringIO()
             try:
-                trex.main(trex.parse_args(command))
+                with contextlib.redirect_stderr(err):
+                    trex.main(trex.parse_args(command))
                 names["redo"].append(path.name)
-            except SystemExit:
-                line = one_line_exit_2(lambda: trex.main(trex.parse_args(command)))
-                assert path.name in line, line
+            except SystemExit as exit_info:
+                line = err.getvalue().strip()
+                assert exit_info.code == 2 and len(line.splitlines()) == 1 and path.name in line, line
                 names["exit 2"].append(path.name)
             path.write_bytes(original)
     assert set(read_on_resume) <= set(names["exit 2"])
