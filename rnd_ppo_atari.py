@@ -4,10 +4,7 @@ RND adds an exploration bonus to PPO: the error of a trained predictor imitating
 the (whitened, last-frame) next observation; novel frames are predicted badly and earn a lot. The bonus is divided by
 a running std of its discounted return (filtered forward in TIME per env), is non-episodic, has its own value head,
 and the policy is trained on A = 2 * A_ext + 1 * A_int. Paper: Burda, Edwards, Storkey, Klimov (2019), "Exploration
-by Random Network Distillation", ICLR (arXiv 1810.12894). Defaults: the paper's Table 5 and openai/random-network-
-distillation (CNN policy).
-
-Usage:
+by Random Network Distillation", ICLR (arXiv 1810.12894). Defaults: its Table 5 and OpenAI's code (CNN). Usage:
     python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4             # the paper's setting (~2B frames)
     python rnd_ppo_atari.py --ppo.num-envs 8 --ppo.num-steps 32 --rnd.num-iterations-obs-norm-init 2 \\
         --ppo.total-timesteps 20000 --eval.episodes 1                          # minutes on a laptop CPU

@@ -4,9 +4,7 @@ T-REX learns a state-only reward r̂(s) from ranked, suboptimal demonstrations w
 pairs (the better demo's snippet must get the larger summed reward), then trains PPO on sigmoid(r̂(s')) alone, so
 the policy can beat the best demonstration. Paper: Brown, Goo, Nagarajan, Niekum (2019), "Extrapolating Beyond
 Suboptimal Demonstrations via Inverse Reinforcement Learning from Observations", ICML (arXiv 1904.06387).
-Defaults follow hiwonjoon/ICML2019-TREX (reward learning) and CleanRL's ppo_atari.py (PPO).
-
-Usage:
+Defaults follow hiwonjoon/ICML2019-TREX (reward learning) and CleanRL's ppo_atari.py (PPO). Usage:
     python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4                 # the whole pipeline, paper budgets
     python trex_ppo_atari.py --demonstrator.total-timesteps 8192 --policy.total-timesteps 8192 \\
         --reward.num-pairs 300 --reward.epochs 1 --eval.episodes 2 --env.max-episode-frames 4000  # minutes, CPU
