@@ -1366,12 +1366,29 @@ def check_run_dir(args: Args, ctx: dict):
                              "the same world-model settings or pass a new --run-dir")  # fmt: skip
         ctx["finished"] = (run_dir / "results.json").exists()
         ctx["resume"] = load_state_file(run_dir / "checkpoints" / "state.pt")
+        if ctx["resume"] is not None and not ctx["finished"]:
+            check_saved_networks_fit(args, ctx)
         ctx["data"] = load_collections(run_dir)
     probe = run_dir
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
+
+
+def check_saved_networks_fit(args: Args, ctx: dict):
+    """The resume checkpoint's networks must load into this file's networks (another version may differ)."""
+    saved = ctx["resume"]["modules"]
+    num_actions = num_actions_of(ctx["rom"])
+    nets = {"policy": Policy(num_actions, FRAME_SHAPE, args.ppo.dropout)}
+    if args.mode != "model-free" and args.world_model is None:
+        nets["model"] = WorldModel(num_actions, FRAME_SHAPE, args.wm)
+    try:
+        for name, net in nets.items():
+            net.load_state_dict(saved[name])
+    except (RuntimeError, KeyError):
+        raise UsageError(f"{ctx['run_dir']}/checkpoints/state.pt holds networks that do not fit this file's "
+                         "(another version of the script?): pass a new --run-dir") from None  # fmt: skip
 
 
 def load_world_model_file(path: str, args: Args, check_type: bool = True) -> dict:

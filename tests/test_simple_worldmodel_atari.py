@@ -525,6 +525,12 @@ def test_corrupt_state_or_collection_exits_2_naming_the_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and broken.name in err, err
         broken.unlink()
+    torch.save({"state": {}, "modules": {"policy": {}, "model": {}}}, run_dir / "checkpoints" / "state.pt")
+    with pytest.raises(SystemExit) as exc:  # networks of another version of the file
+        sw.main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "do not fit" in err and len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(run_dir)) == ["args.json", "checkpoints", "data"]
 
 
 @pytest.mark.slow
