@@ -341,16 +341,16 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
         str(experts_dir),
         *TINY,
         "--hyper.total-timesteps",
-        "1200",
+        "800",
         "--eval.checkpoint-frequency",
         "200",
         "--eval.frequency",
-        "600",
+        "400",
     ]
     rc, _, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "hyper.pt", wait_s=180)
     assert rc == 130, err[-2000:]
     saved_step = torch.load(run_dir / "checkpoints" / "hyper.pt", weights_only=False)["counters"]["step"]
-    assert 0 < saved_step < 1200
+    assert 0 < saved_step < 800
     from conftest import run_script_subprocess
 
     stale = run_dir / "checkpoints" / "hyper.pt.tmp"
@@ -361,7 +361,7 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     assert f"resumed at real step {saved_step}" in out
     assert not stale.exists()
     res = json.loads((run_dir / "results.json").read_text())
-    assert res["real_steps"] == 1200 and res["history"][0]["step"] == 0
+    assert res["real_steps"] == 800 and res["history"][0]["step"] == 0
 
 
 # ------------------------------------------------------------------------------------------------ bad input
