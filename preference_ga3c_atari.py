@@ -1008,9 +1008,10 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
                 wanted = max(wanted, min(args.labels.budget, answered + 3))
             teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
             due = int((shared.steps - trained_until) * args.reward.labels_per_step / args.reward.batch_size)
-            if due > 0:
-                log.scalars(teacher.train(due), shared.steps)
-                trained_until = shared.steps
+            if due > 0:  # a few updates per pass keep queries and logging flowing; the rest is caught up later
+                updates = min(due, 4)
+                log.scalars(teacher.train(updates), shared.steps)
+                trained_until += updates * args.reward.batch_size / args.reward.labels_per_step
                 teacher.normalise(infer, shared)
             log.status(f"training the agent, step {shared.steps:,}", answered)
         log.tick(net, optimizer)

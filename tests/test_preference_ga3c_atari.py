@@ -407,11 +407,11 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
         assert not store.exists() and not (run_dir / "checkpoints/reward_model.pt").exists()
         return
     assert (run_dir / "checkpoints/reward_model.pt").is_file()
-    assert results["labels"] == 12  # the whole budget, answered through the store's queue
+    assert 6 < results["labels"] <= 12  # pretraining labels, then more during RL, never past the budget
     answers = store_rows(
         store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'"
     )
-    assert len(answers) == 12 and {a[1] for a in answers} == {"synthetic"}
+    assert len(answers) == results["labels"] and {a[1] for a in answers} == {"synthetic"}
     if feedback == "sort-tree":
         from preference_ga3c_atari import LabelStore
 
