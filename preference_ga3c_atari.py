@@ -979,8 +979,8 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             shared.hold.set()
             updates = math.ceil(args.reward.pretrain_epochs * teacher.num_examples() / args.reward.batch_size)
             log.status(f"pretraining the reward model on {answered} labels", answered, force=True)
-            for done in range(0, updates, 50):
-                log.scalars(teacher.train(min(50, updates - done)), shared.steps)
+            for done in range(0, updates, 5):  # small chunks: a SIGINT/SIGTERM is answered within seconds
+                log.scalars(teacher.train(min(5, updates - done)), shared.steps)
                 if log.should_stop():
                     break
             teacher.normalise(infer, shared)
