@@ -30,5 +30,57 @@ case $step in
     nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback sort-tree \
         --exp-name ev2_tree --run-dir runs/pref_evidence2_tree > runs/pref_evidence2_tree.log 2>&1 &
     wait ;;
-  *) echo "usage: $0 evidence|throughput|webapp"; exit 2 ;;
+  curves)  # the three evidence runs' training-game scores and labels in one figure for the docs
+    python - <<'PY'
+import glob
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+runs = {"rl (true reward)": "runs/pref_evidence_rl", "synthetic, pairwise": "runs/pref_evidence2_pairwise",
+        "synthetic, sort-tree": "runs/pref_evidence2_tree"}
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
+    acc = EventAccumulator(glob.glob(run + "/events*")[0], size_guidance={"scalars": 0})
+    acc.Reload()
+    games = acc.Scalars("charts/episodic_return")
+    steps, scores = np.array([g.step for g in games]) * 4, np.array([g.value for g in games])
+    window = min(20, len(scores))
+    top.plot(steps[window - 1:], np.convolve(scores, np.ones(window) / window, "valid"), label=name, color=color)
+    if "labels/answered" in acc.Tags()["scalars"]:
+        labels = acc.Scalars("labels/answered")
+        bottom.plot([x.step * 4 for x in labels], [x.value for x in labels], label=name, color=color)
+top.set_ylabel("true game score (mean of 20 games)")
+top.legend(fontsize=8)
+bottom.set_ylabel("labels answered")
+bottom.set_xlabel("frames")
+bottom.legend(fontsize=8)
+fig.suptitle("PongNoFrameskip-v4, 0.6M frames, seed 1 (CPU evidence configuration)")
+fig.tight_layout()
+fig.savefig("docs/assets/preference_ga3c_atari/evidence_pong.png", dpi=90)
+PY
+    ;;
+  trex-reward)  # T-REX's quick configuration: the reward model its policy phase needs for the throughput baseline
+    [ -f runs/trex_quick/reward_model.pt ] || python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+        --demonstrator.total-timesteps 8192 --policy.total-timesteps 8192 --reward.num-pairs 300 --reward.epochs 1 \
+        --eval.episodes 2 --env.max-episode-frames 4000 --run-dir runs/trex_quick ;;
+  throughput)  # one window, nothing else running: T-REX's policy phase (the baseline), then GA3C on the same game
+    for threads in 0 1; do  # 0 = torch's default (2 threads here)
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label "trex-policy-t$threads" \
+          --train-seconds 150 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+          --reward-model runs/trex_quick/reward_model.pt --torch-threads $threads
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --label "ga3c-rl-t$threads" \
+          --train-seconds 150 -- python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl \
+          --torch-threads $threads
+    done
+    # with the synthetic labeller (reward inference + asynchronous reward training), after a short pretraining
+    for rate in 0.1 0.02; do
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+          --label "ga3c-synthetic-rate$rate" --train-seconds 240 -- python preference_ga3c_atari.py \
+          --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
+          --reward.labels-per-step $rate --torch-threads 1 --labels.store-dir runs/preference_store_bench \
+          --exp-name "bench$rate"
+    done ;;
+  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput"; exit 2 ;;
 esac
