@@ -66,21 +66,28 @@ PY
         --demonstrator.total-timesteps 8192 --policy.total-timesteps 8192 --reward.num-pairs 300 --reward.epochs 1 \
         --eval.episodes 2 --env.max-episode-frames 4000 --run-dir runs/trex_quick ;;
   throughput)  # one window, nothing else running: T-REX's policy phase (the baseline), then GA3C on the same game
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy \
+        --train-seconds 120 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+        --reward-model runs/trex_quick/reward_model.pt
     for threads in 0 1; do  # 0 = torch's default (2 threads here)
-      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label "trex-policy-t$threads" \
-          --train-seconds 150 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
-          --reward-model runs/trex_quick/reward_model.pt --torch-threads $threads
       python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --label "ga3c-rl-t$threads" \
-          --train-seconds 150 -- python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl \
+          --train-seconds 120 -- python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl \
           --torch-threads $threads
     done
     # with the synthetic labeller (reward inference + asynchronous reward training), after a short pretraining
     for rate in 0.1 0.02; do
       python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
-          --label "ga3c-synthetic-rate$rate" --train-seconds 240 -- python preference_ga3c_atari.py \
+          --label "ga3c-synthetic-rate$rate" --train-seconds 150 -- python preference_ga3c_atari.py \
           --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
           --reward.labels-per-step $rate --torch-threads 1 --labels.store-dir runs/preference_store_bench \
           --exp-name "bench$rate"
     done ;;
+  throughput-synthetic-0.1)  # re-measured alone with a longer window: the first measurement had pretraining
+    # eating most of its 150 s and another agent's tests running beside it
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+        --label "ga3c-synthetic-rate0.1-long" --train-seconds 210 -- python preference_ga3c_atari.py \
+        --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
+        --reward.labels-per-step 0.1 --torch-threads 1 --labels.store-dir runs/preference_store_bench \
+        --exp-name bench0.1 ;;
   *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput"; exit 2 ;;
 esac
