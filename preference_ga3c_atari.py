@@ -1117,9 +1117,7 @@ def save_atomic(obj, path: Path):
 
 
 def write_json_atomic(data, path: Path):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    _write_atomic(path, json.dumps(data, indent=2).encode())
 
 
 class RunLog:
@@ -1190,6 +1188,7 @@ class RunLog:
                 answered, pending = self.teacher.outstanding()
                 self.progress["labels_curve"].append((step, answered))
                 stats |= {
+                    "reward/updates": self.teacher.updates,  # with labels/answered: the training rate achieved
                     "labels/answered": answered,
                     "labels/pending": pending,
                     "labels/clips": len(self.teacher.frames),
