@@ -861,7 +861,7 @@ class Run:
     dir: Path
     writer: object  # torch.utils.tensorboard.SummaryWriter
     device: torch.device
-    stop: "StopFlag"
+    stop: object  # StopFlag (below); a string annotation would break loading the file by path
     expert_curve: list = field(default_factory=list)
 
 
