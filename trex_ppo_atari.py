@@ -47,8 +47,7 @@ class EnvArgs:
     sticky_actions: float = -1.0  # repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5
     noop_max: int = 30  # up to this many no-ops at every reset (0 = off)
     max_episode_frames: int = 108_000  # emulator frames per game before truncation (27,000 agent steps)
-    episodic_life: bool = True
-    """PPO phases: a lost life ends the learner's episode (the game goes on; scores are full games)"""
+    episodic_life: bool = True  # PPO phases: a lost life ends the learner's episode (the game goes on)
 
 
 @dataclass
@@ -77,8 +76,7 @@ class DemonstratorArgs:
     """Phase 1: PPO on the true, clipped reward."""
 
     total_timesteps: int = 10_000_000  # budget in agent steps (stops earlier at the return ceiling)
-    return_ceiling: Optional[float] = None
-    """stop once the recent mean score reaches this; default: the paper's best demo (8 games)"""
+    return_ceiling: Optional[float] = None  # stop once the recent mean score reaches this; default: paper's best demo
     ceiling_window: int = 20  # number of recent training games averaged for the ceiling test
     snapshot_every: int = 0  # save a snapshot every N iterations (0 = about 50 over the budget)
 
@@ -97,8 +95,7 @@ class RewardArgs:
 
     mask_top: int = -1  # rows hidden at the top of every frame (score, lives); -1 = the game's default (SCORE_MASKS)
     mask_bottom: int = -1  # rows hidden at the bottom of every frame; -1 = the game's default
-    sampling: Literal["offline", "live"] = "offline"
-    """offline: the paper's fixed set of pairs; live: fresh fixed-length pairs every step"""
+    sampling: Literal["offline", "live"] = "offline"  # offline: the paper's fixed pairs; live: fresh pairs every step
     num_pairs: int = 6000  # offline training pairs
     epochs: int = 5  # passes over the offline pairs (paper: 5 x 6000 = 30,000 steps)
     live_steps: int = 30_000  # optimiser steps with live sampling
@@ -119,16 +116,14 @@ class PolicyArgs:
     """Phase 4: PPO on the learned reward."""
 
     total_timesteps: int = 12_500_000  # agent steps (the paper's 50M frames at frameskip 4)
-    reward: Literal["sigmoid", "raw", "normalized", "env"] = "sigmoid"
-    """sigmoid(r̂(s')) as the paper; raw r̂; r̂ normalised by running stats; env = clipped true reward (ablation)"""
+    reward: Literal["sigmoid", "raw", "normalized", "env"] = "sigmoid"  # sigmoid(r̂(s')) as the paper; env: ablation
 
 
 @dataclass
 class EvalArgs:
     """Phase 5 (and --eval-only): full games, stochastic policy."""
 
-    seeds: list[int] = field(default_factory=lambda: [1234, 12345, 123456])
-    """evaluation seeds (the paper: best mean over 3 seeds x 30 games)"""
+    seeds: list[int] = field(default_factory=lambda: [1234, 12345, 123456])  # the paper: best mean of 3 seeds
     episodes: int = 30  # full games per seed
     num_envs: int = 8  # parallel environments for evaluation
 
@@ -145,17 +140,12 @@ class Args:
     capture_video: bool = False  # record the first evaluation game of each seed's first env to videos/ (VP9 WebM)
     torch_threads: int = 0  # CPU threads for torch (0 = torch's default; use 1 on a CPU shared with other jobs)
     env_id: str = "BreakoutNoFrameskip-v4"  # gymnasium-style Atari id (BreakoutNoFrameskip-v4, ALE/Breakout-v5)
-    run_dir: Optional[str] = None
-    """run directory (default runs/{env_id}__{exp_name}__{seed}__{time}); an existing one is resumed"""
+    run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{time}; an existing one is resumed
     demos: Optional[str] = None  # npz of your own demonstrations (skips phases 1-2); format in docs/trex_ppo_atari.md
-    reward_model: Optional[str] = None
-    """a reward_model.pt saved by this script (skips phase 3, and phases 1-2 unless --demos is given)"""
-    stop_after: Optional[Literal["demonstrator", "demos", "reward", "policy"]] = None
-    """stop after this phase; re-running with the same --run-dir continues"""
-    checkpoint_every: int = 10
-    """PPO iterations between resume checkpoints (also saved at the end and on SIGINT/SIGTERM)"""
-    eval_only: Optional[str] = None
-    """evaluate RUN_DIR/policy.pt with the --eval.* flags and write RUN_DIR/evaluations/eval_NNN.json"""
+    reward_model: Optional[str] = None  # a reward_model.pt of this script (skips phases 1-3; 1-2 if --demos too)
+    stop_after: Optional[Literal["demonstrator", "demos", "reward", "policy"]] = None  # re-running continues
+    checkpoint_every: int = 10  # PPO iterations between resume checkpoints (also at the end and on SIGINT/SIGTERM)
+    eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt with --eval.*, into RUN_DIR/evaluations/eval_NNN.json
     env: EnvArgs = field(default_factory=EnvArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)
     demonstrator: DemonstratorArgs = field(default_factory=DemonstratorArgs)
@@ -166,19 +156,9 @@ class Args:
 
 
 # Rows of the 84x84 frame hidden from the reward net (top, bottom): hiwonjoon/ICML2019-TREX trex_utils.py.
-SCORE_MASKS = {
-    "space_invaders": (10, 0),
-    "breakout": (10, 0),
-    "pong": (10, 0),
-    "beam_rider": (16, 11),
-    "enduro": (0, 14),
-    "hero": (0, 30),
-    "qbert": (12, 0),
-    "seaquest": (12, 16),
-    "ms_pacman": (0, 15),
-    "video_pinball": (15, 0),
-    "montezuma_revenge": (10, 0),
-}
+SCORE_MASKS = {"space_invaders": (10, 0), "breakout": (10, 0), "pong": (10, 0), "beam_rider": (16, 11)}
+SCORE_MASKS |= {"enduro": (0, 14), "hero": (0, 30), "qbert": (12, 0), "seaquest": (12, 16), "ms_pacman": (0, 15)}
+SCORE_MASKS |= {"video_pinball": (15, 0), "montezuma_revenge": (10, 0)}
 DEFAULT_MASK = (10, 0)  # other games: the top 10 rows; check with a frame!
 # The paper's best-demo scores: the demonstrator stops once it is this good (so the demos stay suboptimal).
 PAPER_BEST_DEMO = {"beam_rider": 1332.0, "breakout": 32.0, "enduro": 84.0, "hero": 13235.0, "pong": -6.0}
@@ -194,12 +174,11 @@ def make_envs(rom: str, num_envs: int, sticky: float, env_args: EnvArgs, life_lo
     (ale-py's episodic_life=True resets the whole game at every lost life, so it is not used)."""
     from ale_py.vector_env import AtariVectorEnv
 
-    settings = dict(
-        repeat_action_probability=sticky, reward_clipping=False, episodic_life=False, life_loss_info=life_loss
-    )
-    settings |= dict(noop_max=env_args.noop_max, max_num_frames_per_episode=env_args.max_episode_frames)
-    settings |= dict(autoreset_mode="SameStep", use_fire_reset=True, full_action_space=False, stack_num=4, frameskip=4)
-    return AtariVectorEnv(rom, num_envs, img_height=84, img_width=84, grayscale=True, maxpool=True, **settings)
+    frames = dict(img_height=84, img_width=84, grayscale=True, maxpool=True, stack_num=4, frameskip=4)
+    game = dict(repeat_action_probability=sticky, noop_max=env_args.noop_max, full_action_space=False)
+    ends = dict(episodic_life=False, life_loss_info=life_loss, max_num_frames_per_episode=env_args.max_episode_frames)
+    resets = dict(autoreset_mode="SameStep", use_fire_reset=True, reward_clipping=False)
+    return AtariVectorEnv(rom, num_envs, **frames, **game, **ends, **resets)
 
 
 class GameTracker:
@@ -232,21 +211,15 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
-def channels_last(obs):
-    """uint8 frames in NHWC layout, converted before the float cast (a quarter of the memory traffic)."""
-    return obs.contiguous(memory_format=torch.channels_last)
-
-
 class Agent(nn.Module):
     """Nature-CNN actor-critic (CleanRL ppo_atari.py) on uint8 (N, 4, 84, 84). Weights and activations are
-    channels-last: oneDNN's CPU convolutions ran the PPO update 1.4x faster that way (docs, speed section)."""
+    channels-last (uint8 converted before the float cast): oneDNN's CPU convolutions ran the PPO update 1.4x faster."""
 
     def __init__(self, num_actions: int, env_id: str = "", env_config: Optional[dict] = None):
         super().__init__()
         self.env_id, self.env_config = env_id, env_config or {}
-        convs = [
-            layer_init(nn.Conv2d(i, o, k, stride=s)) for i, o, k, s in ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))
-        ]
+        specs = ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))
+        convs = [layer_init(nn.Conv2d(i, o, k, stride=s)) for i, o, k, s in specs]
         layers = [layer for conv in convs for layer in (conv, nn.ReLU())]
         self.network = nn.Sequential(*layers, nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
@@ -254,7 +227,7 @@ class Agent(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def forward(self, obs):
-        hidden = self.network(channels_last(obs).float() / 255.0)
+        hidden = self.network(obs.contiguous(memory_format=torch.channels_last).float() / 255.0)
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
     @torch.no_grad()
@@ -264,22 +237,14 @@ class Agent(nn.Module):
         return Categorical(logits=logits).sample().cpu().numpy()
 
 
-def score_mask(top: int, bottom: int, height: int = 84) -> torch.Tensor:
-    """(height,) float: 0 on the hidden rows (score, lives), 1 elsewhere."""
-    keep = torch.ones(height)
-    keep[: max(top, 0)] = 0.0
-    if bottom > 0:
-        keep[height - bottom :] = 0.0
-    return keep
-
-
 class RewardNet(nn.Module):
     """T-REX Atari reward net: 4 convs x 16 channels with leaky ReLU, FC 64, scalar r̂(s); state only.
     The score mask is a buffer applied inside forward, so no caller can show it the score or lives."""
 
     def __init__(self, mask_top: int = 10, mask_bottom: int = 0):
         super().__init__()
-        self.register_buffer("keep_rows", score_mask(mask_top, mask_bottom).view(1, 1, 84, 1))
+        rows = torch.arange(84)  # 0 on the hidden rows (score, lives), 1 elsewhere
+        self.register_buffer("keep_rows", ((rows >= mask_top) & (rows < 84 - mask_bottom)).float().view(1, 1, 84, 1))
         self.mask_top, self.mask_bottom = mask_top, mask_bottom
         convs = [nn.Conv2d(i, 16, k, stride=s) for i, k, s in ((4, 7, 3), (16, 5, 2), (16, 3, 1), (16, 3, 1))]
         layers = [layer for conv in convs for layer in (conv, nn.LeakyReLU())]
@@ -287,7 +252,8 @@ class RewardNet(nn.Module):
         self.to(memory_format=torch.channels_last)  # as Agent: faster CPU convolutions
 
     def forward(self, obs):
-        return self.body(channels_last(obs).float() * (self.keep_rows / 255.0)).squeeze(-1)
+        x = obs.contiguous(memory_format=torch.channels_last).float()
+        return self.body(x * (self.keep_rows / 255.0)).squeeze(-1)
 
 
 # ---- The math (pure functions)
@@ -430,7 +396,7 @@ def ppo_loss(new_logp, old_logp, entropy, new_value, old_value, advantages, retu
 
 
 class RunningMeanStd:
-    """Running mean/variance (Chan's parallel update); for --policy.reward normalized."""
+    """Running mean/variance (Chan's parallel update); for --policy.reward normalized. Checkpointed as vars(rms)."""
 
     def __init__(self, device):
         self.mean = torch.zeros((), device=device)
@@ -443,12 +409,6 @@ class RunningMeanStd:
         self.mean = self.mean + delta * b_count / total
         self.var = (self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total) / total
         self.count = total
-
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, d):
-        self.mean, self.var, self.count = d["mean"], d["var"], d["count"]
 
 
 def policy_rewards(r_hat, kind: str, rms: RunningMeanStd):
@@ -552,16 +512,9 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
             mb = perm[start : start + minibatch_size]
             logits, new_value = agent(b_obs.index_select(0, mb).permute(0, 3, 1, 2))
             dist = Categorical(logits=logits)
+            new_logp, entropy = dist.log_prob(b_actions[mb]), dist.entropy()
             loss, pg_loss, v_loss, entropy, approx_kl, clipfrac = ppo_loss(
-                dist.log_prob(b_actions[mb]),
-                b_logp[mb],
-                dist.entropy(),
-                new_value,
-                b_val[mb],
-                b_adv[mb],
-                b_ret[mb],
-                b_valid[mb],
-                ppo,
+                new_logp, b_logp[mb], entropy, new_value, b_val[mb], b_adv[mb], b_ret[mb], b_valid[mb], ppo
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -643,8 +596,7 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
                 save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)
             if ceiling is not None and len(recent) == recent.maxlen and np.mean(recent) >= ceiling:
                 print(
-                    f"[{phase}] mean score {np.mean(recent):.1f} of the last {len(recent)} games reached the "
-                    f"ceiling {ceiling}: stopping so the demos stay suboptimal"
+                    f"[{phase}] {len(recent)}-game mean reached the ceiling {ceiling}: stop, the demos stay suboptimal"
                 )
                 state["stopped_at_ceiling"] = True
                 break
@@ -663,11 +615,6 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
     return agent, state
 
 
-def explained_variance(values, returns) -> float:
-    var_y = returns.var()
-    return float("nan") if var_y == 0 else float(1 - (returns - values).var() / var_y)
-
-
 # ---- Phases
 def train_demonstrator(args: Args, ctx: dict) -> None:
     """Phase 1: PPO on the true (clipped) reward, snapshots of rising quality in demonstrator/."""
@@ -677,25 +624,20 @@ def train_demonstrator(args: Args, ctx: dict) -> None:
     ceiling = PAPER_BEST_DEMO.get(ctx["rom"]) if ceiling is None else ceiling
     if ceiling is None:
         print(f"[demonstrator] no paper best-demo score for {ctx['rom']}: no ceiling (--demonstrator.return-ceiling)")
-    writer = SummaryWriter(str(ctx["run_dir"] / "demonstrator"))
-    try:
+    with SummaryWriter(str(ctx["run_dir"] / "demonstrator")) as writer:
         train_ppo(args, ctx, "demonstrator", args.demonstrator.total_timesteps, writer, ceiling=ceiling)
-    finally:
-        writer.close()
 
 
 def collect_demos(args: Args, ctx: dict) -> dict:
     """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots; each frame stored once."""
     from tqdm import tqdm
 
-    device, snapshots = ctx["device"], pick_snapshots(ctx["snapshots"], args.collect.num_snapshots)
-    episodes = args.collect.episodes_per_snapshot
+    snapshots, episodes = ctx["snapshots"], args.collect.episodes_per_snapshot
     if len(snapshots) < args.collect.num_snapshots:
         episodes = max(episodes, math.ceil(args.collect.num_snapshots / len(snapshots)))
         print(f"[demos] only {len(snapshots)} snapshots: {episodes} games from each")
     env = make_envs(ctx["rom"], 1, ctx["sticky"], args.env, life_loss=False)
-    agent = Agent(int(env.single_action_space.n)).to(device)
-    frames, lengths, actions, returns, snapshot_ids = [], [], [], [], []
+    agent, collected = Agent(int(env.single_action_space.n)).to(ctx["device"]), []
     for s_i, (iteration, weights) in enumerate(tqdm(snapshots, desc="demos", file=sys.stderr, disable=None)):
         agent.load_state_dict(weights)
         for episode in range(episodes):
@@ -710,25 +652,15 @@ def collect_demos(args: Args, ctx: dict) -> dict:
                 score, done = score + float(reward[0]), bool(term[0] or trunc[0])
                 demo_actions.append(int(action[0]))
                 demo_frames.append((info["final_obs"] if done else obs)[0, -1:].copy())
-            stacked = np.concatenate(demo_frames)
-            frames.append(stacked)
-            lengths.append(len(stacked) - 3)
-            actions.append(np.array(demo_actions + [-1]))  # the final observation has no action
-            returns.append(score)
-            snapshot_ids.append(iteration)
+            # the final observation has no action
+            collected.append((np.concatenate(demo_frames), len(demo_frames), demo_actions + [-1], score, iteration))
     env.close()
+    frames, lengths, actions, returns, snapshot_ids = zip(*collected)
     demos = {"frames": np.concatenate(frames), "lengths": np.array(lengths), "actions": np.concatenate(actions)}
     demos |= {"returns": np.array(returns), "checkpoint": np.array(snapshot_ids)}
-    save_npz(ctx["run_dir"] / "demos.npz", demos)
+    save(ctx["run_dir"] / "demos.npz", demos)
     write_demo_table(demos, ctx["run_dir"] / "demos_table.md")
     return demos
-
-
-def pick_snapshots(snapshots: list, k: int) -> list:
-    """k snapshots spread evenly over training (all of them when there are fewer)."""
-    if len(snapshots) <= k:
-        return snapshots
-    return [snapshots[i] for i in np.unique(np.linspace(0, len(snapshots) - 1, k).round().astype(int))]
 
 
 def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
@@ -778,32 +710,24 @@ def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
             writer.add_scalar("reward/train_loss", mean_loss, step + 1)
             writer.add_scalar("reward/val_accuracy", acc, step + 1)
             bar.set_postfix(loss=f"{mean_loss:.3f}", val_acc=f"{acc:.3f}")
+            checks_without_gain = 0 if acc > best["acc"] else checks_without_gain + 1
             if acc > best["acc"]:
                 best = {"acc": acc, "state": {k: v.clone() for k, v in net.state_dict().items()}, "step": step + 1}
-                checks_without_gain = 0
-            else:
-                checks_without_gain += 1
-                if checks_without_gain >= cfg.patience:
-                    print(f"[reward] early stop at step {step + 1}: no better validation accuracy for {cfg.patience}")
-                    break
+            elif checks_without_gain >= cfg.patience:
+                print(f"[reward] early stop at step {step + 1}: no better validation accuracy for {cfg.patience}")
+                break
     bar.close()
     net.load_state_dict(best["state"])
     predicted = demo_returns(net, frames, offsets, lengths)
     predicted_sigmoid = demo_returns(net, frames, offsets, lengths, torch.sigmoid)  # what the policy will collect
     info = {"val_accuracy": best["acc"], "best_step": best["step"], "steps_run": step + 1, "num_val_pairs": num_val}
-    info |= correlations(predicted, scores) | {
-        f"{k}_sigmoid": v for k, v in correlations(predicted_sigmoid, scores).items()
-    }
-    save_torch(
-        {"state_dict": net.state_dict(), "mask_top": top, "mask_bottom": bottom, "env_id": args.env_id, "info": info},
-        ctx["run_dir"] / "reward_model.pt",
-    )
+    sigmoid_correlations = correlations(predicted_sigmoid, scores)
+    info |= correlations(predicted, scores) | {f"{k}_sigmoid": v for k, v in sigmoid_correlations.items()}
+    model = {"state_dict": net.state_dict(), "mask_top": top, "mask_bottom": bottom, "env_id": args.env_id}
+    save(ctx["run_dir"] / "reward_model.pt", model | {"info": info})
     true = demos["returns"] if np.isfinite(demos["returns"]).all() else scores
     plot_pred_vs_true(predicted, predicted_sigmoid, true, info, ctx["run_dir"] / "reward_pred_vs_true.png", args.env_id)
-    print(
-        f"[reward] val accuracy {best['acc']:.3f}; predicted vs true demo return: Spearman {info['spearman']:.2f}, "
-        f"Pearson {info['pearson']:.2f} (sum of r̂), Spearman {info['spearman_sigmoid']:.2f} (sum of sigmoid(r̂))"
-    )
+    print(f"[reward] val accuracy {best['acc']:.3f}; Spearman of predicted vs true demo returns {info['spearman']:.2f}")
     return info
 
 
@@ -821,11 +745,10 @@ def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_di
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy, N games per seed;
     each env plays a fixed quota of games, so short games are not over-represented."""
     per_seed = []
+    episodes = args.eval.episodes
     for s_i, seed in enumerate(args.eval.seeds):
-        num_envs = min(args.eval.num_envs, args.eval.episodes)
-        quota = np.array(
-            [args.eval.episodes // num_envs + (i < args.eval.episodes % num_envs) for i in range(num_envs)]
-        )
+        num_envs = min(args.eval.num_envs, episodes)
+        quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
         envs = make_envs(rom, num_envs, sticky, args.env, life_loss=False)
         obs, _ = envs.reset(seed=seed)
         tracker, finished, returns = GameTracker(num_envs), np.zeros(num_envs, dtype=int), []
@@ -840,20 +763,19 @@ def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_di
                 video.append((info["final_obs"] if over[0] else obs)[0, -1].copy())
             for i in np.flatnonzero(over & (finished < quota)):
                 returns.append(float(tracker.score[i]))
-                writer.add_scalar(f"{tag}/episodic_return", tracker.score[i], s_i * args.eval.episodes + len(returns))
+                writer.add_scalar(f"{tag}/episodic_return", tracker.score[i], s_i * episodes + len(returns))
             if video is not None and over[0]:
                 write_video(video, video_dir / f"{tag}_seed{seed}.webm")
                 video = None
             finished += over
             tracker.pop(over)
         envs.close()
-        per_seed.append(
-            {"seed": seed, "mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns}
-        )
-        print(f"[{tag}] seed {seed}: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} games")
+        mean, std = float(np.mean(returns)), float(np.std(returns))
+        per_seed.append({"seed": seed, "mean": mean, "std": std, "returns": returns})
+        print(f"[{tag}] seed {seed}: {mean:.2f} +- {std:.2f} over {len(returns)} games")
     means = [p["mean"] for p in per_seed]
     return {"per_seed": per_seed, "best_mean": max(means), "mean_of_means": float(np.mean(means))} | {
-        "episodes_per_seed": args.eval.episodes
+        "episodes_per_seed": episodes
     }
 
 
@@ -884,25 +806,17 @@ def run_pipeline(args: Args, ctx: dict, writer) -> Optional[dict]:
     ev = evaluate(args, agent, ctx["rom"], ctx["sticky"], writer, run_dir / "videos", "eval")
     demonstrator = ctx["histories"].get("demonstrator")
     results = {"env_id": args.env_id, "seed": args.seed, "demos": stats, "reward": ctx["reward_info"]}
-    results["policy"] = {
-        "global_step": state["global_step"],
-        "frames": 4 * state["global_step"],
-        "sps": state.get("sps"),
-    }
-    results["policy"]["reward"] = args.policy.reward
+    step = state["global_step"]
+    results["policy"] = {"global_step": step, "frames": 4 * step, "sps": state.get("sps"), "reward": args.policy.reward}
     results["demonstrator"] = {"global_step": int(demonstrator[-1][0])} if demonstrator else None
     results |= {"eval": ev, "trex_score": ev["best_mean"], "device": str(ctx["device"])}
     results["paper"] = PAPER_BREAKOUT if ctx["rom"] == "breakout" else None
     plot_learning_curve(ctx, stats, final_eval=ev["best_mean"])
-    save_json(run_dir / "results.json", results)
-    print(
-        f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); "
-        + (
-            f"demos best {stats['best']:g}, average {stats['average']:.2f}"
-            if stats["best"] is not None
-            else "no demo scores"
-        )
+    save(run_dir / "results.json", results)
+    demos = (
+        f"demos best {stats['best']:g}, average {stats['average']:.2f}" if stats["best"] is not None else "no scores"
     )
+    print(f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); {demos}")
     return results
 
 
@@ -910,7 +824,7 @@ def evaluate_only(args: Args, ctx: dict, writer) -> dict:
     """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt with the --eval.* flags, into evaluations/eval_NNN.json."""
     agent, path = ctx["policy"].to(ctx["device"]), ctx["eval_path"]
     ev = evaluate(args, agent, ctx["rom"], ctx["sticky"], writer, ctx["run_dir"] / "videos", path.stem)
-    save_json(path, {"env_id": agent.env_id, "policy": "policy.pt", "eval": ev, "device": str(ctx["device"])})
+    save(path, {"env_id": agent.env_id, "policy": "policy.pt", "eval": ev, "device": str(ctx["device"])})
     print(f"[eval-only] best seed mean {ev['best_mean']:.2f}; written to {path}")
     return ev
 
@@ -922,24 +836,16 @@ def main(args: Args) -> Optional[dict]:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if ctx["finished"] is not None:
-        print(
-            f"{ctx['run_dir']} is finished (results.json is never overwritten); "
-            f"--eval-only {ctx['run_dir']} evaluates it again"
-        )
+        print(f"{ctx['run_dir']} is finished (results.json is never overwritten); --eval-only evaluates it again")
         return ctx["finished"]
     writer, restore_signals = start_run(args, ctx)
     print(f"run dir: {ctx['run_dir']}")
     try:
         return evaluate_only(args, ctx, writer) if args.eval_only else run_pipeline(args, ctx, writer)
-    except UsageError as e:  # the collected demos turned out unusable (e.g. all with the same score)
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except NonFiniteLoss as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(3) from None
-    except Interrupted as e:
-        print(f"interrupted: {e}; re-run the same command to resume", file=sys.stderr)
-        raise SystemExit(130) from None
+    except (UsageError, NonFiniteLoss, Interrupted) as e:  # a UsageError here: the collected demos are unusable
+        resume = "; re-run the same command to resume" if isinstance(e, Interrupted) else ""
+        print(f"{'interrupted' if resume else 'error'}: {e}{resume}", file=sys.stderr)
+        raise SystemExit(e.exit_code) from None
     finally:
         writer.close()
         restore_signals()
@@ -947,16 +853,16 @@ def main(args: Args) -> Optional[dict]:
 
 
 # ---- run management ----
-class UsageError(Exception):
-    """Bad input: main prints the one-line message and exits 2 before any work."""
+class UsageError(Exception):  # bad input: main prints the one-line message and exits 2 before any work
+    exit_code = 2
 
 
-class NonFiniteLoss(Exception):
-    """A loss became NaN or infinite: main exits 3."""
+class NonFiniteLoss(Exception):  # a loss became NaN or infinite
+    exit_code = 3
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM arrived; the phase saved what it could: main exits 130."""
+class Interrupted(Exception):  # SIGINT/SIGTERM arrived; the phase saved what it could
+    exit_code = 130
 
 
 STOP = {"signal": 0}
@@ -964,10 +870,6 @@ SCRIPT = os.path.basename(__file__)
 MIN_DEMOS, MIN_DEMO_LEN = 2, 10
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
-
-
-def request_stop(signum, _frame):
-    STOP["signal"] = signum
 
 
 def rom_to_camel(rom: str) -> str:
@@ -1059,18 +961,12 @@ def validate(args: Args) -> dict:
     default_dir = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = Path(args.run_dir or default_dir)
     check_run_dir(run_dir, args.env_id)
-    top, bottom = (
-        m if m >= 0 else d
-        for m, d in zip((args.reward.mask_top, args.reward.mask_bottom), SCORE_MASKS.get(rom, DEFAULT_MASK))
-    )
+    masks = zip((args.reward.mask_top, args.reward.mask_bottom), SCORE_MASKS.get(rom, DEFAULT_MASK))
+    top, bottom = (mask if mask >= 0 else default for mask, default in masks)
     if top + bottom >= 84:
         raise UsageError("--reward.mask-top + --reward.mask-bottom hide the whole frame: use fewer rows")
-    env_config = {
-        "rom": rom,
-        "sticky": sticky,
-        "noop_max": args.env.noop_max,
-        "max_episode_frames": args.env.max_episode_frames,
-    }
+    env_config = {"rom": rom, "sticky": sticky, "noop_max": args.env.noop_max}
+    env_config["max_episode_frames"] = args.env.max_episode_frames
     ctx = {"rom": rom, "sticky": sticky, "run_dir": run_dir, "mask": (top, bottom), "env_config": env_config}
     ctx |= {"histories": {}, "finished": None, "demos": None, "reward_net": None, "reward_info": {}, "checkpoints": {}}
     if (run_dir / "results.json").exists():
@@ -1083,8 +979,9 @@ def validate(args: Args) -> dict:
     if args.reward_model or (run_dir / "reward_model.pt").exists():
         ctx["reward_net"], ctx["reward_info"] = load_reward_model(args.reward_model or str(run_dir / "reward_model.pt"))
     for phase in ("demonstrator", "policy"):
-        if (run_dir / "checkpoints" / f"{phase}.pt").exists():
-            ctx["checkpoints"][phase] = load_checkpoint(run_dir / "checkpoints" / f"{phase}.pt")
+        if (path := run_dir / "checkpoints" / f"{phase}.pt").exists():
+            keys = ("agent", "optimizer", "reward_rms", "rng", "state")
+            ctx["checkpoints"][phase] = torch_load(path, "resume checkpoint", "delete it to redo that phase", keys)
             ctx["histories"][phase] = ctx["checkpoints"][phase]["state"]["history"]
     ctx["demonstrator_done"] = ctx["checkpoints"].get("demonstrator", {}).get("state", {}).get("done", False)
     if ctx["demos"] is None and ctx["reward_net"] is None and ctx["demonstrator_done"]:
@@ -1135,32 +1032,26 @@ def read_json(path: Path):
         ) from None
 
 
-def torch_load(path, what: str, fix: str, weights_only: bool = False) -> dict:
+def torch_load(path, what: str, fix: str, keys=(), weights_only: bool = False) -> dict:
+    """A dict written by torch.save holding `keys`; else a UsageError naming the file and the fix."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=weights_only)
-        if isinstance(obj, dict):
-            return obj
     except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
-        pass
-    raise UsageError(f"{path} is not a readable {what}: {fix}")
-
-
-def load_checkpoint(path: Path) -> dict:
-    ckpt = torch_load(path, "resume checkpoint", "delete it to redo that phase from its start")
-    if not {"agent", "optimizer", "reward_rms", "rng", "state"} <= set(ckpt):
-        raise UsageError(f"{path} lacks parts of a resume checkpoint: delete it to redo that phase from its start")
-    return ckpt
+        obj = None
+    if not isinstance(obj, dict) or not set(keys) <= set(obj):
+        raise UsageError(f"{path} is not a readable {what}: {fix}")
+    return obj
 
 
 def load_snapshots(folder: Path, keep: int) -> list:
     """The demonstrator snapshots phase 2 draws from, each loaded and checked: [(iteration, state_dict)]."""
-    paths = pick_snapshots(sorted(folder.glob("ckpt_*.pt")), keep)
+    paths = sorted(folder.glob("ckpt_*.pt"))
+    if len(paths) > keep:  # `keep` of them, spread evenly over training
+        paths = [paths[i] for i in np.unique(np.linspace(0, len(paths) - 1, keep).round().astype(int))]
     if not paths:
         raise UsageError(f"{folder} holds no snapshots: delete checkpoints/demonstrator.pt to train the demonstrator")
     fix = "delete it and checkpoints/demonstrator.pt to train the demonstrator again"
-    snapshots = [torch_load(p, "demonstrator snapshot", fix) for p in paths]
-    if not all({"agent", "iteration"} <= set(s) for s in snapshots):
-        raise UsageError(f"a snapshot in {folder} lacks its weights: {fix}")
+    snapshots = [torch_load(p, "demonstrator snapshot", fix, ("agent", "iteration")) for p in paths]
     return [(int(s["iteration"]), s["agent"]) for s in snapshots]
 
 
@@ -1177,21 +1068,22 @@ def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games
     writer.add_scalar("charts/learning_rate", lr, step)
     for name, value in losses.items():
         writer.add_scalar(f"losses/{name}", value, step)
-    writer.add_scalar("losses/explained_variance", explained_variance(buf.values, returns), step)
+    var_y = returns.var()
+    explained = float("nan") if var_y == 0 else float(1 - (returns - buf.values).var() / var_y)
+    writer.add_scalar("losses/explained_variance", explained, step)
     if learned_games is not None:
         writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
 
 
 def resume_ppo(ctx: dict, phase: str, num_iterations: int, agent, optimizer, rms, state: dict) -> bool:
     """Loads the phase's checkpoint (read by validate) into the objects; True when the phase is finished. A finished
-    policy phase given a larger budget (no results.json yet) trains on; the demonstrator is never extended, since
-    the demos were drawn from its snapshots."""
+    policy phase given a larger budget trains on; the demonstrator is never extended (the demos came from it)."""
     ckpt = ctx["checkpoints"].get(phase)
     if ckpt is None:
         return False
     agent.load_state_dict(ckpt["agent"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    rms.load_state_dict({k: v.to(ctx["device"]) for k, v in ckpt["reward_rms"].items()})
+    vars(rms).update({k: v.to(ctx["device"]) for k, v in ckpt["reward_rms"].items()})
     set_rng_state(ckpt["rng"])
     state.update(ckpt["state"])
     extend = phase == "policy" and state["done"] and state["iteration"] < num_iterations
@@ -1204,15 +1096,15 @@ def resume_ppo(ctx: dict, phase: str, num_iterations: int, agent, optimizer, rms
 
 
 def save_ppo_checkpoint(ctx: dict, phase: str, agent, optimizer, rms, state: dict) -> None:
-    ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "reward_rms": rms.state_dict()}
-    save_torch(ckpt | {"rng": rng_state(), "state": state}, ctx["run_dir"] / "checkpoints" / f"{phase}.pt")
+    ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "reward_rms": dict(vars(rms))}
+    save(ctx["run_dir"] / "checkpoints" / f"{phase}.pt", ckpt | {"rng": rng_state(), "state": state})
     ctx["histories"][phase] = state["history"]
     plot_learning_curve(ctx)
 
 
 def save_snapshot(folder: Path, agent: Agent, state: dict) -> None:
     snapshot = {"agent": agent.state_dict(), "iteration": state["iteration"], "global_step": state["global_step"]}
-    save_torch(snapshot, folder / f"ckpt_{state['iteration']:05d}.pt")
+    save(folder / f"ckpt_{state['iteration']:05d}.pt", snapshot)
 
 
 def load_demos(source, name: str) -> dict:
@@ -1237,10 +1129,8 @@ def load_demos(source, name: str) -> dict:
         raise UsageError(f"{name}: 'lengths' must be {MIN_DEMOS}+ integers >= {MIN_DEMO_LEN} (observations per demo)")
     lengths = lengths.astype(np.int64)
     if int((lengths + 3).sum()) != len(frames):
-        raise UsageError(
-            f"{name}: 'frames' has {len(frames)} rows but 'lengths' need sum(lengths + 3) = "
-            f"{int((lengths + 3).sum())}; store n + 3 frames per demo"
-        )
+        need = int((lengths + 3).sum())
+        raise UsageError(f"{name}: 'frames' has {len(frames)} rows, 'lengths' need {need}; store n + 3 frames per demo")
     sizes = {"returns": len(lengths), "ranks": len(lengths), "checkpoint": len(lengths), "offsets": len(lengths)}
     for key, size in (sizes | {"actions": int(lengths.sum())}).items():
         if key in d and (d[key].dtype.kind not in "iuf" or d[key].shape != (size,) or not np.isfinite(d[key]).all()):
@@ -1256,9 +1146,7 @@ def load_demos(source, name: str) -> dict:
 
 
 def load_reward_model(path: str) -> tuple:
-    ckpt = torch_load(
-        path, "reward model", "pass a reward_model.pt written by this script (or delete it to redo phase 3)"
-    )
+    ckpt = torch_load(path, "reward model", "pass a reward_model.pt of this script (or delete it to redo phase 3)")
     try:
         net = RewardNet(ckpt["mask_top"], ckpt["mask_bottom"])
         net.load_state_dict(ckpt["state_dict"])
@@ -1270,7 +1158,7 @@ def load_reward_model(path: str) -> tuple:
 def save_policy(agent: Agent, path: Path) -> None:
     config = {"num_actions": agent.actor.out_features, "env_config": agent.env_config}
     policy = {"script": SCRIPT, "env_id": agent.env_id, "network": "Agent", "config": config}
-    save_torch(policy | {"state_dict": agent.state_dict()}, path)
+    save(path, policy | {"state_dict": agent.state_dict()})
 
 
 def load_policy(path: str, device="cpu") -> Agent:
@@ -1290,28 +1178,20 @@ def make_policy_envs(policy: Agent, num_envs: int):
     return make_envs(config["rom"], num_envs, config["sticky"], env_args, life_loss=False)
 
 
-def atomic_write(path: Path, write, suffix: str = "") -> None:
-    """write(tmp) to the fixed `name.tmp` (plus a suffix some writers need) in the same folder, then os.replace."""
+def save(path: Path, obj) -> None:
+    """Atomic: written to `name.tmp` beside path (plus the extension numpy and opencv need), then os.replace. A dict
+    goes by path's suffix (.json, .npz, else torch.save), a str as text; a callable writes the tmp path itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp" + suffix)
-    write(tmp)
+    tmp = path.with_name(path.name + ".tmp" + (path.suffix if callable(obj) or path.suffix == ".npz" else ""))
+    if callable(obj):
+        obj(tmp)
+    elif isinstance(obj, str) or path.suffix == ".json":
+        tmp.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
+    elif path.suffix == ".npz":
+        np.savez_compressed(tmp, **obj)
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def save_torch(obj, path: Path) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-
-def save_json(path: Path, obj) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
-
-
-def save_npz(path: Path, arrays: dict) -> None:
-    def write(tmp):
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
-
-    atomic_write(path, write)
 
 
 def demo_stats(returns) -> dict:
@@ -1327,7 +1207,7 @@ def write_demo_table(demos: dict, path: Path) -> None:
         lines.append(f"| {i} | {demos['checkpoint'][i]} | {demos['returns'][i]:g} | {demos['lengths'][i]} |")
     s = demo_stats(demos["returns"])
     lines += ["", f"best {s['best']}, average {s['average']:.1f}, worst {s['worst']} over {s['num_demos']} demos"]
-    atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    save(path, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -1339,34 +1219,22 @@ def correlations(predicted, true) -> dict:
     return {"spearman": float(spearmanr(predicted, true)[0]), "pearson": float(pearsonr(predicted, true)[0])}
 
 
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path) -> None:
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    pyplot().close(fig)
-
-
 def plot_pred_vs_true(predicted, predicted_sigmoid, true, info, path: Path, env_id: str) -> None:
-    fig, axes = pyplot().subplots(1, 2, figsize=(8, 3.4), dpi=100)
+    from matplotlib.figure import Figure  # no pyplot: no backend to choose, no figure to close
+
+    fig = Figure(figsize=(8, 3.4), dpi=100)
     panels = (
         (predicted, "sum of r̂ (paper's plot)", ""),
         (predicted_sigmoid, "sum of sigmoid(r̂) (policy reward)", "_sigmoid"),
     )
-    for ax, (pred, name, key) in zip(axes, panels):
+    for ax, (pred, name, key) in zip(fig.subplots(1, 2), panels):
         ax.scatter(true, pred, s=18)
         ax.set_xlabel("true return of the demo")
         ax.set_ylabel(name, fontsize=8)
         ax.set_title(f"Spearman {info['spearman' + key]:.2f}, Pearson {info['pearson' + key]:.2f}", fontsize=9)
     fig.suptitle(f"{env_id}: learned vs true return of every demo", fontsize=9)
-    save_figure(fig, path)
+    fig.tight_layout()
+    save(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def plot_learning_curve(ctx: dict, stats: Optional[dict] = None, final_eval: Optional[float] = None) -> None:
@@ -1374,9 +1242,11 @@ def plot_learning_curve(ctx: dict, stats: Optional[dict] = None, final_eval: Opt
     phases = [p for p in ("demonstrator", "policy") if p in ctx["histories"]]
     if not phases:
         return
+    from matplotlib.figure import Figure
+
     stats = stats or ctx.get("demo_stats") or {}
-    fig, axes = pyplot().subplots(1, len(phases), figsize=(5 * len(phases), 3.4), dpi=100, squeeze=False)
-    for ax, phase in zip(axes[0], phases):
+    fig = Figure(figsize=(5 * len(phases), 3.4), dpi=100)
+    for ax, phase in zip(fig.subplots(1, len(phases), squeeze=False)[0], phases):
         steps, scores = np.array([h[:2] for h in ctx["histories"][phase]]).reshape(-1, 2).T
         k = min(20, len(scores))  # no finished game yet: an empty panel
         if k:
@@ -1391,7 +1261,8 @@ def plot_learning_curve(ctx: dict, stats: Optional[dict] = None, final_eval: Opt
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(ctx["env_id"], fontsize=9)
-    save_figure(fig, ctx["run_dir"] / "learning_curve.png")
+    fig.tight_layout()
+    save(ctx["run_dir"] / "learning_curve.png", lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def write_video(frames: list, path: Path, scale: int = 4) -> None:
@@ -1407,7 +1278,7 @@ def write_video(frames: list, path: Path, scale: int = 4) -> None:
             writer.write(cv2.cvtColor(cv2.resize(f, size, interpolation=cv2.INTER_NEAREST), cv2.COLOR_GRAY2BGR))
         writer.release()
 
-    atomic_write(path, write, suffix=".webm")  # opencv picks the container from the file's extension
+    save(path, write)  # opencv picks the container from the file's extension
 
 
 def keep_freed_memory() -> None:
@@ -1460,10 +1331,10 @@ def start_run(args: Args, ctx: dict):
                 "(check a frame and set --reward.mask-top/--reward.mask-bottom)",
                 file=sys.stderr,
             )
-        save_json(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": asdict(args)})
+        save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": asdict(args)})
         if args.demos and not (run_dir / "demos.npz").exists():
-            save_npz(run_dir / "demos.npz", {k: v for k, v in ctx["demos"].items() if k != "scores"})
-    handlers = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            save(run_dir / "demos.npz", {k: v for k, v in ctx["demos"].items() if k != "scores"})
+    handlers = {s: signal.signal(s, lambda num, _: STOP.update(signal=num)) for s in (signal.SIGINT, signal.SIGTERM)}
     STOP["signal"] = 0
     if args.track:
         import wandb
