@@ -19,6 +19,7 @@ import ctypes
 import dataclasses
 import datetime as dt
 import difflib
+import importlib.util
 import io
 import json
 import math
@@ -39,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from tqdm import tqdm
 
 SCRIPT = "filter_irl_mujoco.py"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -68,124 +70,76 @@ def ranged(default, interval: str):
 
 
 @dataclass
-class ExpertArgs:
-    experts_dir: str = "experts"
-    """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with hype_irl_mujoco.py)"""
-    path: Optional[str] = None
-    """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
-    timesteps: int = ranged(1_000_000, "[1, 1e9]")
-    """env steps of SAC expert training on the true reward when no demos exist"""
-    num_demos: int = ranged(64, "[1, 1e5]")
-    """deterministic expert episodes to record (reset seeds 0, 1, 2, ...)"""
-    only: bool = False
-    """stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)"""
+class ExpertArgs:  # the comment after each field is its --help line
+    experts_dir: str = "experts"  # cache: {experts_dir}/{env_id}/demos.npz (shared with hype_irl_mujoco.py)
+    path: Optional[str] = None  # your own demos.npz, or minari:DATASET_ID (no MuJoCo states), instead of the cache
+    timesteps: int = ranged(1_000_000, "[1, 1e9]")  # env steps of SAC expert training on the true reward
+    num_demos: int = ranged(64, "[1, 1e5]")  # deterministic expert episodes to record (reset seeds 0, 1, 2, ...)
+    only: bool = False  # stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)
 
 
 @dataclass
 class SACArgs:
-    buffer_size: int = ranged(1_000_000, "[1, 1e9]")
-    """replay memory size"""
-    gamma: float = ranged(0.99, "[0, 1)")
-    """discount factor, in [0, 1)"""
-    tau: float = ranged(0.005, "(0, 1]")
-    """target smoothing coefficient, in (0, 1]"""
-    batch_size: int = ranged(256, "[1, 65536]")
-    """batch size of the SAC updates"""
-    learning_starts: int = ranged(5000, "[0, 1e9]")
-    """env steps with uniform random actions before SAC updates start (each phase; below its budget)"""
-    policy_lr: float = ranged(3e-4, "(0, 1]")
-    """learning rate of the policy network optimizer"""
-    q_lr: float = ranged(1e-3, "(0, 1]")
-    """learning rate of the Q network optimizer (and of the entropy coefficient, as CleanRL)"""
-    policy_frequency: int = ranged(2, "[1, 1000]")
-    """the policy is updated `policy_frequency` times every `policy_frequency` steps (delayed, as TD3)"""
-    target_network_frequency: int = ranged(1, "[1, 1e6]")
-    """the frequency of updates for the target networks"""
-    alpha: float = ranged(0.2, "(0, 100]")
-    """entropy coefficient (initial value when autotuned)"""
-    autotune: bool = True
-    """automatic tuning of the entropy coefficient"""
-    hidden_dim: int = ranged(256, "[1, 4096]")
-    """width of the two hidden layers of actor, critics and discriminator"""
-    compile: bool = False
-    """torch.compile the SAC update (opt-in)"""
+    buffer_size: int = ranged(1_000_000, "[1, 1e9]")  # replay memory size
+    gamma: float = ranged(0.99, "[0, 1)")  # discount factor, in [0, 1)
+    tau: float = ranged(0.005, "(0, 1]")  # target smoothing coefficient, in (0, 1]
+    batch_size: int = ranged(256, "[1, 65536]")  # batch size of the SAC updates
+    learning_starts: int = ranged(5000, "[0, 1e9]")  # env steps of uniform random actions (each phase) before updates
+    policy_lr: float = ranged(3e-4, "(0, 1]")  # learning rate of the policy network optimizer
+    q_lr: float = ranged(1e-3, "(0, 1]")  # learning rate of the Q network (and entropy coefficient) optimizers
+    policy_frequency: int = ranged(2, "[1, 1000]")  # that many policy updates every that many steps (TD3's delay)
+    target_network_frequency: int = ranged(1, "[1, 1e6]")  # the frequency of updates for the target networks
+    alpha: float = ranged(0.2, "(0, 100]")  # entropy coefficient (initial value when autotuned)
+    autotune: bool = True  # automatic tuning of the entropy coefficient
+    hidden_dim: int = ranged(256, "[1, 4096]")  # width of the two hidden layers of actor, critics and discriminator
+    compile: bool = False  # torch.compile the SAC update (opt-in)
 
 
 @dataclass
 class DiscArgs:
-    lr: float = ranged(8e-4, "(0, 1]")
-    """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh optimizer"""
-    steps: int = ranged(1, "[1, 1e4]")
-    """discriminator gradient steps per outer iteration"""
-    batch_size: int = ranged(4096, "[1, 1e6]")
-    """expert and learner (s, a) pairs per discriminator step"""
-    trajectories: int = ranged(4, "[1, 1000]")
-    """fresh learner trajectories collected for each discriminator update (their env steps are counted)"""
-    gp_weight: float = ranged(10.0, "[0, 1e6]")
-    """weight of the gradient penalty (0 = off)"""
-    gp_target: float = ranged(0.4, "[0, 1000]")
-    """target gradient norm of the penalty"""
-    reset: bool = False
-    """also reset the discriminator's learner trajectories to expert states (garage does; FILTER's intent is not)"""
+    lr: float = ranged(8e-4, "(0, 1]")  # lr0: outer iteration k uses lr0 / max(1, k) with a fresh optimizer
+    steps: int = ranged(1, "[1, 1e4]")  # discriminator gradient steps per outer iteration
+    batch_size: int = ranged(4096, "[1, 1e6]")  # expert and learner (s, a) pairs per discriminator step
+    trajectories: int = ranged(4, "[1, 1000]")  # fresh learner trajectories per update (their env steps count)
+    gp_weight: float = ranged(10.0, "[0, 1e6]")  # weight of the gradient penalty (0 = off)
+    gp_target: float = ranged(0.4, "[0, 1000]")  # target gradient norm of the penalty
+    reset: bool = False  # also start those trajectories from expert states (garage does; FILTER's intent is not)
 
 
 @dataclass
 class IRLArgs:
-    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")
-    """learner env steps in the IRL phase (discriminator-collection steps are counted separately)"""
-    train_every: int = ranged(5000, "[1, 1e9]")
-    """learner env steps per outer iteration (one discriminator update at its start)"""
-    reset_prob: float = ranged(0.5, "[0, 1]")
-    """probability that a learner episode starts from a uniformly chosen expert state (0 = MM baseline)"""
-    p_tremble: float = ranged(0.01, "[0, 1]")
-    """trembling hand: probability of replacing the learner's action by a uniform one (training and evaluation)"""
-    terminal_reward: Literal["min", "none"] = "min"
-    """'min': a terminal transition enters an absorbing state earning the batch's lowest relabelled reward forever;
-    'none': the episode just ends (reference behaviour)"""
-    stop_at_normalized: Optional[float] = ranged(None, "(0, 10]")
-    """end the IRL phase early once an evaluation reaches this fraction of the expert's mean return (e.g. 0.9)"""
+    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")  # learner env steps (discriminator's counted apart)
+    train_every: int = ranged(5000, "[1, 1e9]")  # learner env steps per outer iteration (one discriminator update)
+    reset_prob: float = ranged(0.5, "[0, 1]")  # chance an episode starts from a random expert state (0 = MM baseline)
+    p_tremble: float = ranged(0.01, "[0, 1]")  # chance the learner's action is replaced by a uniform one (also in eval)
+    terminal_reward: Literal["min", "none"] = "min"  # min: absorbing state earning the batch's lowest reward; none: end
+    stop_at_normalized: Optional[float] = ranged(None, "(0, 10]")  # stop once an eval reaches this fraction of expert
 
 
 @dataclass
 class EvalArgs:
-    frequency: int = ranged(50_000, "[1, 1e9]")
-    """evaluate every this many learner env steps"""
-    episodes: int = ranged(10, "[1, 1e5]")
-    """deterministic evaluation episodes"""
+    frequency: int = ranged(50_000, "[1, 1e9]")  # evaluate every this many learner env steps
+    episodes: int = ranged(10, "[1, 1e5]")  # deterministic evaluation episodes
 
 
 @dataclass
 class Args:
-    exp_name: str = "filter_irl_mujoco"
-    """the name of this experiment"""
-    seed: int = ranged(1, "[0, 2e9]")
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be enabled when available"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases (when installed)"""
-    wandb_project_name: str = "cleanRL"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """record one evaluation episode of the final policy (and of --eval-only) as VP9 WebM in {run_dir}/videos/"""
-    save_model: bool = True
-    """save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)"""
-    run_dir: Optional[str] = None
-    """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
-    env_id: str = "Hopper-v5"
-    """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
+    exp_name: str = "filter_irl_mujoco"  # the name of this experiment
+    seed: int = ranged(1, "[0, 2e9]")  # seed of the experiment
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled, cuda will be enabled when available
+    track: bool = False  # if toggled, this experiment will be tracked with Weights and Biases (when installed)
+    wandb_project_name: str = "cleanRL"  # the wandb's project name
+    wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
+    capture_video: bool = False  # an evaluation episode of the final policy (and of --eval-only) as WebM in videos/
+    save_model: bool = True  # save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)
+    run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
+    env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
     torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = ranged(0, "[0, 1024]")
     """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
-    log_frequency: int = ranged(100, "[1, 1e9]")
-    """log losses and SPS every this many env steps"""
-    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")
-    """write a checkpoint every this many env steps"""
-    eval_only: Optional[str] = None
-    """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
+    log_frequency: int = ranged(100, "[1, 1e9]")  # log losses and SPS every this many env steps
+    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # write a checkpoint every this many env steps
+    eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt into RUN_DIR/evaluations/eval_NNN.json (no training)
     expert: ExpertArgs = field(default_factory=ExpertArgs)
     sac: SACArgs = field(default_factory=SACArgs)
     disc: DiscArgs = field(default_factory=DiscArgs)
@@ -206,9 +160,7 @@ class Interrupted(Exception):
 
 
 @dataclass
-class EnvInfo:
-    """What the phases need to know about the env, read once by validation."""
-
+class EnvInfo:  # what the phases need to know about the env, read once by validation
     obs_dim: int
     act_dim: int
     low: np.ndarray
@@ -218,39 +170,20 @@ class EnvInfo:
 # ---------------------------------------------------------------------------------------------------- Environments
 def make_env(env_id: str, seed: int, render: bool = False) -> gym.Env:
     """One gymnasium MuJoCo env with its registered TimeLimit: `terminated` is stored as done, truncation bootstraps."""
-    env = gym.make(
-        env_id, **({"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {})
-    )
+    env = gym.make(env_id, render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE) if render else gym.make(env_id)
     env.action_space.seed(seed)
     return env
-
-
-def time_limit(env: gym.Env) -> Optional[gym.wrappers.TimeLimit]:
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, gym.wrappers.TimeLimit):
-            return env
-        env = env.env
-    return None
-
-
-def mujoco_state(env: gym.Env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    data = env.unwrapped.data
-    return data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy()
 
 
 def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray, timestep: int):
     """Exact restore of an expert state on an env that was just reset: qpos, qvel AND the solver warm-start
     (without it contacts drift), then mj_forward; the TimeLimit continues from `timestep` (remaining horizon)."""
     model, data = env.unwrapped.model, env.unwrapped.data
-    data.qpos[:] = qpos
-    data.qvel[:] = qvel
-    data.qacc_warmstart[:] = qacc_warmstart
+    data.qpos[:], data.qvel[:], data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
     if model.na:
         data.act[:] = 0.0
     mujoco.mj_forward(model, data)
-    limit = time_limit(env)
-    if limit is not None:
-        limit._elapsed_steps = int(timestep)
+    env.set_wrapper_attr("_elapsed_steps", int(timestep))
     return env.unwrapped._get_obs()
 
 
@@ -270,13 +203,10 @@ class LearnerEnv:
         i = sample_start(self.rng, self.reset_prob, self.num_states)
         self.from_expert = i >= 0
         if self.from_expert:
-            demos = self.demos
-            restore_state(
-                self.env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i], demos["timesteps"][i]
-            )
+            restore_state(self.env, *(self.demos[k][i] for k in (*STATE_KEYS, "timesteps")))
             # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
             # forces that gymnasium reads after mj_step, i.e. at the PREVIOUS state; every later one is exact.
-            obs = demos["observations"][i].astype(np.float64)
+            obs = self.demos["observations"][i].astype(np.float64)
         return obs
 
     def step(self, action: np.ndarray):
@@ -291,13 +221,11 @@ class Actor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, hidden: int = 256):
         super().__init__()
-        self.fc1 = nn.Linear(obs_dim, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc_mean = nn.Linear(hidden, act_dim)
-        self.fc_logstd = nn.Linear(hidden, act_dim)
+        self.fc1, self.fc2 = nn.Linear(obs_dim, hidden), nn.Linear(hidden, hidden)
+        self.fc_mean, self.fc_logstd = nn.Linear(hidden, act_dim), nn.Linear(hidden, act_dim)
         self.register_buffer("action_scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("action_bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
-        self.env_id = ""  # set by load_policy
+        self.env_id = self.script = ""  # set by load_policy
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.relu(self.fc2(F.relu(self.fc1(x))))
@@ -328,12 +256,11 @@ class TwinQ(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
         sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        self.weights, self.biases, self.n = nn.ParameterList(), nn.ParameterList(), n
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init, per member
             self.weights.append(nn.Parameter(torch.empty(n, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
-        self.n = n
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         """Q-values of shape (n, B)."""
@@ -351,9 +278,8 @@ class Discriminator(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(obs_dim + act_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
         )
-        for m in self.net:
-            if isinstance(m, nn.Linear):
-                nn.init.orthogonal_(m.weight)
+        for layer in self.net[::2]:
+            nn.init.orthogonal_(layer.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)
@@ -409,11 +335,6 @@ def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndar
     return action
 
 
-def normalized_return(ret: float, expert_return: float) -> float:
-    """Return as a fraction of the expert's mean demo return (the reference's plots use the raw ratio)."""
-    return float(ret / expert_return) if expert_return != 0 else float("nan")
-
-
 # ---------------------------------------------------------------------------------------------------- SAC
 class ReplayBuffer:
     """Circular buffer of (s, a, s', terminated) on the device. `with_rewards=False` (the IRL learner) has NO
@@ -426,6 +347,7 @@ class ReplayBuffer:
         self.actions = torch.zeros(size, act_dim, device=device)
         self.dones = torch.zeros(size, device=device)
         self.rewards = torch.zeros(size, device=device) if with_rewards else None
+        self.fields = ("obs", "next_obs", "actions", "dones") + (("rewards",) if with_rewards else ())
 
     def __len__(self) -> int:
         return self.size if self.full else self.ptr
@@ -446,21 +368,20 @@ class ReplayBuffer:
         out = (self.obs[idx], self.actions[idx], self.next_obs[idx], self.dones[idx])
         return out + ((self.rewards[idx],) if self.rewards is not None else ())
 
-    def fields(self) -> tuple[str, ...]:
-        return ("obs", "next_obs", "actions", "dones") + (("rewards",) if self.rewards is not None else ())
-
     def state_dict(self) -> dict:
-        return {"ptr": self.ptr, "full": self.full, **{k: getattr(self, k)[: len(self)].cpu() for k in self.fields()}}
+        return {"ptr": self.ptr, "full": self.full, **{k: getattr(self, k)[: len(self)].cpu() for k in self.fields}}
 
     def load_state_dict(self, state: dict) -> None:
         self.ptr, self.full = state["ptr"], state["full"]
-        for k in self.fields():
+        for k in self.fields:
             getattr(self, k)[: len(state[k])] = state[k].to(self.device)
 
 
 class SAC:
     """Soft actor-critic (CleanRL's sac_continuous_action.py): twin Q as one batched module, automatic entropy
     tuning. The updates return loss tensors (no host sync)."""
+
+    PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")  # saved state
 
     def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
         self.cfg = cfg
@@ -520,11 +441,10 @@ class SAC:
         return (mean if deterministic else sample)[0].cpu().numpy()
 
     def state_dict(self) -> dict:
-        parts = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")
-        return {**{k: getattr(self, k).state_dict() for k in parts}, "log_alpha": self.log_alpha.detach().cpu()}
+        return {**{k: getattr(self, k).state_dict() for k in self.PARTS}, "log_alpha": self.log_alpha.detach().cpu()}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer"):
+        for k in self.PARTS:
             getattr(self, k).load_state_dict(state[k])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
@@ -580,12 +500,10 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     if ckpt:
         progress = restore_checkpoint(ckpt, agent, rb, np_rng, [env])
         print(f"expert phase: resuming at step {progress['step']}", file=sys.stderr)
-    run.expert_curve = progress["curve"]
-    ckpt_path = run.dir / "checkpoints" / "expert.pt"
+    run.expert_curve, ckpt_path = progress["curve"], run.dir / "checkpoints" / "expert.pt"
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
-    ret, length, step = 0.0, 0, progress["step"]
-    meter = SPSMeter()
-    with progress_bar(args.expert.timesteps, step, "expert SAC") as bar:
+    ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
+    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", dynamic_ncols=True, mininterval=2) as bar:
         while step < args.expert.timesteps:
             if run.stop.stop:
                 save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
@@ -603,8 +521,7 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
                 bar.set_postfix(ret=f"{ret:.0f}")
                 progress["episodes"] += 1
                 progress["curve"].append((step, ret))
-                obs, _ = env.reset()
-                ret, length = 0.0, 0
+                (obs, _), ret, length = env.reset(), 0.0, 0
             progress["step"] = step = step + 1
             if step > args.sac.learning_starts:
                 meter.start(step - 1)
@@ -626,16 +543,15 @@ def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
     env = make_env(env_id, 0)
     keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts")
     rec: dict[str, list] = {k: [] for k in keys + ("episode_ids", "episode_starts", "timesteps") + STATE_KEYS}
-    returns = []
+    returns, data = [], env.unwrapped.data
     for ep in range(num_demos):
         obs, _ = env.reset(seed=ep)
         t, ret, done = 0, 0.0, False
         while not done:
-            qpos, qvel, qacc = mujoco_state(env)
+            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
             action = np.clip(agent.act(obs, deterministic=True), env.action_space.low, env.action_space.high)
             next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
-            values = (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, qpos, qvel, qacc)
-            for k, v in zip(rec, values):
+            for k, v in zip(rec, (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, *state)):
                 rec[k].append(v)
             obs, t, ret, done = next_obs, t + 1, ret + float(reward), terminated or truncated
         returns.append(ret)
@@ -661,7 +577,8 @@ def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int) -> tuple[n
 def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: int, cfg: DiscArgs) -> dict:
     """Outer iteration k: a FRESH Adam at lr0 / max(1, k) (the reference re-creates its OAdam each iteration, so no
     optimiser state carries over), `steps` steps on batch_size expert vs learner pairs (with replacement)."""
-    optimizer = torch.optim.Adam(disc.parameters(), lr=disc_learning_rate(cfg.lr, k), betas=(0.9, 0.999))
+    lr = disc_learning_rate(cfg.lr, k)
+    optimizer = torch.optim.Adam(disc.parameters(), lr=lr, betas=(0.9, 0.999))
     device = expert_pairs.device
     for _ in range(cfg.steps):
         xe = expert_pairs[torch.randint(len(expert_pairs), (cfg.batch_size,), device=device)]
@@ -671,21 +588,18 @@ def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: in
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return check_finite({"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}, "discriminator", k)
+    stats = check_finite({"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}, "discriminator", k)
+    return {**stats, "disc_learning_rate": lr}
 
 
 def evaluate_learner(agent: SAC, args: Args, run, progress: dict, expert_return: float) -> dict:
     """Evaluate, append to the history, log, and redraw the learning curve."""
     rets = evaluate(agent.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble)
     mean, step = float(np.mean(rets)), progress["step"]
-    entry = {
-        "policy_steps": step,
-        "total_env_steps": step + progress["disc_env_steps"],
-        "mean": mean,
-        "std": float(np.std(rets)),
-        "normalized": normalized_return(mean, expert_return),
-        "returns": rets,
-    }
+    entry = dict(
+        policy_steps=step, total_env_steps=step + progress["disc_env_steps"], mean=mean, std=float(np.std(rets))
+    )
+    entry.update(normalized=float(mean / expert_return) if expert_return != 0 else float("nan"), returns=rets)
     progress["history"].append(entry)
     run.writer.add_scalar("eval/episodic_return", mean, step)
     run.writer.add_scalar("eval/normalized_return", entry["normalized"], step)
@@ -698,7 +612,7 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
     steps whose every sampled transition is relabelled with the current discriminator). Returns (agent, progress).
     `env_fn` builds the training envs (tests pass reward-poisoned ones)."""
-    env, disc_env = env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)
+    env, disc_env = envs = [env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)]
     np_rng = np.random.default_rng(args.seed)
     learner_env = LearnerEnv(env, demos, args.irl.reset_prob, args.irl.p_tremble, np_rng)
     disc_reset_prob = args.irl.reset_prob if args.disc.reset else 0.0
@@ -708,32 +622,30 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     disc = Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).to(run.device)
     expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=run.device)
     expert_return = float(np.mean(demos["returns"]))
-    # the learner's buffer has NO reward storage: its rewards can only come from the discriminator
-    rb = ReplayBuffer(
-        info.obs_dim, info.act_dim, buffer_rows(args.sac, args.irl.total_timesteps, ckpt), run.device, False
-    )
+    rows = buffer_rows(args.sac, args.irl.total_timesteps, ckpt)
+    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, run.device, with_rewards=False)  # rewards: discriminator's
     progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval.frequency}
     if ckpt:
-        progress = restore_checkpoint(ckpt, agent, rb, np_rng, [env, disc_env], disc)
+        progress = restore_checkpoint(ckpt, agent, rb, np_rng, envs, disc)
         print(f"IRL phase: resuming at step {progress['step']} (outer iteration {progress['k']})", file=sys.stderr)
-    ckpt_path = run.dir / "checkpoints" / "irl.pt"
-    absorbing = args.irl.terminal_reward == "min"
-    meter = SPSMeter()
+    ckpt_path, absorbing, meter = run.dir / "checkpoints" / "irl.pt", args.irl.terminal_reward == "min", SPSMeter()
     obs = learner_env.reset(seed=args.seed + progress["episodes"])
     ret, length, step = 0.0, 0, progress["step"]
-    with progress_bar(args.irl.total_timesteps, step, f"IRL (reset {args.irl.reset_prob})") as bar:
+    desc = f"IRL (reset {args.irl.reset_prob})"
+    with tqdm(total=args.irl.total_timesteps, initial=step, desc=desc, dynamic_ncols=True, mininterval=2) as bar:
         while step < args.irl.total_timesteps:
             if run.stop.stop:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+                save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
                 raise Interrupted("IRL phase", step)
             if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
                 # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
                 pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
                 progress["disc_env_steps"] += n
-                stats = update_discriminator(
-                    disc, expert_pairs, torch.as_tensor(pairs, device=run.device), progress["k"], args.disc
-                )
-                log_discriminator(run.writer, stats, args.disc, progress, step)
+                pairs = torch.as_tensor(pairs, device=run.device)
+                stats = update_discriminator(disc, expert_pairs, pairs, progress["k"], args.disc)
+                stats.update(outer_iteration=progress["k"], disc_env_steps=progress["disc_env_steps"])
+                for name, value in stats.items():
+                    run.writer.add_scalar(f"irl/{name}", value, step)
                 progress["k"] += 1
             if step < args.sac.learning_starts:
                 action = np_rng.uniform(info.low, info.high).astype(np.float32)
@@ -743,7 +655,12 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
             rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
             ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
             if terminated or truncated:
-                log_episode(run.writer, learner_env.from_expert, ret, length, step, bar)
+                if learner_env.from_expert:  # a partial return: logged apart from charts/episodic_return
+                    run.writer.add_scalar("irl/reset_episodic_return", ret, step)
+                else:
+                    run.writer.add_scalar("charts/episodic_return", ret, step)
+                    run.writer.add_scalar("charts/episodic_length", length, step)
+                    bar.set_postfix(ret=f"{ret:.0f}")
                 progress["episodes"] += 1
                 obs, ret, length = learner_env.reset(), 0.0, 0
             progress["step"] = step = step + 1
@@ -753,20 +670,19 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
                 if step % args.log_frequency == 0:
                     log_losses(run.writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
             if step >= progress["next_eval"]:
-                meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
+                entry = meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
                 progress["next_eval"] += args.eval.frequency
-                entry = progress["history"][-1]
                 bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
                 if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
                     break
             if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+                save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
         evaluate_learner(agent, args, run, progress, expert_return)
     progress["SPS"] = meter.sps(progress["step"])
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
-    save_checkpoint(ckpt_path, agent, rb, np_rng, [env, disc_env], progress, disc)
+    save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
     env.close()
     disc_env.close()
     return agent, progress
@@ -776,8 +692,9 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
     config.update(low=info.low.tolist(), high=info.high.tolist())
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
-    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    atomic_torch_save(path, saved)
+    atomic_save(
+        path, {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
+    )
 
 
 def load_policy(path, device="cpu") -> Actor:
@@ -787,7 +704,7 @@ def load_policy(path, device="cpu") -> Actor:
     low, high = np.array(config["low"]), np.array(config["high"])
     actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
     actor.load_state_dict(saved["state_dict"])
-    actor.env_id = saved["env_id"]
+    actor.env_id, actor.script = saved["env_id"], saved["script"]
     return actor.to(device).eval()
 
 
@@ -836,7 +753,7 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
             save_policy(run.dir / "policy.pt", agent.actor, args, setup.info)
         if args.capture_video:
             evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, run.dir / "videos/final.webm")
-        atomic_json(run.dir / "results.json", results)
+        atomic_save(run.dir / "results.json", results)
         print(
             f"final eval return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
             f"({results['normalized_return']:.2f} of expert)"
@@ -877,17 +794,13 @@ class Setup:
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set a flag; the training loops save a checkpoint and stop at the next step."""
+    """SIGINT/SIGTERM set `stop`; the training loops save a checkpoint and stop at the next step."""
 
-    def __init__(self):
-        self.stop = False
+    stop = False
 
     def install(self) -> None:
-        signal.signal(signal.SIGINT, self.handler)
-        signal.signal(signal.SIGTERM, self.handler)
-
-    def handler(self, signum, frame) -> None:
-        self.stop = True
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: setattr(self, "stop", True))
 
 
 class SPSMeter:
@@ -913,35 +826,21 @@ class SPSMeter:
 
 
 # ---- checkpoints, atomic writes, RNG state
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to the fixed `name.tmp` beside `path`, then os.replace; start_run removes stale ones."""
+def atomic_save(path: Path, obj) -> None:
+    """Write to the fixed `name.tmp` beside `path`, then os.replace (start_run removes stale ones); by the suffix:
+    JSON, .npz (a dict of arrays), .png (a matplotlib figure), else torch.save."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj, indent=2))
+    elif path.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **obj)
+    elif path.suffix == ".png":
+        obj.savefig(tmp, format="png")
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def atomic_json(path: Path, obj) -> None:
-    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2)))
-
-
-def atomic_torch_save(path: Path, obj) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))
-
-
-def save_npz(path: Path, arrays: dict) -> None:
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
-
-
-def rng_state(np_rng: np.random.Generator, envs: list) -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np_rng.bit_generator.state,
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "envs": [env.unwrapped.np_random.bit_generator.state for env in envs],
-    }
 
 
 def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
@@ -950,10 +849,11 @@ def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
 
 
 def save_checkpoint(path: Path, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, progress: dict, disc=None) -> None:
-    state = {"agent": agent.state_dict(), "rb": rb.state_dict(), "progress": progress, "rng": rng_state(np_rng, envs)}
-    if disc is not None:
-        state["disc"] = disc.state_dict()
-    atomic_torch_save(path, state)
+    rng = {"python": random.getstate(), "numpy": np_rng.bit_generator.state, "torch": torch.get_rng_state()}
+    rng["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    rng["envs"] = [env.unwrapped.np_random.bit_generator.state for env in envs]
+    state = {"agent": agent.state_dict(), "rb": rb.state_dict(), "progress": progress, "rng": rng}
+    atomic_save(path, state if disc is None else {**state, "disc": disc.state_dict()})
 
 
 def restore_checkpoint(ckpt: dict, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, disc=None) -> dict:
@@ -962,31 +862,28 @@ def restore_checkpoint(ckpt: dict, agent: SAC, rb: ReplayBuffer, np_rng, envs: l
     rb.load_state_dict(ckpt["rb"])
     if disc is not None:
         disc.load_state_dict(ckpt["disc"])
-    state = ckpt["rng"]
-    random.setstate(state["python"])
-    np_rng.bit_generator.state = state["numpy"]
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for env, s in zip(envs, state["envs"]):
-        env.unwrapped.np_random.bit_generator.state = s
+    rng = ckpt["rng"]
+    random.setstate(rng["python"])
+    np_rng.bit_generator.state = rng["numpy"]
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    for env, state in zip(envs, rng["envs"]):
+        env.unwrapped.np_random.bit_generator.state = state
     return dict(ckpt["progress"])
 
 
 def keep_freed_memory() -> None:
     """Ask glibc to keep freed memory instead of re-faulting fresh pages for every update's tensors (measured up to
     16 % of a SAC update on the 2-core VM, see the docs' speed section)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
-        return
-    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):  # not glibc (e.g. musl): nothing to tune
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+            libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-# ---- logging, plots, video, results
+# ---- logging, plots, video, evaluation of a saved policy
 def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
@@ -996,46 +893,18 @@ def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
 
 
 def log_losses(writer, phase: str, losses: dict, agent: SAC, step: int, meter: SPSMeter, disc_env_steps=None):
-    values = check_finite(losses, phase, step)
-    alpha, sps = float(agent.log_alpha.detach().exp()), meter.sps(step)
+    """The expert's losses under expert/*; the learner's under CleanRL's tags, its relabelled reward under irl/."""
+    values = {**check_finite(losses, phase, step), "alpha": float(agent.log_alpha.detach().exp())}
+    sps = meter.sps(step)
     if phase == "expert":
-        for k, v in values.items():
-            writer.add_scalar(f"expert/{k}", v, step)
-        writer.add_scalar("expert/alpha", alpha, step)
-        if sps is not None:
-            writer.add_scalar("expert/SPS", sps, step)
-        return
-    for k, v in values.items():
-        writer.add_scalar("irl/relabelled_reward" if k == "rewards" else f"losses/{k}", v, step)
-    writer.add_scalar("losses/alpha", alpha, step)
-    writer.add_scalar("charts/learning_rate", agent.cfg.policy_lr, step)
-    writer.add_scalar("irl/total_env_steps", step + disc_env_steps, step)
-    if sps is not None:
-        writer.add_scalar("charts/SPS", sps, step)
-
-
-def log_discriminator(writer, stats: dict, cfg: DiscArgs, progress: dict, step: int) -> None:
-    for name, v in stats.items():
-        writer.add_scalar(f"irl/{name}", v, step)
-    writer.add_scalar("irl/disc_learning_rate", disc_learning_rate(cfg.lr, progress["k"]), step)
-    writer.add_scalar("irl/outer_iteration", progress["k"], step)
-    writer.add_scalar("irl/disc_env_steps", progress["disc_env_steps"], step)
-
-
-def log_episode(writer, from_expert: bool, ret: float, length: int, step: int, bar) -> None:
-    """Episodes started from an expert state have partial returns: logged apart from charts/episodic_return."""
-    if from_expert:
-        writer.add_scalar("irl/reset_episodic_return", ret, step)
-        return
-    writer.add_scalar("charts/episodic_return", ret, step)
-    writer.add_scalar("charts/episodic_length", length, step)
-    bar.set_postfix(ret=f"{ret:.0f}")
-
-
-def progress_bar(total: int, initial: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
+        tags = {f"expert/{k}": v for k, v in values.items()} | {"expert/SPS": sps}
+    else:
+        tags = {"irl/relabelled_reward" if k == "rewards" else f"losses/{k}": v for k, v in values.items()}
+        tags.update({"charts/learning_rate": agent.cfg.policy_lr, "irl/total_env_steps": step + disc_env_steps})
+        tags["charts/SPS"] = sps
+    for tag, value in tags.items():
+        if value is not None:  # no SPS before the first update
+            writer.add_scalar(tag, value, step)
 
 
 def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
@@ -1064,7 +933,7 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     method = "FILTER" if args.irl.reset_prob > 0 else "MM"
     fig.suptitle(f"{args.env_id}: {method} (reset {args.irl.reset_prob}), seed {args.seed}")
     fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    atomic_save(path, fig)
     plt.close(fig)
 
 
@@ -1090,32 +959,22 @@ def evaluate_saved_policy(args: Args) -> None:
         raise UsageError(f"{path} does not exist; pass the run dir of a finished run (with policy.pt) to --eval-only")
     check_args(args)
     try:
-        saved_script = torch.load(path, map_location="cpu", weights_only=True)["script"]
         policy = load_policy(path)
     except Exception as e:  # any unreadable or foreign file is bad input
         raise UsageError(f"{path} is not a readable policy.pt ({type(e).__name__}); re-run the training to rewrite it")
-    if saved_script != SCRIPT:
-        raise UsageError(f"{path} was written by {saved_script}; evaluate it with that script")
+    if policy.script != SCRIPT:
+        raise UsageError(f"{path} was written by {policy.script}; evaluate it with that script")
     if args.capture_video:
         check_rendering(policy.env_id)
     check_writable(run_dir / "evaluations", "--eval-only")
     number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
+    out, seed = run_dir / "evaluations" / f"eval_{number:03d}.json", args.seed + 20_000
     video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
-    rets = evaluate(policy, policy.env_id, args.eval.episodes, args.seed + 20_000, args.irl.p_tremble, video)
-    record = {
-        "env_id": policy.env_id,
-        "mean": float(np.mean(rets)),
-        "std": float(np.std(rets)),
-        "returns": rets,
-        "episodes": args.eval.episodes,
-        "seed": args.seed + 20_000,
-        "p_tremble": args.irl.p_tremble,
-    }
-    atomic_json(run_dir / "evaluations" / f"eval_{number:03d}.json", record)
-    print(
-        f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes "
-        f"-> {run_dir / 'evaluations' / f'eval_{number:03d}.json'}"
-    )
+    rets = evaluate(policy, policy.env_id, args.eval.episodes, seed, args.irl.p_tremble, video)
+    record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
+    record.update(episodes=args.eval.episodes, seed=seed, p_tremble=args.irl.p_tremble)
+    atomic_save(out, record)
+    print(f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes -> {out}")
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
@@ -1126,20 +985,17 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
         print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
         with np.load(cache / "demos.npz") as z:
             return {k: z[k] for k in z.files}
-    obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
-    atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
+    atomic_save(cache / "demos.npz", demos)
     returns = demos["returns"]
-    actor_file = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
-    actor_file.update(
-        obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim, total_timesteps=args.expert.timesteps
-    )
-    actor_file["mean_return"] = float(returns.mean())
-    atomic_torch_save(cache / "expert_actor.pt", actor_file)
+    actor = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
+    actor.update(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
+    actor.update(total_timesteps=args.expert.timesteps, mean_return=float(returns.mean()))
+    atomic_save(cache / "expert_actor.pt", actor)
     meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
     meta["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    atomic_json(cache / "expert_meta.json", meta)
-    print(f"expert: {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
+    atomic_save(cache / "expert_meta.json", meta)
+    print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
 
 
@@ -1160,23 +1016,20 @@ def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
     if not all(isinstance(ep.observations, np.ndarray) and isinstance(ep.actions, np.ndarray) for ep in episodes):
         raise UsageError(f"Minari dataset {dataset_id} has dict or tuple spaces; pass a dataset with flat Box spaces")
     lengths = [len(ep.rewards) for ep in episodes]
-
-    def cat(parts, dtype):
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-
-    demos = {
-        "observations": cat([ep.observations[:-1] for ep in episodes], np.float32),
-        "next_observations": cat([ep.observations[1:] for ep in episodes], np.float32),
-        "actions": cat([ep.actions for ep in episodes], np.float32),
-        "rewards": cat([ep.rewards for ep in episodes], np.float32),
-        "terminals": cat([ep.terminations for ep in episodes], bool),
-        "timeouts": cat([ep.truncations for ep in episodes], bool),
-        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), lengths),
-        "episode_starts": cat([np.arange(n) == 0 for n in lengths], bool),
-        "timesteps": cat([np.arange(n) for n in lengths], np.int64),
-        "returns": np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64),
-        "env_id": np.array(spec.id if spec is not None else ""),
+    columns = {  # key: its per-episode parts
+        "observations": [ep.observations[:-1] for ep in episodes],
+        "next_observations": [ep.observations[1:] for ep in episodes],
+        "actions": [ep.actions for ep in episodes],
+        "rewards": [ep.rewards for ep in episodes],
+        "terminals": [ep.terminations for ep in episodes],
+        "timeouts": [ep.truncations for ep in episodes],
+        "episode_ids": [np.full(n, i) for i, n in enumerate(lengths)],
+        "episode_starts": [np.arange(n) == 0 for n in lengths],
+        "timesteps": [np.arange(n) for n in lengths],
     }
+    demos = {k: np.concatenate(parts or [np.zeros(0)]).astype(DEMO_FORMAT[k][0]) for k, parts in columns.items()}
+    demos["returns"] = np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64)
+    demos["env_id"] = np.array(spec.id if spec is not None else "")
     for k in ("observations", "next_observations", "actions"):  # (0,) from an empty dataset: keep 2-d for the checks
         demos[k] = demos[k].reshape(len(demos["rewards"]), -1)
     return demos
@@ -1202,27 +1055,17 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
         raise UsageError(f"{path} holds demos of {demos['env_id']} (key env_id), not {env_id}; pass matching demos")
     check_demo_arrays(demos, path, sizes)
     ids, n = demos["episode_ids"], len(demos["observations"])
-    first = np.r_[True, ids[1:] != ids[:-1]]
-    last = np.r_[ids[1:] != ids[:-1], True]
-    start_index = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    if "timesteps" not in demos:  # derivable from episode_starts
-        demos["timesteps"] = np.arange(n) - start_index
-    continues = np.allclose(
-        demos["next_observations"][:-1][~last[:-1]], demos["observations"][1:][~last[:-1]], rtol=1e-5, atol=1e-6
-    )
+    first, last = np.r_[True, ids[1:] != ids[:-1]], np.r_[ids[1:] != ids[:-1], True]
+    counts = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))  # 0, 1, ... in each episode
+    demos.setdefault("timesteps", counts)  # derivable from episode_starts
+    inside = ~last[:-1]
+    continues = np.allclose(demos["next_observations"][:-1][inside], demos["observations"][1:][inside], 1e-5, 1e-6)
     sums = np.bincount(ids, weights=demos["rewards"].astype(np.float64), minlength=len(demos["returns"]))
-    rules = [
-        (
-            "episode_ids",
-            np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(len(demos["returns"]))),
-            "must number the episodes 0..E-1 in order (E = len(returns))",
-        ),
+    ordered = np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(len(demos["returns"])))
+    rules = [  # key, holds, what it must be
+        ("episode_ids", ordered, "must number the episodes 0..E-1 in order (E = len(returns))"),
         ("episode_starts", np.array_equal(demos["episode_starts"].astype(bool), first), "disagrees with episode_ids"),
-        (
-            "timesteps",
-            np.array_equal(demos["timesteps"], np.arange(n) - start_index),
-            "must count 0, 1, ... inside each episode",
-        ),
+        ("timesteps", np.array_equal(demos["timesteps"], counts), "must count 0, 1, ... inside each episode"),
         ("next_observations", continues, "must equal the next transition's observation inside an episode"),
         (
             "terminals",
@@ -1231,8 +1074,8 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
         ),
         ("returns", np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
     ]
-    for key, ok, message in rules:
-        if not ok:
+    for key, holds, message in rules:
+        if not holds:
             raise UsageError(f"{path}: key {key} {message}")
     if reset_prob > 0 and any(k not in demos for k in STATE_KEYS):
         raise UsageError(
@@ -1243,25 +1086,20 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
 
 def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
     """Dtype kind, shape and finiteness of every demos key (N transitions, E episodes, the env's widths)."""
-    lengths = [
-        len(demos[k]) if demos[k].ndim else -1
-        for k, (_, shape) in DEMO_FORMAT.items()
-        if k in demos and shape[0] == "N"
-    ]
+    per_step = [demos[k] for k, (_, shape) in DEMO_FORMAT.items() if k in demos and shape[0] == "N"]
+    lengths = [len(a) if a.ndim else -1 for a in per_step]
     n = max(set(lengths), key=lengths.count)  # the length most keys agree on: the odd key out is named
     ids = demos["episode_ids"]
     episodes = len(np.unique(ids)) if ids.ndim == 1 and ids.dtype.kind in "iu" else len(demos["returns"])
-    dims = {"N": n, "E": episodes, **sizes}
-    if n < 1 or dims["E"] < 1:
+    if n < 1 or episodes < 1:
         raise UsageError(f"{path} holds no complete expert episode; record at least one episode")
-    kinds = {np.float32: "fiu", np.float64: "fiu", np.int64: "iu", bool: "biu"}
+    dims, kinds = {"N": n, "E": episodes, **sizes}, {np.float32: "fiu", np.float64: "fiu", np.int64: "iu", bool: "biu"}
     for key, (dtype, shape) in DEMO_FORMAT.items():
         if key not in demos:
             continue
         a, expected = demos[key], tuple(dims[d] for d in shape)
-        if a.dtype.kind not in kinds[dtype] or (
-            a.dtype.kind in "iu" and dtype is bool and not np.isin(a, (0, 1)).all()
-        ):
+        not_binary = a.dtype.kind in "iu" and dtype is bool and not np.isin(a, (0, 1)).all()
+        if a.dtype.kind not in kinds[dtype] or not_binary:
             raise UsageError(f"{path}: key {key} has dtype {a.dtype}, expected {np.dtype(dtype)}")
         if a.shape != expected:
             raise UsageError(f"{path}: key {key} has shape {a.shape}, expected {expected} for {sizes['env']}")
@@ -1270,12 +1108,6 @@ def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
 
 
 # ---- validation: every flag, the env id, the run dir and every artifact, before any work
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def flat_fields(obj, prefix: str = ""):
     """(dotted name, value, dataclasses.Field) of every leaf setting of the nested Args."""
     for spec in dataclasses.fields(obj):
@@ -1289,28 +1121,22 @@ def flat_fields(obj, prefix: str = ""):
 def check_args(args: Args) -> None:
     """Ranges (NaN fails every one; `ranged` fields in Args) and cross-field rules of every flag."""
     for name, value, spec in flat_fields(args):
-        interval = spec.metadata.get("range")
+        interval, flag = spec.metadata.get("range"), "--" + name.replace("_", "-")
         if interval is None and isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise UsageError(f"{flag(name)} has no range (a bug in {SCRIPT}: declare it with ranged())")
+            raise UsageError(f"{flag} has no range (a bug in {SCRIPT}: declare it with ranged())")
         if interval and value is not None:
             lo, hi = (float(x) for x in interval[1:-1].split(","))
             above = lo < value if interval[0] == "(" else lo <= value
             if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
-                raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
+                raise UsageError(f"{flag} must lie in {interval}, not {value}")
     if not args.exp_name or "/" in args.exp_name:
         raise UsageError("--exp-name must be a non-empty name without '/'")
     if not args.expert.only and args.sac.learning_starts >= args.irl.total_timesteps:
         raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
-    if args.track and importlib_missing("wandb"):
+    if args.track and importlib.util.find_spec("wandb") is None:
         raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
-    if args.capture_video and importlib_missing("cv2"):
+    if args.capture_video and importlib.util.find_spec("cv2") is None:
         raise UsageError("--capture-video needs opencv-python: pip install opencv-python")
-
-
-def importlib_missing(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is None
 
 
 def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
@@ -1334,9 +1160,8 @@ def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
         env = gym.make(env_id)
     except Exception as e:  # e.g. a broken MuJoCo install
         raise UsageError(f"cannot create {env_id} ({type(e).__name__}: {e}); check the gymnasium[mujoco] install")
-    space = env.action_space
+    space, model = env.action_space, env.unwrapped.model
     info = EnvInfo(env.observation_space.shape[0], space.shape[0], space.low, space.high)
-    model = env.unwrapped.model
     env.close()
     return info, {"obs": info.obs_dim, "act": info.act_dim, "nq": model.nq, "nv": model.nv, "env": env_id}
 
@@ -1390,9 +1215,8 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> O
         assert widths == (info.obs_dim, info.obs_dim, info.act_dim) and isinstance(progress["step"], int)
         assert len({len(rb[k]) for k in ("obs", "next_obs", "actions", "dones")}) == 1 and len(ckpt["rng"]["envs"])
     except Exception as e:  # truncated, random bytes, another script's or another configuration's file
-        raise UsageError(
-            f"{path} is corrupt or from another configuration ({type(e).__name__}); delete it to redo that phase"
-        )
+        problem = f"is corrupt or from another configuration ({type(e).__name__})"
+        raise UsageError(f"{path} {problem}; delete it to redo that phase")
     return ckpt
 
 
@@ -1406,9 +1230,9 @@ def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Arg
         if not e.code:
             raise
         lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-        line = [ln for ln in lines if ln][1:2] or ["invalid command line"]
+        line = ([ln for ln in lines if ln][1:2] or ["invalid command line"])[0]
         raise UsageError(
-            f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
+            f"{context} ({line}); delete it or pass another --run-dir" if context else f"{line} (see --help)"
         )
 
 
@@ -1436,16 +1260,13 @@ def parse_args(argv: Optional[list[str]]) -> Args:
         return args
     saved = read_json(saved_path)
     if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
-        raise UsageError(
-            f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
-            "pass another --run-dir"
-        )
+        other = saved.get("script") or "another script"
+        raise UsageError(f"{args.run_dir} is a run dir of {other}, not {SCRIPT}; pass another --run-dir")
     default = tyro_cli(as_argv(saved["args"]), None, f"{saved_path} holds settings this script cannot read")
     args = tyro_cli(argv, default)
     if args.env_id != saved.get("env_id"):
-        raise UsageError(
-            f"run dir {args.run_dir} holds a {saved.get('env_id')} run, not {args.env_id}; pass another --run-dir"
-        )
+        other = f"holds a {saved.get('env_id')} run, not {args.env_id}"
+        raise UsageError(f"run dir {args.run_dir} {other}; pass another --run-dir")
     return args
 
 
@@ -1457,9 +1278,10 @@ def validate(args: Args) -> Setup:
     rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
     if rows * row_bytes > memory / 2:
+        gib = rows * row_bytes / 2**30
         raise UsageError(
-            f"a replay buffer of {rows} rows needs {rows * row_bytes / 2**30:.1f} GiB, over half this "
-            "machine's memory; lower --sac.buffer-size"
+            f"a replay buffer of {rows} rows needs {gib:.1f} GiB, over half this machine's memory; "
+            "lower --sac.buffer-size"
         )
     if args.capture_video:
         check_rendering(args.env_id)
@@ -1472,12 +1294,10 @@ def validate(args: Args) -> Setup:
         read_json(run_dir / "results.json")
         return Setup(run_dir, finished=True)
     check_writable(run_dir, "--run-dir")
-    cache = Path(args.expert.experts_dir) / args.env_id / "demos.npz"
-    path = args.expert.path
+    cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
         raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
-    if not path and cache.exists():
-        path = cache
+    path = path or (cache if cache.exists() else None)
     demos = load_demos(path, args.env_id, sizes, 0 if args.expert.only else args.irl.reset_prob) if path else None
     checkpoints = {}
     if demos is None:
@@ -1504,18 +1324,12 @@ def start_run(args: Args, run_dir: Path) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
-    atomic_json(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
+    atomic_save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_dir.name,
-            save_code=True,
-        )
+        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_dir.name)
+        wandb.init(**names, sync_tensorboard=True, config=dataclasses.asdict(args), save_code=True)
     writer = SummaryWriter(str(run_dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))

@@ -192,7 +192,7 @@ def test_learner_env_resets_to_expert_states_with_remaining_horizon(pendulum_dem
         matches = np.flatnonzero((pendulum_demos["observations"] == obs.astype(np.float32)).all(1))
         assert env.from_expert and len(matches) >= 1
         t = pendulum_demos["timesteps"][matches[0]]
-        assert fi.time_limit(env.env)._elapsed_steps == t
+        assert env.env.get_wrapper_attr("_elapsed_steps") == t
 
 
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "Ant-v5"])
