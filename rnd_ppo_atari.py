@@ -35,7 +35,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from torch.distributions import Categorical
 
@@ -129,20 +128,14 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
 
 
 def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
-    """One Python env with the same preprocessing, for evaluation: it exposes the RAM (room numbers), which
-    ale-py 0.12.1's vector env does not."""
+    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's vector env, it has RAM."""
     import ale_py
     import gymnasium as gym
 
     gym.register_envs(ale_py)
-    env = gym.make(
-        f"ALE/{rom_to_camel(rom)}-v5",
-        frameskip=1,
-        repeat_action_probability=env_args.sticky_action_prob,
-        max_num_frames_per_episode=env_args.max_episode_frames,
-        full_action_space=False,
-        render_mode="rgb_array" if render else None,
-    )
+    settings = dict(repeat_action_probability=env_args.sticky_action_prob, frameskip=1, full_action_space=False)
+    settings |= dict(max_num_frames_per_episode=env_args.max_episode_frames)
+    env = gym.make(f"ALE/{rom_to_camel(rom)}-v5", render_mode="rgb_array" if render else None, **settings)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
     env = gym.wrappers.FrameStackObservation(env, 4)
     env.reset(seed=seed)
@@ -160,6 +153,13 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+def conv_encoder(in_channels: int, last_kernel: int, activation) -> nn.Sequential:
+    """Conv 32-8-4, 64-4-2, 64-k-1, each followed by the activation, then flatten (policy k = 4, Nature CNN 3)."""
+    specs = ((in_channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, last_kernel, 1))
+    layers = [layer for i, o, k, s in specs for layer in (layer_init(nn.Conv2d(i, o, k, stride=s)), activation())]
+    return nn.Sequential(*layers, nn.Flatten())
+
+
 class Agent(nn.Module):
     """OpenAI's policy: x/255 -> conv 32-8-4, 64-4-2, 64-4-1 -> fc 256 [-> GRU] -> fc 448 = X; value trunk
     X + relu(fc(X)) -> (V_ext, V_int); action trunk X + relu(fc(X)) -> logits. Channels-last weights and
@@ -168,16 +168,9 @@ class Agent(nn.Module):
     def __init__(self, n_actions: int, rnn_hidden_layers: int = 0, rnn_hidden_size: int = 256, env_id: str = ""):
         super().__init__()
         self.env_id, self.env_config, self.act_state = env_id, {}, None
-        self.config = {
-            "n_actions": int(n_actions),
-            "rnn_hidden_layers": rnn_hidden_layers,
-            "rnn_hidden_size": rnn_hidden_size,
-        }
-        convs = [
-            layer_init(nn.Conv2d(i, o, k, stride=s)) for i, o, k, s in ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 4, 1))
-        ]
-        layers = [layer for conv in convs for layer in (conv, nn.ReLU())]  # the last conv is 4x4 (Nature CNN: 3x3)
-        self.encoder = nn.Sequential(*layers, nn.Flatten(), layer_init(nn.Linear(64 * 6 * 6, 256)), nn.ReLU())
+        self.config = dict(n_actions=int(n_actions), rnn_hidden_layers=rnn_hidden_layers)
+        self.config["rnn_hidden_size"] = rnn_hidden_size
+        self.encoder = nn.Sequential(*conv_encoder(4, 4, nn.ReLU), layer_init(nn.Linear(64 * 6 * 6, 256)), nn.ReLU())
         self.rnn_layers, self.rnn_size = rnn_hidden_layers, rnn_hidden_size
         self.rnn = nn.GRU(256, rnn_hidden_size, num_layers=rnn_hidden_layers) if rnn_hidden_layers > 0 else None
         self.fc = nn.Sequential(layer_init(nn.Linear(rnn_hidden_size if self.rnn else 256, 448)), nn.ReLU())
@@ -206,7 +199,7 @@ class Agent(nn.Module):
                 outs.append(out)
             x = torch.cat(outs).view(T * B, -1)
         h = self.fc(x)
-        hv, ha = h + F.relu(self.value_trunk(h)), h + F.relu(self.action_trunk(h))
+        hv, ha = h + torch.relu(self.value_trunk(h)), h + torch.relu(self.action_trunk(h))
         return self.actor(ha), self.critic_ext(hv).squeeze(-1), self.critic_int(hv).squeeze(-1), state
 
     @torch.no_grad()
@@ -226,9 +219,9 @@ class RNDModel(nn.Module):
 
     def __init__(self, out_size: int = 512):
         super().__init__()
-        self.target = nn.Sequential(rnd_encoder(), layer_init(nn.Linear(3136, out_size)))
+        self.target = nn.Sequential(conv_encoder(1, 3, nn.LeakyReLU), layer_init(nn.Linear(3136, out_size)))
         head = [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
-        self.predictor = nn.Sequential(rnd_encoder(), *head, layer_init(nn.Linear(512, out_size)))
+        self.predictor = nn.Sequential(conv_encoder(1, 3, nn.LeakyReLU), *head, layer_init(nn.Linear(512, out_size)))
         self.target.requires_grad_(False)
         self.to(memory_format=torch.channels_last)  # as Agent (1-channel inputs are already NHWC-contiguous)
 
@@ -237,11 +230,6 @@ class RNDModel(nn.Module):
         with torch.no_grad():
             target = self.target(x)
         return rnd_errors(self.predictor(x), target)
-
-
-def rnd_encoder() -> nn.Sequential:
-    convs = [layer_init(nn.Conv2d(i, o, k, stride=s)) for i, o, k, s in ((1, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))]
-    return nn.Sequential(*[layer for conv in convs for layer in (conv, nn.LeakyReLU())], nn.Flatten())
 
 
 # ---- The math, as pure functions
@@ -299,10 +287,10 @@ def ppo_policy_loss(new_logprob, old_logprob, advantages, clip_coef: float):
     return pg, ((ratio - 1) - logratio).mean(), ((ratio - 1.0).abs() > clip_coef).float().mean()
 
 
-def predictor_subsample(batch: int, proportion: float, device, generator=None) -> torch.Tensor:
+def predictor_subsample(batch: int, proportion: float, device) -> torch.Tensor:
     """Indices of the round(proportion * batch) samples (at least 1) the predictor trains on this minibatch."""
     k = max(1, int(round(proportion * batch)))
-    return torch.randperm(batch, device=device, generator=generator)[:k]
+    return torch.randperm(batch, device=device)[:k]
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -335,8 +323,9 @@ class RunningMeanStd:
     def state_dict(self):
         return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count}
 
-    def load_state_dict(self, d):
-        self.mean, self.var, self.count = d["mean"].to(self.mean.device), d["var"].to(self.var.device), d["count"]
+    def load_state_dict(self, state: dict):
+        self.mean, self.var = state["mean"].to(self.mean.device), state["var"].to(self.var.device)
+        self.count = state["count"]
 
 
 def intrinsic_rewards(raw: torch.Tensor, filter_state: torch.Tensor, reward_rms: RunningMeanStd, gamma, world):
@@ -348,10 +337,10 @@ def intrinsic_rewards(raw: torch.Tensor, filter_state: torch.Tensor, reward_rms:
 
 
 # ---- Phases: observation-normaliser warm-up, training (rollout, bonus, PPO update), evaluation
-def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World") -> None:
+def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World", writer) -> None:
     """Whiten RND inputs from random-agent steps (paper: 50 rollouts x 128 steps per env, last frame only). One
     (num_envs, 84, 84) batch per vector step is summed in float64 while the next step already runs in C++ threads."""
-    steps = args.rnd.num_iterations_obs_norm_init * args.ppo.num_steps
+    steps, started = args.rnd.num_iterations_obs_norm_init * args.ppo.num_steps, time.perf_counter()
     rng = np.random.default_rng(args.seed + 7919 * world.rank)
     n_actions, num_envs = envs.single_action_space.n, args.ppo.num_envs
     total, total_sq = np.zeros((84, 84)), np.zeros((84, 84))
@@ -366,33 +355,27 @@ def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "Wo
             bar.update(num_envs * world.size)
             if STOP["signal"]:
                 raise Interrupted("stopped during the observation-normalisation warm-up (nothing to save)")
-    device = obs_rms.mean.device
-    obs_rms.update_from_sums(
-        torch.from_numpy(total).to(device), torch.from_numpy(total_sq).to(device), steps * num_envs, world
-    )
+    total, total_sq = (torch.from_numpy(x).to(obs_rms.mean.device) for x in (total, total_sq))
+    obs_rms.update_from_sums(total, total_sq, steps * num_envs, world)
+    if writer is not None:
+        seconds, all_steps = time.perf_counter() - started, steps * num_envs * world.size
+        writer.add_scalar("charts/obs_norm_warmup_seconds", seconds, 0)
+        rate = f"{all_steps} random steps in {seconds:.1f} s ({all_steps / seconds:.0f} steps/s)"
+        print(f"obs-norm warm-up: {rate}", flush=True)
 
 
-@dataclass
 class Rollout:
     """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch of env slices is one
     contiguous index_select that the networks read as an NHWC view (no per-minibatch layout conversion)."""
 
-    obs: torch.Tensor
-    next_frames: torch.Tensor  # (T, N, 84, 84) the RND input: the last frame of the true next observation
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    ext_rewards: torch.Tensor
-    firsts: torch.Tensor
-    v_ext: torch.Tensor
-    v_int: torch.Tensor
-    state0: Optional[torch.Tensor] = None  # GRU state at the rollout's start
-
-    @classmethod
-    def zeros(cls, T: int, N: int, device):
-        frames = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
-        next_frames = torch.zeros((T, N, 84, 84), dtype=torch.uint8, device=device)
-        actions = torch.zeros((T, N), dtype=torch.long, device=device)
-        return cls(frames, next_frames, actions, *(torch.zeros((T, N), device=device) for _ in range(5)))
+    def __init__(self, T: int, N: int, device):
+        self.obs = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
+        self.next_frames = torch.zeros((T, N, 84, 84), dtype=torch.uint8, device=device)  # last frame of next obs
+        self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
+        self.logprobs, self.ext_rewards, self.firsts, self.v_ext, self.v_int = (
+            torch.zeros((T, N), device=device) for _ in range(5)
+        )
+        self.state0 = None  # GRU state at the rollout's start
 
 
 class Player:
@@ -438,9 +421,8 @@ class Player:
 
 @torch.no_grad()
 def score_rollout(buf: Rollout, player: Player, agent, rnd, obs_rms, reward_rms, filter_state, args: Args, world):
-    """The rollout's intrinsic rewards -- the frame statistics updated first, then every next frame scored by the
-    pre-update predictor (uint8 frames whitened chunk by chunk) -- and the GAE of both streams (the intrinsic one
-    non-episodic). Returns the PPO batch and the reward filter's new state."""
+    """Frame statistics updated, then every next frame scored by the pre-update predictor (whitened chunk by chunk);
+    GAE of both streams (the intrinsic one non-episodic). Returns the PPO batch and the reward filter's new state."""
     T, N = buf.actions.shape
     frames = buf.next_frames.view(T * N, 84, 84)
     obs_rms.update(frames, world)
@@ -459,12 +441,10 @@ def score_rollout(buf: Rollout, player: Player, agent, rnd, obs_rms, reward_rms,
     return batch | {"raw_int": raw_int, "int_rewards": int_rewards}, filter_state
 
 
-MINIBATCH_KEYS = ("obs", "firsts", "actions", "logprobs", "advantages", "ext_returns", "int_returns", "next_frames")
-
-
 def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", params: list) -> dict:
     """update_epochs x num_minibatches steps on env slices (whole sequences, for the GRU); returns the last epoch's
     mean losses as tensors (no host sync)."""
+    keys = ("obs", "firsts", "actions", "logprobs", "advantages", "ext_returns", "int_returns", "next_frames")
     T, N = batch["actions"].shape
     device, mb_envs = batch["actions"].device, N // args.ppo.num_minibatches
     for _ in range(args.ppo.update_epochs):
@@ -472,17 +452,15 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", p
         perm = torch.randperm(N, device=device)
         for start in range(0, N, mb_envs):
             envs_idx = perm[start : start + mb_envs]
-            mb = {k: batch[k][:, envs_idx] for k in MINIBATCH_KEYS}
+            mb = {k: batch[k][:, envs_idx] for k in keys}
             obs = mb["obs"].permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
             logits, v_ext, v_int, _ = agent(obs, batch["state0"][:, envs_idx], mb["firsts"])
             dist = Categorical(logits=logits)
             adv = mb["advantages"].reshape(-1)
             if args.ppo.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            new_logprob = dist.log_prob(mb["actions"].reshape(-1))
-            pg_loss, approx_kl, clipfrac = ppo_policy_loss(
-                new_logprob, mb["logprobs"].reshape(-1), adv, args.ppo.clip_coef
-            )
+            new_logprob, old_logprob = dist.log_prob(mb["actions"].reshape(-1)), mb["logprobs"].reshape(-1)
+            pg_loss, approx_kl, clipfrac = ppo_policy_loss(new_logprob, old_logprob, adv, args.ppo.clip_coef)
             v_loss_ext = (v_ext - mb["ext_returns"].reshape(-1)).pow(2).mean()
             v_loss = 0.5 * (v_loss_ext + (v_int - mb["int_returns"].reshape(-1)).pow(2).mean())
             entropy = dist.entropy().mean()
@@ -499,32 +477,19 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", p
             if args.ppo.max_grad_norm > 0:
                 nn.utils.clip_grad_norm_(params, args.ppo.max_grad_norm)
             optimizer.step()
-            for name, value in (
-                ("policy_loss", pg_loss),
-                ("value_loss", v_loss),
-                ("entropy", entropy),
-                ("predictor_loss", pred_loss),
-                ("approx_kl", approx_kl),
-                ("clipfrac", clipfrac),
-                ("total_loss", loss),
-            ):
+            step_losses = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy, predictor_loss=pred_loss)
+            step_losses |= dict(approx_kl=approx_kl, clipfrac=clipfrac, total_loss=loss)
+            for name, value in step_losses.items():
                 sums[name] = sums.get(name, 0.0) + value.detach() / args.ppo.num_minibatches
     return sums
 
 
 def train(args: Args, ctx: dict, world: "World", writer) -> dict:
     """PPO + RND until the budget, the target score, or a signal. Resumes from the snapshot validate loaded."""
-    device, ppo, ckpt = ctx["device"], args.ppo, ctx["ckpt"]
+    device, ppo, ckpt, num_iterations = ctx["device"], args.ppo, ctx["ckpt"], ctx["num_iterations"]
     T, N, batch_size = ppo.num_steps, ppo.num_envs, ctx["batch_size"]
     run = {"iteration": 0, "global_step": 0, "rooms_seen": set(), "stop_reason": "budget", "sps": float("nan")}
-    run["history"] = {
-        "step": [],
-        "avg_return": [],
-        "int_reward": [],
-        "eval_step": [],
-        "eval_return": [],
-        "eval_rooms": [],
-    }
+    run["history"] = {k: [] for k in ("step", "avg_return", "int_reward", "eval_step", "eval_return", "eval_rooms")}
     env_seed = args.seed * 100_003 + world.rank * N + (ckpt["iteration"] if ckpt else 0) * 1_000_003
     envs = make_envs(args.env, ctx["rom"], N, env_seed)
     agent = Agent(envs.single_action_space.n, args.policy.rnn_hidden_layers, args.policy.rnn_hidden_size, args.env_id)
@@ -537,29 +502,23 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
     if ckpt:
         filter_state = restore_snapshot(ckpt, learner, run, recent, world, args.seed, N, device)
     else:
-        same_start_on_every_rank(learner, world, args.seed)
+        world.same_start(learner, args.seed)
         if args.rnd.num_iterations_obs_norm_init > 0:
-            started = time.perf_counter()
-            init_obs_normalization(envs, obs_rms, args, world)
-            log_warmup(writer, time.perf_counter() - started, args, world)
-    player, buf = Player(envs, agent, env_seed, device), Rollout.zeros(T, N, device)
-    bar = progress(
-        ctx["num_iterations"] * batch_size, "training", args.progress_bar and world.rank == 0, run["global_step"]
-    )
+            init_obs_normalization(envs, obs_rms, args, world, writer)
+    player, buf = Player(envs, agent, env_seed, device), Rollout(T, N, device)
+    bar = progress(num_iterations * batch_size, "training", args.progress_bar and world.rank == 0, run["global_step"])
     sps_start = None
     try:
-        while run["iteration"] < ctx["num_iterations"]:
+        while run["iteration"] < num_iterations:
             iteration = run["iteration"] + 1
             if ppo.anneal_lr:
-                optimizer.param_groups[0]["lr"] = ppo.learning_rate * (1.0 - (iteration - 1.0) / ctx["num_iterations"])
-            episodes = player.rollout(agent, buf)
-            for step, score, length in episodes:
+                optimizer.param_groups[0]["lr"] = ppo.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+            for step, score, length in player.rollout(agent, buf):
                 recent.append(score)
                 if writer is not None:
-                    writer.add_scalar("charts/episodic_return", score, run["global_step"] + (step + 1) * N * world.size)
-                    writer.add_scalar(
-                        "charts/episodic_length", length, run["global_step"] + (step + 1) * N * world.size
-                    )
+                    at_step = run["global_step"] + (step + 1) * N * world.size
+                    writer.add_scalar("charts/episodic_return", score, at_step)
+                    writer.add_scalar("charts/episodic_length", length, at_step)
             run["global_step"] += batch_size
 
             batch, filter_state = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
@@ -578,15 +537,12 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
                 "losses/explained_variance_int": explained_variance(buf.v_int, batch["int_returns"]),
             }
             values = torch.stack([v.float() for v in diagnostics.values()])
-            flags = torch.tensor(
-                [STOP["signal"] > 0, sum(recent), len(recent), 0.0], dtype=torch.float64, device=device
-            )
+            flags = torch.tensor([STOP["signal"] > 0, sum(recent), len(recent), 0], dtype=torch.double, device=device)
             flags[3] = (~torch.isfinite(values)).any().double()
             world.all_reduce_sum(flags)  # every rank stops at the same iteration, on the same averaged score
             if flags[3].item() > 0:
-                raise NonFiniteLoss(
-                    f"non-finite loss at iteration {iteration}: lower --ppo.learning-rate or set --ppo.max-grad-norm"
-                )
+                hint = "lower --ppo.learning-rate or set --ppo.max-grad-norm"
+                raise NonFiniteLoss(f"non-finite loss at iteration {iteration}: {hint}")
             diagnostics = dict(zip(diagnostics, values.tolist()))
             run["iteration"], avg_return = iteration, float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
             if sps_start is None:
@@ -594,29 +550,13 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
             elif run["global_step"] > sps_start[1]:
                 run["sps"] = (run["global_step"] - sps_start[1]) / (time.perf_counter() - sps_start[0])
             if writer is not None:
-                log_iteration(writer, run, diagnostics, avg_return, optimizer.param_groups[0]["lr"])
-                bar.update(batch_size)
-                bar.set_postfix(
-                    sps=f"{run['sps']:.0f}",
-                    avg_ret=f"{avg_return:.1f}",
-                    int_r=f"{diagnostics['rnd/intrinsic_reward']:.3f}",
-                )
-            if (
-                world.rank == 0
-                and args.eval.every
-                and iteration % args.eval.every == 0
-                and iteration < ctx["num_iterations"]
-            ):
+                log_iteration(writer, bar, run, diagnostics, avg_return, optimizer.param_groups[0]["lr"])
+            if world.rank == 0 and args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
                 evaluate_during_training(args, ctx, agent, run, writer)
-            reached = ppo.target_score is not None and avg_return >= ppo.target_score
-            if (
-                flags[0].item() > 0
-                or reached
-                or iteration % args.checkpoint_every == 0
-                or iteration == ctx["num_iterations"]
-            ):
+            stop, reached = flags[0].item() > 0, ppo.target_score is not None and avg_return >= ppo.target_score
+            if stop or reached or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 save_snapshot(ctx, learner, run, recent, filter_state, world)
-            if flags[0].item() > 0:
+            if stop:
                 raise Interrupted(f"stopped by signal at iteration {iteration}; a snapshot is saved")
             if reached:
                 run["stop_reason"] = "target_score"
@@ -624,10 +564,8 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
     finally:
         bar.close()
         envs.close()
-    run["train_mean_return"], run["train_episodes_in_mean"] = (
-        float(np.mean(recent)) if recent else float("nan"),
-        len(recent),
-    )
+    run["train_mean_return"] = float(np.mean(recent)) if recent else float("nan")
+    run["train_episodes_in_mean"] = len(recent)
     run["rank_checksums"] = rank_checksums(world, agent, player.next_obs, obs_rms, reward_rms)
     return {"agent": agent, **run}
 
@@ -673,13 +611,9 @@ def main(args: Args) -> Optional[dict]:
         raise SystemExit(2) from None
     if ctx.get("finished") is not None:  # (the other ranks of an --eval-only run also wait here for rank 0)
         world.close()
-        if world.rank != 0:
-            return None
-        print(
-            f"{ctx['run_dir']} is finished (results.json is never overwritten); "
-            f"--eval-only {ctx['run_dir']} evaluates it again"
-        )
-        return ctx["finished"]
+        if world.rank == 0:
+            print(f"{ctx['run_dir']} is finished (results.json is never overwritten); evaluate it with --eval-only")
+        return ctx["finished"] if world.rank == 0 else None
     writer, restore_signals = start_run(args, ctx, world)
     try:
         if args.eval_only:
@@ -719,6 +653,7 @@ class Interrupted(Exception):
 STOP = {"signal": 0}
 SCRIPT = os.path.basename(__file__)
 ARCHITECTURE = ("rnn_hidden_layers", "rnn_hidden_size")  # a snapshot cannot be resumed with other values
+SNAPSHOT_KEYS = {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "iteration", "config", "rng"}
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
 # Every numeric flag's valid range, "name low high" (NaN fails every range test).
@@ -731,10 +666,6 @@ ppo.max_grad_norm 0 1e6 | ppo.target_score -1e12 1e12 | ppo.target_score_window 
 rnd.ext_coef 0 1e6 | rnd.int_coef 0 1e6 | rnd.update_proportion 1e-9 1 | rnd.num_iterations_obs_norm_init 0 1e6
 rnd.obs_clip 1e-6 1e6 | policy.rnn_hidden_layers 0 16 | policy.rnn_hidden_size 1 65536 | eval.episodes 0 1e5
 eval.every 0 1e9"""
-
-
-def request_stop(signum, _frame):
-    STOP["signal"] = signum
 
 
 def progress(total: int, desc: str, enabled: bool, initial: int = 0):
@@ -774,18 +705,11 @@ def check_args(args: Args, world_size: int) -> dict:
         value = getattr(getattr(args, group) if group else args, attr)
         if value is not None and not float(low) <= value <= float(high):
             raise UsageError(f"--{name.replace('_', '-')} must be in [{float(low):g}, {float(high):g}] (got {value})")
-    ppo = args.ppo
+    ppo, batch = args.ppo, args.ppo.num_envs * args.ppo.num_steps * world_size
     if ppo.num_envs % ppo.num_minibatches:
-        raise UsageError(
-            f"--ppo.num-envs {ppo.num_envs} is not divisible by --ppo.num-minibatches {ppo.num_minibatches} "
-            "(each minibatch is a slice of whole env sequences): pick a multiple of num-minibatches"
-        )
-    batch = ppo.num_envs * ppo.num_steps * world_size
+        raise UsageError("--ppo.num-envs must be a multiple of num-minibatches (a minibatch is whole envs)")
     if ppo.total_timesteps < batch:
-        raise UsageError(
-            f"--ppo.total-timesteps {ppo.total_timesteps} is less than one iteration (num-envs x num-steps x ranks "
-            f"= {batch}): raise --ppo.total-timesteps or lower --ppo.num-envs/--ppo.num-steps"
-        )
+        raise UsageError(f"--ppo.total-timesteps is below one iteration ({batch} steps): raise --ppo.total-timesteps")
     return {"batch_size": batch, "num_iterations": ppo.total_timesteps // batch, "world_size": world_size}
 
 
@@ -811,25 +735,21 @@ def validate(args: Args, world: "World") -> dict:
         ctx["run_dir"] = Path(run_dir)
         if finished or args.eval_only:
             return ctx | {"finished": {}}
-        paths = checkpoint_paths(ctx["run_dir"])
-        ctx["ckpt"] = load_snapshot(paths[-1]) if paths else None
+        ctx["ckpt"] = load_latest_snapshot(ctx["run_dir"])
     return ctx
 
 
 def validate_run_dir(args: Args) -> dict:
-    run_dir = Path(
-        args.run_dir or f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    )
+    default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = Path(args.run_dir or default)
     check_run_dir(run_dir, args.env_id)
     if (run_dir / "results.json").exists():
         return {"run_dir": run_dir, "finished": read_json(run_dir / "results.json")}
-    paths = checkpoint_paths(run_dir)
-    ckpt = load_snapshot(paths[-1]) if paths else None
-    if ckpt is not None:
-        changed = [k for k in ARCHITECTURE if ckpt["config"][k] != getattr(args.policy, k)]
-        if changed:
-            was = " ".join(f"--policy.{k.replace('_', '-')} {ckpt['config'][k]}" for k in changed)
-            raise UsageError(f"{run_dir} was trained with {was}: resume with the same values or pass a new --run-dir")
+    ckpt = load_latest_snapshot(run_dir)
+    changed = [k for k in ARCHITECTURE if ckpt and ckpt["config"][k] != getattr(args.policy, k)]
+    if changed:
+        was = " ".join(f"--policy.{k.replace('_', '-')} {ckpt['config'][k]}" for k in changed)
+        raise UsageError(f"{run_dir} was trained with {was}: resume with the same values or pass a new --run-dir")
     return {"run_dir": run_dir, "ckpt": ckpt}
 
 
@@ -854,9 +774,7 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
             raise UsageError(f"{run_dir} holds a run on {saved.get('env_id')}, not {env_id}: pass a new --run-dir")
     elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT} (no args.json): pass a new --run-dir")
-    probe = run_dir
-    while not probe.exists():
-        probe = probe.parent
+    probe = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:
         tempfile.TemporaryDirectory(dir=probe).cleanup()
     except OSError:
@@ -867,34 +785,37 @@ def read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
-        raise UsageError(
-            f"{path} is unreadable or corrupt: delete it (it is rewritten) or pass a new --run-dir"
-        ) from None
+        raise UsageError(f"{path} is corrupt: delete it (it is rewritten) or pass a new --run-dir") from None
 
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
 
 
-def load_snapshot(path: Path) -> dict:
-    keys = {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "iteration", "config", "rng"}
+def load_latest_snapshot(run_dir: Path) -> Optional[dict]:
+    """The newest checkpoints/ckpt_*.pt with every key a resume needs, or None when there is none."""
+    paths = checkpoint_paths(run_dir)
+    if not paths:
+        return None
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        if isinstance(ckpt, dict) and keys <= set(ckpt):
+        ckpt = torch.load(paths[-1], map_location="cpu", weights_only=False)
+        if isinstance(ckpt, dict) and SNAPSHOT_KEYS <= set(ckpt):
             return ckpt
     except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
         pass
-    raise UsageError(f"snapshot {path} is corrupt or unreadable: delete it to resume from the previous snapshot")
+    raise UsageError(f"snapshot {paths[-1]} is corrupt or unreadable: delete it to resume from the previous snapshot")
 
 
 def save_snapshot(ctx: dict, learner: dict, run: dict, recent, filter_state, world: "World") -> None:
     """Rank 0: model, optimizer, normalisers, reward filter, RNG states, counters; keeps the newest ones."""
     if world.rank != 0:
         return
-    state = {k: v.state_dict() for k, v in learner.items()} | {"iteration": run["iteration"], "rng": rng_states()}
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    rng["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    state = {k: v.state_dict() for k, v in learner.items()} | {"iteration": run["iteration"], "rng": rng}
     state |= {"global_step": run["global_step"], "filter_state": filter_state.cpu(), "recent_returns": list(recent)}
     state |= {"history": run["history"], "rooms_seen": sorted(run["rooms_seen"]), "config": learner["agent"].config}
-    save_torch(state, ctx["run_dir"] / "checkpoints" / f"ckpt_{run['iteration']:08d}.pt")
+    atomic_write(ctx["run_dir"] / "checkpoints" / f"ckpt_{run['iteration']:08d}.pt", state)
     for old in checkpoint_paths(ctx["run_dir"])[: -ctx["keep_checkpoints"]]:
         old.unlink(missing_ok=True)
     plot_curves(run["history"], ctx)
@@ -907,7 +828,12 @@ def restore_snapshot(ckpt, learner: dict, run: dict, recent, world, seed: int, n
     run.update(iteration=ckpt["iteration"], global_step=ckpt["global_step"], history=ckpt["history"])
     run["rooms_seen"] = set(ckpt["rooms_seen"])
     recent.extend(ckpt["recent_returns"])
-    set_rng_states(ckpt["rng"])
+    rng = ckpt["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     if world.rank:  # the snapshot holds rank 0's RNG; the other ranks diverge from it
         torch.manual_seed(seed + world.rank + 7 * run["iteration"])
         np.random.seed(seed + world.rank + 7 * run["iteration"])
@@ -917,53 +843,37 @@ def restore_snapshot(ckpt, learner: dict, run: dict, recent, world, seed: int, n
     return ckpt["filter_state"].to(device) if same_envs else torch.zeros(num_envs, device=device)
 
 
-def same_start_on_every_rank(learner: dict, world, seed: int) -> None:
-    """Identical initial weights on every rank (same seed, then a broadcast); then rank-specific sampling."""
-    world.broadcast_parameters(learner["agent"])
-    world.broadcast_parameters(learner["rnd"])
-    torch.manual_seed(seed + world.rank)
-    np.random.seed(seed + world.rank)
-    random.seed(seed + world.rank)
-
-
-def log_warmup(writer, seconds: float, args: Args, world) -> None:
-    if writer is not None:
-        steps = args.rnd.num_iterations_obs_norm_init * args.ppo.num_steps * args.ppo.num_envs * world.size
-        writer.add_scalar("charts/obs_norm_warmup_seconds", seconds, 0)
-        print(f"obs-norm warm-up: {steps} random steps in {seconds:.1f} s ({steps / seconds:.0f} steps/s)", flush=True)
-
-
-def log_iteration(writer, run: dict, diagnostics: dict, avg_return: float, lr: float) -> None:
+def log_iteration(writer, bar, run: dict, diagnostics: dict, avg_return: float, lr: float) -> None:
     step = run["global_step"]
-    for tag, value in diagnostics.items():
+    for tag, value in (diagnostics | {"charts/learning_rate": lr}).items():
         writer.add_scalar(tag, value, step)
-    writer.add_scalar("charts/learning_rate", lr, step)
     if np.isfinite(avg_return):
         writer.add_scalar("charts/avg_episodic_return", avg_return, step)
     if np.isfinite(run["sps"]):
         writer.add_scalar("charts/SPS", run["sps"], step)
     writer.flush()
-    run["history"]["step"].append(step)
-    run["history"]["avg_return"].append(avg_return)
-    run["history"]["int_reward"].append(diagnostics["rnd/intrinsic_reward"])
+    int_reward = diagnostics["rnd/intrinsic_reward"]
+    for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward)):
+        run["history"][key].append(value)
+    bar.update(step - bar.n)  # the bar counts global steps (and starts at the resumed one)
+    bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
 
 
 def evaluate_during_training(args: Args, ctx: dict, agent: Agent, run: dict, writer) -> dict:
     video = ctx["run_dir"] / "videos" / f"eval_{run['global_step']:010d}.webm" if args.capture_video else None
     seed = args.seed + 10_000 + run["iteration"]
     result = evaluate(agent, args.env, ctx["rom"], args.eval.episodes, ctx["device"], seed, video)
+    step, history = run["global_step"], run["history"]
     if result["returns"]:
         mean = float(np.mean(result["returns"]))
-        writer.add_scalar("eval/episodic_return", mean, run["global_step"])
-        run["history"]["eval_step"].append(run["global_step"])
-        run["history"]["eval_return"].append(mean)
+        writer.add_scalar("eval/episodic_return", mean, step)
+        history["eval_step"].append(step)
+        history["eval_return"].append(mean)
         if result["rooms"] is not None:
             run["rooms_seen"].update(*result["rooms"])
-            writer.add_scalar(
-                "eval/visited_rooms", float(np.mean([len(r) for r in result["rooms"]])), run["global_step"]
-            )
-            writer.add_scalar("charts/visited_rooms", len(run["rooms_seen"]), run["global_step"])
-            run["history"]["eval_rooms"].append(len(run["rooms_seen"]))
+            writer.add_scalar("eval/visited_rooms", float(np.mean([len(r) for r in result["rooms"]])), step)
+            writer.add_scalar("charts/visited_rooms", len(run["rooms_seen"]), step)
+            history["eval_rooms"].append(len(run["rooms_seen"]))
     return result
 
 
@@ -972,27 +882,21 @@ def finish(args: Args, ctx: dict, world, writer, run: dict) -> dict:
     result = evaluate_during_training(args, ctx, run["agent"], run, writer)
     save_policy(run["agent"], args.env, ctx["run_dir"] / "policy.pt")
     returns, rooms = result["returns"], ROOM_RAM_ADDRESS.get(ctx["rom"]) is not None
+    mean, std = (float(f(returns)) if returns else float("nan") for f in (np.mean, np.std))
     results = {"env_id": args.env_id, "policy": "gru" if args.policy.rnn_hidden_layers else "cnn", "seed": args.seed}
     results |= {"world_size": world.size, "num_envs_total": args.ppo.num_envs * world.size}
     results |= {"global_step": run["global_step"], "frames": run["global_step"] * 4, "iterations": run["iteration"]}
     results |= {"stop_reason": run["stop_reason"], "eval_episodes": len(returns), "eval_returns": returns}
-    results |= {"eval_mean_return": float(np.mean(returns)) if returns else float("nan")}
-    results |= {
-        "eval_std_return": float(np.std(returns)) if returns else float("nan"),
-        "eval_lengths": result["lengths"],
-    }
+    results |= {"eval_mean_return": mean, "eval_std_return": std, "eval_lengths": result["lengths"]}
     results |= {"eval_rooms_per_episode": result["rooms"], "visited_rooms": len(run["rooms_seen"]) if rooms else None}
     results |= {"rooms_seen": sorted(run["rooms_seen"]) if rooms else None, "sps": run["sps"]}
     results |= {k: run[k] for k in ("train_mean_return", "train_episodes_in_mean")} | run["rank_checksums"]
     results["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    plot_curves(run["history"], ctx, final_eval=results["eval_mean_return"])
-    save_json(ctx["run_dir"] / "results.json", results)
+    plot_curves(run["history"], ctx, final_eval=mean)
+    atomic_write(ctx["run_dir"] / "results.json", results)
     rooms_text = f", visited rooms {len(run['rooms_seen'])}" if rooms else ""
-    print(
-        f"done: {run['global_step']} steps, eval return {results['eval_mean_return']:.1f} over {len(returns)} "
-        f"episodes{rooms_text}; results in {ctx['run_dir'] / 'results.json'}",
-        flush=True,
-    )
+    summary = f"{run['global_step']} steps, eval return {mean:.1f} over {len(returns)} episodes"
+    print(f"done: {summary}{rooms_text}; results in {ctx['run_dir'] / 'results.json'}", flush=True)
     return results
 
 
@@ -1004,8 +908,7 @@ def evaluate_only(args: Args, ctx: dict) -> dict:
     result = evaluate(policy, env_args, ctx["rom"], args.eval.episodes, ctx["device"], args.seed + 20_000, video)
     mean = float(np.mean(result["returns"])) if result["returns"] else float("nan")
     out = {"env_id": policy.env_id, "policy": "policy.pt", "eval_returns": result["returns"], "eval_mean_return": mean}
-    out |= {"eval_lengths": result["lengths"], "eval_rooms_per_episode": result["rooms"]}
-    save_json(path, out)
+    atomic_write(path, out | {"eval_lengths": result["lengths"], "eval_rooms_per_episode": result["rooms"]})
     print(f"[eval-only] mean return {mean:.1f} over {len(result['returns'])} episodes; written to {path}")
     return out
 
@@ -1013,7 +916,7 @@ def evaluate_only(args: Args, ctx: dict) -> dict:
 def save_policy(agent: Agent, env_args: EnvArgs, path: Path) -> None:
     config = agent.config | {"env_config": dataclasses.asdict(env_args)}
     policy = {"script": SCRIPT, "env_id": agent.env_id, "network": "Agent", "config": config}
-    save_torch(policy | {"state_dict": agent.state_dict()}, path)
+    atomic_write(path, policy | {"state_dict": agent.state_dict()})
 
 
 def load_policy(path: str, device="cpu") -> Agent:
@@ -1026,44 +929,37 @@ def load_policy(path: str, device="cpu") -> Agent:
     if saved.get("script") != SCRIPT or saved.get("network") != "Agent":
         raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
     config = dict(saved["config"])
-    env_config = config.pop("env_config")
-    agent = Agent(**config, env_id=saved["env_id"])
+    agent = Agent(**{k: v for k, v in config.items() if k != "env_config"}, env_id=saved["env_id"])
+    agent.env_config = config["env_config"]
     agent.load_state_dict(saved["state_dict"])
-    agent.env_config = env_config
     return agent.to(device).eval()
 
 
 def make_policy_envs(policy: Agent, num_envs: int):
     """The vector envs a loaded policy was trained on, made with the settings saved in policy.pt."""
-    env_args = EnvArgs(**policy.env_config)
-    return make_envs(env_args, resolve_env_id(policy.env_id), num_envs, seed=0)
+    return make_envs(EnvArgs(**policy.env_config), resolve_env_id(policy.env_id), num_envs, seed=0)
 
 
 def rank_checksums(world, agent, next_obs, obs_rms, reward_rms) -> dict:
     """Every rank must end with the same weights and normalisers (and its own envs): checksums of each rank."""
     params = float(sum(p.double().sum().item() for p in agent.state_dict().values()))
     norms = float(obs_rms.mean.sum().item() + obs_rms.var.sum().item() + reward_rms.var.item())
-    return {
-        "rank_param_checksums": world.all_gather_object(params),
-        "rank_obs_checksums": world.all_gather_object(int(next_obs.sum().item())),
-        "rank_normaliser_checksums": world.all_gather_object(norms),
-    }
+    gathered = [world.all_gather_object(x) for x in (params, int(next_obs.sum().item()), norms)]
+    return dict(zip(("rank_param_checksums", "rank_obs_checksums", "rank_normaliser_checksums"), gathered))
 
 
-def atomic_write(path: Path, write, suffix: str = "") -> None:
-    """write(tmp) to the fixed `name.tmp` (plus a suffix some writers need) in the same folder, then os.replace."""
+def atomic_write(path: Path, content, suffix: str = "") -> None:
+    """content -- a callable writing the given path, or data saved as JSON (*.json) or by torch.save -- is written to
+    the fixed `name.tmp` (plus a suffix some writers need) in the same folder, then moved in place by os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp" + suffix)
-    write(tmp)
+    if callable(content):
+        content(tmp)
+    elif path.suffix == ".json":
+        tmp.write_text(json.dumps(content, indent=2))
+    else:
+        torch.save(content, tmp)
     os.replace(tmp, path)
-
-
-def save_torch(obj, path: Path) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-
-def save_json(path: Path, obj) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
 
 
 def write_video(path: Path, frames: list, fps: int = 30) -> None:
@@ -1071,20 +967,17 @@ def write_video(path: Path, frames: list, fps: int = 30) -> None:
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # not its warning about the WebM codec tag
     import cv2
 
-    h, w = frames[0].shape[:2]
-
     def write(tmp):
-        writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, (w, h))
-        for f in frames:
-            writer.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
+        writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, frames[0].shape[1::-1])
+        for frame in frames:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
         writer.release()
 
     atomic_write(path, write, suffix=".webm")  # opencv picks the container from the file's extension
 
 
 def plot_curves(history: dict, ctx: dict, final_eval: Optional[float] = None) -> None:
-    """Training score (evaluations and the final one marked), visited rooms (room games only) and the intrinsic
-    reward against agent steps; written at every snapshot and at the end."""
+    """Score (evaluations, the final one marked), visited rooms (room games only), intrinsic reward vs agent steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1116,27 +1009,10 @@ def plot_curves(history: dict, ctx: dict, final_eval: Optional[float] = None) ->
 def keep_freed_memory() -> None:
     """glibc keeps freed memory instead of handing it back: otherwise every large tensor of an update is mapped and
     page-faulted again (measured up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
+    with contextlib.suppress(OSError):  # not glibc (musl, macOS, Windows): nothing to tune
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
-        return
-    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
-
-
-def rng_states() -> dict:
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    return states | {"cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
 def start_run(args: Args, ctx: dict, world: "World"):
@@ -1148,11 +1024,10 @@ def start_run(args: Args, ctx: dict, world: "World"):
     if ctx["device"].type == "cuda":
         torch.cuda.set_device(ctx["device"])
     keep_freed_memory()
-    ctx |= {
-        "env_id": ctx["policy"].env_id if args.eval_only else args.env_id,
-        "keep_checkpoints": args.keep_checkpoints,
-    }
-    handlers = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    ctx["env_id"] = ctx["policy"].env_id if args.eval_only else args.env_id
+    ctx["keep_checkpoints"] = args.keep_checkpoints
+    signals = (signal.SIGINT, signal.SIGTERM)
+    handlers = {s: signal.signal(s, lambda signum, _: STOP.update(signal=signum)) for s in signals}
     STOP["signal"] = 0
     writer, run_dir = None, ctx["run_dir"]
     if world.rank == 0:
@@ -1160,30 +1035,22 @@ def start_run(args: Args, ctx: dict, world: "World"):
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.rglob("*.tmp*"):
             stale.unlink()
-        if not args.eval_only:
-            saved = {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)}
-            save_json(
-                run_dir / "args.json", saved | {k: ctx[k] for k in ("batch_size", "num_iterations", "world_size")}
-            )
-            from torch.utils.tensorboard import SummaryWriter
+    if world.rank == 0 and not args.eval_only:
+        saved = {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)}
+        saved |= {k: ctx[k] for k in ("batch_size", "num_iterations", "world_size")}
+        atomic_write(run_dir / "args.json", saved)
+        from torch.utils.tensorboard import SummaryWriter
 
-            if args.track:
-                import wandb
+        if args.track:
+            import wandb
 
-                wandb.init(
-                    project=args.wandb_project_name,
-                    entity=args.wandb_entity,
-                    sync_tensorboard=True,
-                    config=dataclasses.asdict(args),
-                    name=run_dir.name,
-                    save_code=True,
-                    resume="allow",
-                    id=run_dir.name,
-                )
-            writer = SummaryWriter(str(run_dir), flush_secs=10)
-            if ctx["ckpt"] is None:
-                table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
-                writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+            options = dict(name=run_dir.name, id=run_dir.name, resume="allow", save_code=True, sync_tensorboard=True)
+            options |= dict(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args))
+            wandb.init(**options)
+        writer = SummaryWriter(str(run_dir), flush_secs=10)
+        if ctx["ckpt"] is None:
+            table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     return writer, lambda: [signal.signal(s, h) for s, h in handlers.items()]
 
 
@@ -1191,10 +1058,8 @@ class World:
     """Rank / world size from torchrun's environment; every collective is a no-op in a single process."""
 
     def __init__(self):
-        self.size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.enabled = self.size > 1
+        self.size, self.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        self.local_rank, self.enabled = int(os.environ.get("LOCAL_RANK", "0")), self.size > 1
 
     def init(self, device: torch.device):
         if self.enabled and not dist.is_initialized():
@@ -1212,35 +1077,33 @@ class World:
 
     def all_reduce_gradients(self, params: list):
         """One flat all-reduce of all gradients, then divide by the world size (mean gradient)."""
-        if not self.enabled:
-            return
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.size
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if self.enabled:
+            grads = [p.grad for p in params]
+            flat = self.all_reduce_sum(torch.cat([g.reshape(-1) for g in grads])) / self.size
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
 
     def broadcast_object(self, obj):
-        if not self.enabled:
-            return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        if self.enabled:
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def broadcast_parameters(self, module: nn.Module):
-        if self.enabled:
-            for p in module.state_dict().values():
-                dist.broadcast(p, src=0)
-
     def all_gather_object(self, obj) -> list:
-        if not self.enabled:
-            return [obj]
-        out = [None] * self.size
-        dist.all_gather_object(out, obj)
+        out = [obj] * self.size
+        if self.enabled:
+            dist.all_gather_object(out, obj)
         return out
+
+    def same_start(self, learner: dict, seed: int) -> None:
+        """Identical initial weights on every rank (same seed, then a broadcast); then rank-specific sampling."""
+        if self.enabled:
+            for module in (learner["agent"], learner["rnd"]):
+                for p in module.state_dict().values():
+                    dist.broadcast(p, src=0)
+        torch.manual_seed(seed + self.rank)
+        np.random.seed(seed + self.rank)
+        random.seed(seed + self.rank)
 
 
 def parse_args(argv: Optional[list] = None) -> Args:
