@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import datetime as dt
 import difflib
+import importlib.util
 import io
 import json
 import math
@@ -31,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -44,32 +45,19 @@ import tyro
 SCRIPT = "hype_irl_mujoco.py"
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
-DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
-    "observations": (np.float32, ("N", "obs")),
-    "actions": (np.float32, ("N", "act")),
-    "next_observations": (np.float32, ("N", "obs")),
-    "rewards": (np.float32, ("N",)),
-    "terminals": (bool, ("N",)),
-    "timeouts": (bool, ("N",)),
-    "episode_ids": (np.int64, ("N",)),
-    "episode_starts": (bool, ("N",)),
-    "timesteps": (np.int64, ("N",)),
-    "returns": (np.float64, ("E",)),
-    "seeds": (np.int64, ("E",)),
-    "qpos": (np.float64, ("N", "nq")),
-    "qvel": (np.float64, ("N", "nv")),
-    "qacc_warmstart": (np.float64, ("N", "nv")),
-}
+# demos.npz, key: (dtype, shape) in N transitions, E episodes and the env's sizes (obs, act, MuJoCo's nq and nv)
+DEMO_FORMAT = {
+    "observations": (np.float32, ("N", "obs")), "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")), "rewards": (np.float32, ("N",)), "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)), "episode_ids": (np.int64, ("N",)), "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)), "returns": (np.float64, ("E",)), "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")), "qvel": (np.float64, ("N", "nv")), "qacc_warmstart": (np.float64, ("N", "nv")),
+}  # fmt: skip
 OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
 # Piecewise-linear rho schedules of the reference ([start, end, until_step] segments, in learner env steps).
 # HalfCheetah is not in the reference; it gets the Ant/Walker2d schedule (our choice). Any other env: Hopper's.
-RHO_SCHEDULES = {
-    "Hopper": "0.2,0.1,200000;0.1,0.01,1000000",
-    "Humanoid": "0.2,0.1,200000;0.1,0.01,1000000",
-    "Ant": "0.2,0.2,300000;0.2,0.1,1000000",
-    "Walker2d": "0.2,0.2,300000;0.2,0.1,1000000",
-    "HalfCheetah": "0.2,0.2,300000;0.2,0.1,1000000",
-}
+RHO_SCHEDULES = dict.fromkeys(("Hopper", "Humanoid"), "0.2,0.1,200000;0.1,0.01,1000000")
+RHO_SCHEDULES.update(dict.fromkeys(("Ant", "Walker2d", "HalfCheetah"), "0.2,0.2,300000;0.2,0.1,1000000"))
 
 
 def ranged(default, interval: str):
@@ -78,123 +66,85 @@ def ranged(default, interval: str):
 
 
 @dataclass
-class ExpertArgs:
-    experts_dir: str = "experts"
-    """cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with filter_irl_mujoco.py)"""
-    path: Optional[str] = None
-    """your own demos.npz, or minari:DATASET_ID (a downloaded Minari dataset, no MuJoCo states), instead of the cache"""
-    timesteps: int = ranged(1_000_000, "[1, 1e9]")
-    """SAC expert training steps on the true reward when no cached demos exist"""
-    num_demos: int = ranged(64, "[1, 1e5]")
-    """deterministic complete expert episodes rolled out (reset seeds 0, 1, 2, ...)"""
+class ExpertArgs:  # the comment after each field is its --help line
+    experts_dir: str = "experts"  # cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with FILTER)
+    path: Optional[str] = None  # your own demos.npz, or minari:DATASET_ID (no MuJoCo states), instead of the cache
+    timesteps: int = ranged(1_000_000, "[1, 1e9]")  # SAC expert training steps on the true reward (no cached demos)
+    num_demos: int = ranged(64, "[1, 1e5]")  # deterministic complete expert episodes rolled out (reset seeds 0, 1, ...)
 
 
 @dataclass
 class SACArgs:
-    buffer_size: int = ranged(1_000_000, "[1, 1e9]")
-    """learner replay capacity"""
-    gamma: float = ranged(0.99, "[0, 1)")
-    """discount factor, in [0, 1)"""
-    tau: float = ranged(0.005, "(0, 1]")
-    """target network smoothing coefficient, in (0, 1]"""
-    batch_size: int = ranged(256, "[1, 65536]")
-    """SAC minibatch size (expert + learner rows)"""
-    learning_starts: int = ranged(5000, "[0, 1e9]")
-    """random-action steps before SAC updates start (each phase; below its budget)"""
-    policy_lr: float = ranged(3e-4, "(0, 1]")
-    """actor learning rate"""
-    q_lr: float = ranged(1e-3, "(0, 1]")
-    """critic (and entropy-temperature, as CleanRL) learning rate"""
-    policy_frequency: int = ranged(2, "[1, 1000]")
-    """the actor (and temperature) is updated `policy_frequency` times every `policy_frequency` calls (CleanRL)"""
-    alpha: float = ranged(0.2, "(0, 100]")
-    """entropy temperature when --sac.no-autotune"""
-    autotune: bool = True
-    """automatic entropy tuning toward -act_dim"""
-    hidden_dim: int = ranged(256, "[1, 4096]")
-    """width of the two hidden layers of actor, critics and discriminator"""
+    buffer_size: int = ranged(1_000_000, "[1, 1e9]")  # learner replay capacity
+    gamma: float = ranged(0.99, "[0, 1)")  # discount factor, in [0, 1)
+    tau: float = ranged(0.005, "(0, 1]")  # target network smoothing coefficient, in (0, 1]
+    batch_size: int = ranged(256, "[1, 65536]")  # SAC minibatch size (expert + learner rows)
+    learning_starts: int = ranged(5000, "[0, 1e9]")  # random-action steps before SAC updates (each phase; < budget)
+    policy_lr: float = ranged(3e-4, "(0, 1]")  # actor learning rate
+    q_lr: float = ranged(1e-3, "(0, 1]")  # critic (and entropy-temperature, as CleanRL) learning rate
+    policy_frequency: int = ranged(2, "[1, 1000]")  # actor/temperature: this many updates every this many calls
+    alpha: float = ranged(0.2, "(0, 100]")  # entropy temperature when --sac.no-autotune
+    autotune: bool = True  # automatic entropy tuning toward -act_dim
+    hidden_dim: int = ranged(256, "[1, 4096]")  # width of the two hidden layers of actor, critics and discriminator
 
 
 @dataclass
 class DiscArgs:
-    lr: float = ranged(8e-4, "(0, 1]")
-    """discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh Adam"""
-    steps: int = ranged(1, "[1, 1e4]")
-    """discriminator gradient steps per outer iteration"""
-    batch_size: int = ranged(4096, "[1, 1e6]")
-    """expert and learner (s, a) pairs per discriminator step"""
-    trajectories: int = ranged(4, "[1, 1000]")
-    """fresh learner trajectories collected per outer iteration for the discriminator (their steps are counted)"""
-    gp_weight: float = ranged(10.0, "[0, 1e6]")
-    """gradient-penalty weight (0 = off)"""
-    gp_target: float = ranged(0.4, "[0, 1000]")
-    """gradient-penalty target norm"""
+    lr: float = ranged(8e-4, "(0, 1]")  # discriminator lr0; outer iteration k uses lr0 / max(1, k) with a fresh Adam
+    steps: int = ranged(1, "[1, 1e4]")  # discriminator gradient steps per outer iteration
+    batch_size: int = ranged(4096, "[1, 1e6]")  # expert and learner (s, a) pairs per discriminator step
+    trajectories: int = ranged(4, "[1, 1000]")  # fresh learner episodes per outer iteration (their steps are counted)
+    gp_weight: float = ranged(10.0, "[0, 1e6]")  # gradient-penalty weight (0 = off)
+    gp_target: float = ranged(0.4, "[0, 1000]")  # gradient-penalty target norm
 
 
 @dataclass
 class IRLArgs:
-    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")
-    """IRL budget in policy env steps (the discriminator's rollout steps are counted and reported separately)"""
-    train_every: int = ranged(5000, "[1, 1e9]")
-    """learner env steps per outer iteration (one discriminator update each)"""
-    rho_schedule: Optional[str] = None
-    """expert fraction rho: 'start,end,until;...' piecewise-linear in learner steps, or one number; default per env"""
-    reset_prob: float = ranged(0.0, "[0, 1]")
-    """probability an episode starts from a uniformly drawn expert state (exact restore): >0 gives HyPE+FILTER"""
-    p_tremble: float = ranged(0.01, "[0, 1]")
-    """trembling hand: probability of replacing the action by a uniform random one (training and evaluation)"""
-    terminal_reward: Literal["min", "none"] = "min"
-    """'min': a terminal transition enters an absorbing state earning the minibatch's lowest relabelled reward
-    forever; 'none': the episode just ends (reference)"""
+    total_timesteps: int = ranged(1_000_000, "[1, 1e9]")  # IRL budget in policy env steps (disc. steps counted apart)
+    train_every: int = ranged(5000, "[1, 1e9]")  # learner env steps per outer iteration (one discriminator update)
+    rho_schedule: Optional[str] = None  # expert fraction: 'start,end,until;...' in learner steps, a number, or per env
+    reset_prob: float = ranged(0.0, "[0, 1]")  # probability an episode starts at an expert state: >0 is HyPE+FILTER
+    p_tremble: float = ranged(0.01, "[0, 1]")  # probability of a uniform random action (training and evaluation)
+    terminal_reward: Literal["min", "none"] = "min"  # min: absorbing state earning the batch's lowest reward; none: end
 
 
 @dataclass
 class EvalArgs:
-    frequency: int = ranged(50_000, "[1, 1e9]")
-    """evaluate every this many policy env steps"""
-    episodes: int = ranged(10, "[1, 1e5]")
-    """deterministic evaluation episodes (reset seeds seed + 10000, +1, ...)"""
+    frequency: int = ranged(50_000, "[1, 1e9]")  # evaluate every this many policy env steps
+    episodes: int = ranged(10, "[1, 1e5]")  # deterministic evaluation episodes (reset seeds seed + 10000, +1, ...)
 
 
 @dataclass
 class Args:
-    exp_name: str = "hype_irl_mujoco"
-    """the name of this experiment"""
-    seed: int = ranged(1, "[0, 2e9]")
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, CUDA is used when available (falls back to the CPU)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights and Biases (needs wandb installed)"""
-    wandb_project_name: str = "cleanRL"
-    """the wandb project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of the wandb project"""
-    capture_video: bool = False
-    """record one evaluation episode of the final policy (and of --eval-only) as VP9 WebM in {run_dir}/videos/"""
-    save_model: bool = True
-    """save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)"""
-    run_dir: Optional[str] = None
-    """run directory (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); an existing one is resumed"""
-    env_id: str = "Hopper-v5"
-    """gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, InvertedPendulum, ...)"""
-    max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")
-    """episode horizon override (default: the env's registered limit, 1000 for the MuJoCo tasks)"""
-    torch_threads: int = ranged(0, "[0, 1024]")
-    """CPU threads for torch (0 = torch's default); use 1 on a CPU shared with other jobs"""
-    log_frequency: int = ranged(1000, "[1, 1e9]")
-    """TensorBoard scalars (losses, SPS, rho) every this many env steps"""
-    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")
-    """checkpoint every this many env steps (and on SIGINT/SIGTERM and at the end)"""
-    eval_only: Optional[str] = None
-    """evaluate {RUN_DIR}/policy.pt and write {RUN_DIR}/evaluations/eval_NNN.json (no training)"""
+    exp_name: str = "hype_irl_mujoco"  # the name of this experiment
+    seed: int = ranged(1, "[0, 2e9]")  # seed of the experiment
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled, CUDA is used when available (falls back to the CPU)
+    track: bool = False  # if toggled, the run is tracked with Weights and Biases (needs wandb installed)
+    wandb_project_name: str = "cleanRL"  # the wandb project name
+    wandb_entity: Optional[str] = None  # the entity (team) of the wandb project
+    capture_video: bool = False  # record an evaluation episode as VP9 WebM in {run_dir}/videos/ (also --eval-only)
+    save_model: bool = True  # save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)
+    run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
+    env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
+    max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")  # episode horizon (default: the env's, 1000 for MuJoCo)
+    torch_threads: int = ranged(0, "[0, 1024]")  # CPU threads for torch (0 = torch's default)
+    log_frequency: int = ranged(1000, "[1, 1e9]")  # TensorBoard scalars (losses, SPS, rho) every this many env steps
+    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # checkpoint every this many env steps (and on SIGINT)
+    eval_only: Optional[str] = None  # evaluate {RUN_DIR}/policy.pt into {RUN_DIR}/evaluations/eval_NNN.json
     expert: ExpertArgs = field(default_factory=ExpertArgs)
     sac: SACArgs = field(default_factory=SACArgs)
     disc: DiscArgs = field(default_factory=DiscArgs)
     irl: IRLArgs = field(default_factory=IRLArgs)
     eval: EvalArgs = field(default_factory=EvalArgs)
+
+
+@dataclass
+class EnvInfo:  # what the phases need to know about the env, read once by validation
+    obs_dim: int
+    act_dim: int
+    low: np.ndarray
+    high: np.ndarray
 
 
 class UsageError(Exception):
@@ -209,42 +159,22 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
 
 
-@dataclass
-class EnvInfo:
-    """What the phases need to know about the env, read once by validation."""
-
-    obs_dim: int
-    act_dim: int
-    low: np.ndarray
-    high: np.ndarray
-
-
 # ---------------------------------------------------------------------------------------------------- Environments
 def make_env(env_id: str, max_episode_steps: Optional[int] = None, render: bool = False) -> tuple[gym.Env, int]:
-    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops keep their own time index so that an
-    episode restored to expert time t runs for exactly horizon - t more steps."""
+    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time themselves, so that an episode
+    restored to expert time t runs for exactly horizon - t more steps."""
     size = {"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {}
     env = gym.make(env_id, disable_env_checker=True, **size)
     horizon = max_episode_steps or env.spec.max_episode_steps or 1000
-    if isinstance(env, gym.wrappers.TimeLimit):
-        env = env.env
-    return env, horizon
-
-
-def snapshot_state(env: gym.Env) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """MuJoCo state before a step: (qpos, qvel, qacc_warmstart), copied."""
-    data = env.unwrapped.data
-    return data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy()
+    return (env.env if isinstance(env, gym.wrappers.TimeLimit) else env), horizon
 
 
 def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray) -> np.ndarray:
     """Exact restore: the expert's next states replay bit for bit (warm start included). Returns the recomputed
-    observation, which equals the recorded one except, on Ant/Humanoid, for the contact/actuator-force entries
+    observation, equal to the recorded one except, on Ant/Humanoid, for the contact/actuator-force entries
     (gymnasium computes those from the last substep's solver state): the learner's reset uses the recorded one."""
     u = env.unwrapped
-    u.data.qpos[:] = qpos
-    u.data.qvel[:] = qvel
-    u.data.qacc_warmstart[:] = qacc_warmstart
+    u.data.qpos[:], u.data.qvel[:], u.data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
     if u.model.na:
         u.data.act[:] = 0.0
     mujoco.mj_forward(u.model, u.data)
@@ -268,10 +198,8 @@ class Actor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, hidden: int = 256):
         super().__init__()
-        self.fc1 = nn.Linear(obs_dim, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc_mean = nn.Linear(hidden, act_dim)
-        self.fc_logstd = nn.Linear(hidden, act_dim)
+        self.fc1, self.fc2 = nn.Linear(obs_dim, hidden), nn.Linear(hidden, hidden)
+        self.fc_mean, self.fc_logstd = nn.Linear(hidden, act_dim), nn.Linear(hidden, act_dim)
         self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
         self.env_id, self.max_episode_steps = "", None  # set by load_policy
@@ -289,30 +217,25 @@ class Actor(nn.Module):
         y = torch.tanh(x)
         log_prob = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         log_prob = log_prob - torch.log(self.action_scale * (1 - y.pow(2)) + 1e-6).sum(-1)
-        return (
-            y * self.action_scale + self.action_bias,
-            log_prob,
-            torch.tanh(mean) * self.action_scale + self.action_bias,
-        )
+        scale, bias = self.action_scale, self.action_bias
+        return y * scale + bias, log_prob, torch.tanh(mean) * scale + bias
 
     def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
         """A batch of observations (numpy) -> the batch of actions (numpy): deterministic, or sampled."""
         with torch.inference_mode():
-            sample, _, mean = self.get_action(
-                torch.as_tensor(obs, dtype=torch.float32, device=self.action_scale.device)
-            )
+            obs = torch.as_tensor(obs, dtype=torch.float32, device=self.action_scale.device)
+            sample, _, mean = self.get_action(obs)
         return (mean if deterministic else sample).cpu().numpy()
 
 
 class TwinQ(nn.Module):
-    """Both Q-networks as stacked weights evaluated with batched matmuls: one kernel per layer for the pair instead
-    of one per network (the CPU update is latency-bound on small batches)."""
+    """Both Q-networks as stacked weights and batched matmuls: one kernel per layer for the pair (the CPU update is
+    latency-bound on small batches)."""
 
     def __init__(self, in_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
         dims = [in_dim, hidden, hidden, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for d_in, d_out in zip(dims[:-1], dims[1:]):
             bound = 1.0 / math.sqrt(d_in)  # nn.Linear's default init, per member
             self.weights.append(nn.Parameter(torch.empty(n, d_in, d_out).uniform_(-bound, bound)))
@@ -350,19 +273,15 @@ def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
         if ";" not in spec and "," not in spec:
             segments = [(float(spec), float(spec), 1)]
         else:
-            segments = []
-            for part in spec.split(";"):
-                start, end, until = part.split(",")
-                segments.append((float(start), float(end), int(float(until))))
+            parts = [part.split(",") for part in spec.split(";")]
+            segments = [(float(start), float(end), int(float(until))) for start, end, until in parts]
     except ValueError:
         raise ValueError(f"--irl.rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000'")
-    previous = 0
-    for start, end, until in segments:
-        if not (0.0 <= start <= 1.0 and 0.0 <= end <= 1.0):
-            raise ValueError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
-        if until <= previous:
-            raise ValueError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
-        previous = until
+    ends = [0] + [until for _, _, until in segments]
+    if not all(0.0 <= rho <= 1.0 for start, end, _ in segments for rho in (start, end)):
+        raise ValueError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
+    if any(until <= previous for previous, until in zip(ends, ends[1:])):
+        raise ValueError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
     return segments
 
 
@@ -378,9 +297,8 @@ def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
 
 
 def hybrid_indices(batch_size: int, rho: float, num_expert: int, num_learner: int, generator=None, device="cpu"):
-    """Row indices of one hybrid minibatch in the combined storage [expert rows 0..E-1 | learner rows E..E+L-1]:
-    exactly round(rho * batch_size) expert rows (uniform over expert transitions) and the rest learner rows (uniform
-    over the filled replay). Rows are sampled with replacement, like SB3's buffers."""
+    """Row indices of one hybrid minibatch in the storage [expert rows 0..E-1 | learner rows E..E+L-1]: exactly
+    round(rho * batch_size) expert rows, the rest learner rows, each uniform with replacement (as SB3's buffers)."""
     n_expert = int(round(rho * batch_size)) if num_expert > 0 else 0
     if num_learner == 0:
         n_expert = batch_size
@@ -438,6 +356,8 @@ class SAC:
     """Actor, batched twin Q, target twin Q, automatic entropy tuning. `update` takes the rewards explicitly: in the
     IRL phase they are always the discriminator's relabelled rewards, never stored ones."""
 
+    PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer")
+
     def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
         self.cfg = cfg
         self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim).to(device)
@@ -459,9 +379,8 @@ class SAC:
         with torch.no_grad():
             next_act, next_logp, _ = self.actor.get_action(next_obs)
             next_q = self.qf_target(next_obs, next_act).min(0).values
-            target = soft_q_target(
-                reward, done, next_q, next_logp, alpha, cfg.gamma, reward.min() if absorbing else None
-            )
+            absorbing_reward = reward.min() if absorbing else None
+            target = soft_q_target(reward, done, next_q, next_logp, alpha, cfg.gamma, absorbing_reward)
         q = self.qf(obs, act)
         qf_loss = ((q - target) ** 2).mean(-1).sum()  # qf1_loss + qf2_loss, as CleanRL
         self.q_optimizer.zero_grad(set_to_none=True)
@@ -494,13 +413,12 @@ class SAC:
         return out
 
     def state_dict(self) -> dict:
-        parts = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer")
-        state = {k: getattr(self, k).state_dict() for k in parts}
+        state = {part: getattr(self, part).state_dict() for part in self.PARTS}
         return {**state, "log_alpha": self.log_alpha.detach().clone(), "num_updates": self.num_updates}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer"):
-            getattr(self, k).load_state_dict(state[k])
+        for part in self.PARTS:
+            getattr(self, part).load_state_dict(state[part])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.num_updates = state["num_updates"]
@@ -509,13 +427,12 @@ class SAC:
 class Storage:
     """Combined replay on the device: rows [0, E) hold expert transitions, rows [E, E + capacity) a ring of learner
     transitions. A row is [obs | act | next_obs | done | reward] so a minibatch is ONE gather. In the IRL phase the
-    reward column holds NaN for every row (the env reward is hidden, expert rewards are not loaded): a learning step
+    reward column is NaN in every row (the env reward is hidden, expert rewards are not loaded): a learning step
     that read it would turn the losses into NaN and stop the run, which makes 'env reward never used' checkable."""
 
     def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device, expert_rows=None):
-        self.obs_dim, self.act_dim = obs_dim, act_dim
+        self.obs_dim, self.act_dim, self.capacity = obs_dim, act_dim, capacity
         self.num_expert = 0 if expert_rows is None else expert_rows.shape[0]
-        self.capacity = capacity
         self.data = torch.zeros(self.num_expert + capacity, 2 * obs_dim + act_dim + 2, device=device)
         if expert_rows is not None:
             self.data[: self.num_expert] = expert_rows
@@ -579,8 +496,7 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     np_rng = np.random.default_rng(args.seed)
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
-        progress = restore_checkpoint(ckpt, sac, storage, np_rng)
-        print(f"[expert] resuming from step {progress['step']}", flush=True)
+        progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
     run.expert_curve = progress["curve"]
     ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
@@ -588,7 +504,7 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     ep_return, losses = 0.0, {}
     with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar:
         while progress["step"] < args.expert.timesteps:
-            if run.stop.stop:
+            if run.stop_requested:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
                 raise Interrupted("expert phase", progress["step"])
             learn_started = progress["step"] >= args.sac.learning_starts
@@ -623,16 +539,15 @@ def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Option
     before each step (the demos.npz format of docs/hype_irl_mujoco.md)."""
     env, horizon = make_env(env_id, max_episode_steps)
     keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids")
-    buf = {k: [] for k in keys + ("episode_starts", "timesteps") + STATE_KEYS}
-    returns = []
+    buf, returns, data = {k: [] for k in keys + ("episode_starts", "timesteps") + STATE_KEYS}, [], env.unwrapped.data
     for ep in range(num_demos):
         obs, _ = env.reset(seed=ep)
         ret = 0.0
         for t in range(horizon):
-            qpos, qvel, qacc = snapshot_state(env)
+            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())  # before the step
             action = np.clip(np.asarray(policy(obs), dtype=np.float32), env.action_space.low, env.action_space.high)
             next_obs, reward, terminated, _, _ = env.step(action)
-            values = (obs, action, next_obs, reward, terminated, t + 1 >= horizon, ep, t == 0, t, qpos, qvel, qacc)
+            values = (obs, action, next_obs, reward, terminated, t + 1 >= horizon, ep, t == 0, t, *state)
             for k, v in zip(buf, values):
                 buf[k].append(v)
             ret, obs = ret + float(reward), next_obs
@@ -675,35 +590,23 @@ def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        stats = {
-            "disc_loss": loss,
-            "ipm": ipm,
-            "gradient_penalty": gp,
-            "reward_expert": -disc(x_e).mean(),
-            "reward_learner": -disc(x_l).mean(),
-        }
+        stats = dict(disc_loss=loss, ipm=ipm, gradient_penalty=gp, reward_expert=-disc(x_e).mean())
+        stats["reward_learner"] = -disc(x_l).mean()
     return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
 
 
-def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: float) -> None:
-    """Evaluate, append to the history, log, and redraw the learning curve."""
-    returns = evaluate(
-        sac.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps
-    )
-    mean, step = float(np.mean(returns)), progress["step"]
-    progress["history"].append(
-        {
-            "step": step,
-            "total_env_steps": step + progress["disc_env_steps"],
-            "mean": mean,
-            "std": float(np.std(returns)),
-            "returns": returns,
-        }
-    )
+def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: float) -> float:
+    """Evaluate, append to the history, log, and redraw the learning curve; returns the mean return."""
+    seed, step = args.seed + 10_000, progress["step"]
+    returns = evaluate(sac.actor, args.env_id, args.eval.episodes, seed, args.irl.p_tremble, args.max_episode_steps)
+    mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
+    progress["history"].append(dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns))))
+    progress["history"][-1]["returns"] = returns
     run.writer.add_scalar("eval/episodic_return", mean, step)
     if math.isfinite(expert_return) and expert_return != 0:
         run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    return mean
 
 
 def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt: Optional[dict]) -> tuple:
@@ -714,31 +617,19 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     env, horizon = make_env(args.env_id, args.max_episode_steps)
     disc_env, _ = make_env(args.env_id, args.max_episode_steps)
     sac = SAC(info, args.sac, run.device)
-    n = len(demos["observations"])
     # Expert rows: reward column NaN (demo rewards never enter learning); done = the dataset's terminals only.
-    expert_rows = Storage.rows(
-        demos["observations"],
-        demos["actions"],
-        demos["next_observations"],
-        demos["terminals"].astype(np.float32)[:, None],
-        np.full((n, 1), np.nan),
-    )
-    storage = Storage(
-        info.obs_dim,
-        info.act_dim,
-        min(args.sac.buffer_size, args.irl.total_timesteps),
-        run.device,
-        torch.from_numpy(expert_rows),
-    )
-    expert_sa = torch.from_numpy(np.concatenate([demos["observations"], demos["actions"]], -1)).to(run.device)
+    obs_act, done = (demos["observations"], demos["actions"]), demos["terminals"].astype(np.float32)[:, None]
+    expert_rows = Storage.rows(*obs_act, demos["next_observations"], done, np.full(done.shape, np.nan))
+    capacity = min(args.sac.buffer_size, args.irl.total_timesteps)
+    storage = Storage(info.obs_dim, info.act_dim, capacity, run.device, torch.from_numpy(expert_rows))
+    expert_sa = torch.from_numpy(np.concatenate(obs_act, -1)).to(run.device)
     expert_return = float(np.mean(demos["returns"]))
     disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
     np_rng = np.random.default_rng(args.seed + 1000)
     progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "resumed_from_step": 0}
     if ckpt:
-        progress = restore_checkpoint(ckpt, sac, storage, np_rng, disc)
+        progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
         progress["resumed_from_step"] = progress["step"]
-        print(f"[irl] resuming from step {progress['step']}", flush=True)
     ckpt_path, meter, absorbing = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.terminal_reward == "min"
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
     progress["episodes"] += 1
@@ -746,7 +637,7 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
     with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar:
         while progress["step"] < args.irl.total_timesteps:
-            if run.stop.stop:
+            if run.stop_requested:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
                 raise Interrupted("IRL phase", progress["step"])
             step = progress["step"]
@@ -761,12 +652,7 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
             next_obs, env_reward, terminated, _, _ = env.step(action)
             # The env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
             storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
-            obs, ep_t, ep_return, step = (
-                next_obs,
-                ep_t + 1,
-                ep_return + float(env_reward),
-                step + 1,
-            )  # true return: logs
+            obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(env_reward), step + 1  # (logs only)
             progress["step"] = step
             if terminated or ep_t >= horizon:
                 log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
@@ -782,10 +668,8 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
                 log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
             if step >= next_eval:
                 next_eval += args.eval.frequency
-                meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
-                bar.write(
-                    f"[irl] step {step}: eval return {progress['history'][-1]['mean']:.1f} (expert {expert_return:.1f})"
-                )
+                mean = meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
+                bar.write(f"[irl] step {step}: eval return {mean:.1f} (expert {expert_return:.1f})")
             if step % args.checkpoint_frequency == 0:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
             bar.update(1)
@@ -802,12 +686,12 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
 
 
 def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    """policy.pt of docs/CONTRACT.md: the actor's weights and what load_policy needs to rebuild it and its env."""
     config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
     config.update(low=info.low.tolist(), high=info.high.tolist())
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
     saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    saved["max_episode_steps"] = args.max_episode_steps
-    atomic_torch_save(path, saved)
+    atomic_save(path, {**saved, "max_episode_steps": args.max_episode_steps})
 
 
 def load_policy(path, device="cpu") -> Actor:
@@ -825,22 +709,6 @@ def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
     """The envs the policy was trained on, made as in training (the horizon as a TimeLimit)."""
     limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
     return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id, **limit) for _ in range(num_envs)])
-
-
-def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
-    """results.json: the final evaluation, budget and env-step counts, SPS, rho and the evaluation history."""
-    final, expert_return, steps = progress["history"][-1], float(np.mean(demos["returns"])), progress["step"]
-    results = dict(env_id=args.env_id, method="HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE", seed=args.seed)
-    results.update(eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
-    results.update(eval_episodes=args.eval.episodes, expert_return=expert_return, num_demos=len(demos["returns"]))
-    results["normalized_return"] = final["mean"] / expert_return if expert_return else float("nan")
-    results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
-    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule)
-    results.update(final_rho=progress["final_rho"], reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble)
-    results.update(terminal_reward=args.irl.terminal_reward, resumed_from_step=progress["resumed_from_step"])
-    results.update(wall_time_s=wall_time, device=str(device), date=dt.datetime.now(dt.timezone.utc).isoformat())
-    results["history"] = [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]]
-    return results
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -868,20 +736,11 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         if args.save_model:
             save_policy(run.dir / "policy.pt", sac.actor, args, setup.info)
         if args.capture_video:
-            evaluate(
-                sac.actor,
-                args.env_id,
-                1,
-                args.seed + 10_000,
-                args.irl.p_tremble,
-                args.max_episode_steps,
-                run.dir / "videos" / "final.webm",
-            )
-        atomic_json(run.dir / "results.json", results)
-        print(
-            f"[irl] final return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
-            f"(expert {results['expert_return']:.1f})"
-        )
+            video = run.dir / "videos" / "final.webm"
+            evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
+        atomic_save(run.dir / "results.json", results)
+        mean, std, expert_return = results["eval_mean"], results["eval_std"], results["expert_return"]
+        print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f})")
     except NonFiniteLoss as e:
         finish_run(run, f"error: {e}; lower the learning rates or check the expert data (last checkpoint kept)")
         raise SystemExit(3)
@@ -902,14 +761,12 @@ class Run:
     dir: Path
     writer: object  # torch.utils.tensorboard.SummaryWriter
     device: torch.device
-    stop: object  # StopFlag (below); a string annotation would break loading the file by path
+    stop_requested: bool = False  # set by SIGINT/SIGTERM; the loops save a checkpoint and stop at the next step
     expert_curve: list = field(default_factory=list)
 
 
 @dataclass
-class Setup:
-    """What validation loaded: the run dir, the env's sizes, the demos (None: expert phase) and checkpoints."""
-
+class Setup:  # what validation loaded: the run dir, the env's sizes, the demos (None: expert phase), checkpoints
     run_dir: Path
     info: Optional[EnvInfo] = None
     demos: Optional[dict] = None
@@ -917,20 +774,6 @@ class Setup:
     finished: bool = False
     segments: list = field(default_factory=list)
     rho_schedule: str = ""
-
-
-class StopFlag:
-    """SIGINT/SIGTERM set a flag; the training loops save a checkpoint and stop at the next step."""
-
-    def __init__(self):
-        self.stop = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGINT, self.handler)
-        signal.signal(signal.SIGTERM, self.handler)
-
-    def handler(self, signum, frame) -> None:
-        self.stop = True
 
 
 class SPSMeter:
@@ -950,81 +793,81 @@ class SPSMeter:
         return out
 
     def sps(self, step: int) -> Optional[float]:
-        if self.t0 is None or step <= self.s0:
-            return None
-        return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+        if self.t0 is not None and step > self.s0:
+            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
 
 
-# ---- checkpoints, atomic writes, RNG state
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to the fixed `name.tmp` beside `path`, then os.replace; start_run removes stale ones."""
+# ---- checkpoints, atomic writes, results
+def atomic_save(path: Path, obj) -> None:
+    """Write `obj` to the fixed `name.tmp` beside `path`, then os.replace (start_run removes stale ones); by suffix:
+    .json a JSON object, .npz a dict of arrays, .png a matplotlib figure, anything else torch.save."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj, indent=2))
+    elif path.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **obj)
+    elif path.suffix == ".png":
+        obj.savefig(tmp, format="png")
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
-def atomic_json(path: Path, obj) -> None:
-    atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2)))
-
-
-def atomic_torch_save(path: Path, obj) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))
-
-
-def save_npz(path: Path, arrays: dict) -> None:
-    with open(path, "wb") as f:
-        np.savez_compressed(f, **arrays)
-
-
-def rng_state(np_rng: np.random.Generator) -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "np_rng": np_rng.bit_generator.state,
-    }
-
-
 def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None) -> None:
-    state = {"agent": sac.state_dict(), "learner_rows": storage.learner_rows().cpu(), "progress": progress}
-    state["rng"] = rng_state(np_rng)
-    if disc is not None:
-        state["disc"] = disc.state_dict()
-    atomic_torch_save(path, state)
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
+    rng["np_rng"] = np_rng.bit_generator.state
+    state = {"agent": sac.state_dict(), "learner_rows": storage.learner_rows().cpu(), "progress": progress, "rng": rng}
+    atomic_save(path, state if disc is None else {**state, "disc": disc.state_dict()})
 
 
-def restore_checkpoint(ckpt: dict, sac: SAC, storage: Storage, np_rng, disc=None) -> dict:
+def restore_checkpoint(ckpt: dict, phase: str, sac: SAC, storage: Storage, np_rng, disc=None) -> dict:
     """Load a validated checkpoint into the phase's objects and RNGs; returns its progress counters."""
     sac.load_state_dict(ckpt["agent"])
     storage.load_learner_rows(ckpt["learner_rows"])
     if disc is not None:
         disc.load_state_dict(ckpt["disc"])
-    state = ckpt["rng"]
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    np_rng.bit_generator.state = state["np_rng"]
+    rng = ckpt["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    np_rng.bit_generator.state = rng["np_rng"]
+    print(f"[{phase}] resuming from step {ckpt['progress']['step']}", flush=True)
     return dict(ckpt["progress"])
+
+
+def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
+    """results.json: the final evaluation, budget and env-step counts, SPS, rho and the evaluation history."""
+    final, expert_return, steps = progress["history"][-1], float(np.mean(demos["returns"])), progress["step"]
+    results = dict(env_id=args.env_id, method="HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE", seed=args.seed)
+    results.update(eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
+    results.update(eval_episodes=args.eval.episodes, expert_return=expert_return, num_demos=len(demos["returns"]))
+    results["normalized_return"] = final["mean"] / expert_return if expert_return else float("nan")
+    results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
+    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule)
+    results.update(final_rho=progress["final_rho"], reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble)
+    results.update(terminal_reward=args.irl.terminal_reward, resumed_from_step=progress["resumed_from_step"])
+    results.update(wall_time_s=wall_time, device=str(device), date=dt.datetime.now(dt.timezone.utc).isoformat())
+    results["history"] = [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]]
+    return results
 
 
 def keep_freed_memory() -> None:
     """Ask glibc to keep freed memory instead of re-faulting fresh pages for every update's tensors (measured up to
     16 % of a SAC update on the 2-core VM, see the docs' speed section)."""
-    if not sys.platform.startswith("linux"):
-        return
     try:
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
+    except OSError:  # not glibc (macOS, musl): nothing to tune
         return
     libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
     libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-# ---- logging, plots, video, results
+# ---- logging, plots, video, evaluation of a saved policy
 def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
@@ -1033,26 +876,25 @@ def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     return values
 
 
-def log_losses(writer, prefix: str, losses: dict, args: Args, step: int, meter: SPSMeter, rho=None, disc_steps=0):
-    values = check_finite(losses, "expert SAC" if prefix == "expert" else "IRL learner", step)
+def log_losses(writer, phase: str, losses: dict, args: Args, step: int, meter: SPSMeter, rho=None, disc_steps=0):
+    """The expert phase's scalars under expert/, the learner's under CleanRL's tags (losses/, charts/) and irl/."""
+    expert = phase == "expert"
+    values = check_finite(losses, "expert SAC" if expert else "IRL learner", step)
+    group = "expert" if expert else "charts"
+    scalars = {f"{group}/learning_rate": args.sac.q_lr, f"{group}/SPS": meter.sps(step)}
     for name, value in values.items():
-        tag = (
-            f"expert/{name}" if prefix == "expert" else "irl/relabelled_reward" if name == "relabelled_reward" else None
-        )
-        writer.add_scalar(tag or f"losses/{name}", value, step)
-    writer.add_scalar(f"{'expert' if prefix == 'expert' else 'charts'}/learning_rate", args.sac.q_lr, step)
-    if prefix != "expert":
-        writer.add_scalar("irl/rho", rho, step)
-        writer.add_scalar("irl/total_env_steps", step + disc_steps, step)
-    if (sps := meter.sps(step)) is not None:
-        writer.add_scalar(f"{'expert' if prefix == 'expert' else 'charts'}/SPS", sps, step)
+        scalars["expert/" + name if expert else ("irl/" if name == "relabelled_reward" else "losses/") + name] = value
+    if not expert:
+        scalars.update({"irl/rho": rho, "irl/total_env_steps": step + disc_steps})
+    for tag, value in scalars.items():
+        if value is not None:
+            writer.add_scalar(tag, value, step)
 
 
 def log_discriminator(writer, stats: dict, progress: dict, step: int) -> None:
+    stats = {**stats, "outer_iteration": progress["k"], "disc_env_steps": progress["disc_env_steps"]}
     for name, value in stats.items():
         writer.add_scalar(f"irl/{name}", value, step)
-    writer.add_scalar("irl/outer_iteration", progress["k"], step)
-    writer.add_scalar("irl/disc_env_steps", progress["disc_env_steps"], step)
 
 
 def log_episode(writer, prefix: str, from_expert: bool, ret: float, length: int, step: int, bar) -> None:
@@ -1097,7 +939,7 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     method = "HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE"
     fig.suptitle(f"{args.env_id}: {method} (rho {args.irl.rho_schedule or 'per env'}), seed {args.seed}")
     fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    atomic_save(path, fig)
     plt.close(fig)
 
 
@@ -1134,22 +976,13 @@ def evaluate_saved_policy(args: Args) -> None:
     check_writable(run_dir / "evaluations", "--eval-only")
     number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
     video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
-    seed, limit = args.seed + 20_000, policy.max_episode_steps
-    rets = evaluate(policy, policy.env_id, args.eval.episodes, seed, args.irl.p_tremble, limit, video)
-    record = {
-        "env_id": policy.env_id,
-        "mean": float(np.mean(rets)),
-        "std": float(np.std(rets)),
-        "returns": rets,
-        "episodes": args.eval.episodes,
-        "seed": args.seed + 20_000,
-        "p_tremble": args.irl.p_tremble,
-    }
-    atomic_json(run_dir / "evaluations" / f"eval_{number:03d}.json", record)
-    print(
-        f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes "
-        f"-> {run_dir / 'evaluations' / f'eval_{number:03d}.json'}"
-    )
+    seed, episodes, p_tremble = args.seed + 20_000, args.eval.episodes, args.irl.p_tremble
+    rets = evaluate(policy, policy.env_id, episodes, seed, p_tremble, policy.max_episode_steps, video)
+    record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
+    record.update(episodes=episodes, seed=seed, p_tremble=p_tremble)
+    out = run_dir / "evaluations" / f"eval_{number:03d}.json"
+    atomic_save(out, record)
+    print(f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes -> {out}")
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
@@ -1160,23 +993,17 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
         print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
         with np.load(cache / "demos.npz") as z:
             return {k: z[k] for k in z.files}
-    obs_dim, act_dim = demos["observations"].shape[1], demos["actions"].shape[1]
-    atomic_write(cache / "demos.npz", lambda p: save_npz(p, demos))
-    returns = demos["returns"]
-    actor_file = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
-    actor_file.update(
-        obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim, total_timesteps=args.expert.timesteps
-    )
-    actor_file["mean_return"] = float(returns.mean())
-    atomic_torch_save(cache / "expert_actor.pt", actor_file)
-    meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
-    meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
-    meta["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    meta.update(
-        num_transitions=len(demos["observations"]), obs_dim=obs_dim, act_dim=act_dim, hidden=args.sac.hidden_dim
-    )
-    atomic_json(cache / "expert_meta.json", meta)
-    print(f"[expert] {len(demos['returns'])} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
+    returns, now = demos["returns"], dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    sizes = dict(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
+    atomic_save(cache / "demos.npz", demos)
+    actor = {k: v.cpu() for k, v in agent.actor.state_dict().items()}
+    mean_return, timesteps = float(returns.mean()), args.expert.timesteps
+    actor_file = dict(actor=actor, env_id=args.env_id, **sizes, total_timesteps=timesteps, mean_return=mean_return)
+    atomic_save(cache / "expert_actor.pt", actor_file)
+    meta = dict(env_id=args.env_id, expert_timesteps=timesteps, num_demos=len(returns), seed=args.seed)
+    meta.update(return_mean=mean_return, return_std=float(returns.std()), script=SCRIPT, date=now)
+    atomic_save(cache / "expert_meta.json", dict(meta, num_transitions=len(demos["observations"]), **sizes))
+    print(f"[expert] {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
 
 
@@ -1197,23 +1024,20 @@ def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
     if not all(isinstance(ep.observations, np.ndarray) and isinstance(ep.actions, np.ndarray) for ep in episodes):
         raise UsageError(f"Minari dataset {dataset_id} has dict or tuple spaces; pass a dataset with flat Box spaces")
     lengths = [len(ep.rewards) for ep in episodes]
-
-    def cat(parts, dtype):
-        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-
-    demos = {
-        "observations": cat([ep.observations[:-1] for ep in episodes], np.float32),
-        "next_observations": cat([ep.observations[1:] for ep in episodes], np.float32),
-        "actions": cat([ep.actions for ep in episodes], np.float32),
-        "rewards": cat([ep.rewards for ep in episodes], np.float32),
-        "terminals": cat([ep.terminations for ep in episodes], bool),
-        "timeouts": cat([ep.truncations for ep in episodes], bool),
-        "episode_ids": np.repeat(np.arange(len(episodes), dtype=np.int64), lengths),
-        "episode_starts": cat([np.arange(n) == 0 for n in lengths], bool),
-        "timesteps": cat([np.arange(n) for n in lengths], np.int64),
-        "returns": np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64),
-        "env_id": np.array(spec.id if spec is not None else ""),
+    parts = {  # key: (its per-episode pieces, dtype)
+        "observations": ([ep.observations[:-1] for ep in episodes], np.float32),
+        "next_observations": ([ep.observations[1:] for ep in episodes], np.float32),
+        "actions": ([ep.actions for ep in episodes], np.float32),
+        "rewards": ([ep.rewards for ep in episodes], np.float32),
+        "terminals": ([ep.terminations for ep in episodes], bool),
+        "timeouts": ([ep.truncations for ep in episodes], bool),
+        "episode_starts": ([np.arange(n) == 0 for n in lengths], bool),
+        "timesteps": ([np.arange(n) for n in lengths], np.int64),
     }
+    demos = {k: np.concatenate(p).astype(dtype) if p else np.zeros(0, dtype) for k, (p, dtype) in parts.items()}
+    demos["episode_ids"] = np.repeat(np.arange(len(episodes), dtype=np.int64), lengths)
+    demos["returns"] = np.array([float(np.sum(ep.rewards)) for ep in episodes], np.float64)
+    demos["env_id"] = np.array(spec.id if spec is not None else "")
     for k in ("observations", "next_observations", "actions"):  # (0,) from an empty dataset: keep 2-d for the checks
         demos[k] = demos[k].reshape(len(demos["rewards"]), -1)
     return demos
@@ -1237,82 +1061,53 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
         raise UsageError(f"{path}: key env_id must be a 0-d string array naming the env")
     if str(demos["env_id"]) != env_id:
         raise UsageError(f"{path} holds demos of {demos['env_id']} (key env_id), not {env_id}; pass matching demos")
-    check_demo_arrays(demos, path, sizes)
-    ids, n = demos["episode_ids"], len(demos["observations"])
-    first = np.r_[True, ids[1:] != ids[:-1]]
-    last = np.r_[ids[1:] != ids[:-1], True]
-    start_index = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    if "timesteps" not in demos:  # derivable from episode_starts
-        demos["timesteps"] = np.arange(n) - start_index
-    continues = np.allclose(
-        demos["next_observations"][:-1][~last[:-1]], demos["observations"][1:][~last[:-1]], rtol=1e-5, atol=1e-6
-    )
-    sums = np.bincount(ids, weights=demos["rewards"].astype(np.float64), minlength=len(demos["returns"]))
-    rules = [
-        (
-            "episode_ids",
-            np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(len(demos["returns"]))),
-            "must number the episodes 0..E-1 in order (E = len(returns))",
-        ),
-        ("episode_starts", np.array_equal(demos["episode_starts"].astype(bool), first), "disagrees with episode_ids"),
-        (
-            "timesteps",
-            np.array_equal(demos["timesteps"], np.arange(n) - start_index),
-            "must count 0, 1, ... inside each episode",
-        ),
-        ("next_observations", continues, "must equal the next transition's observation inside an episode"),
-        (
-            "terminals",
-            not np.any(demos["terminals"].astype(bool) & ~last),
-            "marks a step that does not end its episode",
-        ),
-        ("returns", np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
-    ]
-    for key, ok, message in rules:
-        if not ok:
-            raise UsageError(f"{path}: key {key} {message}")
-    if reset_prob > 0 and any(k not in demos for k in STATE_KEYS):
-        raise UsageError(
-            f"{path} has no qpos/qvel/qacc_warmstart, so expert resets are impossible; pass --irl.reset-prob 0"
-        )
-    return demos
-
-
-def check_demo_arrays(demos: dict, path, sizes: dict) -> None:
-    """Dtype kind, shape and finiteness of every demos key (N transitions, E episodes, the env's widths)."""
-    lengths = [
-        len(demos[k]) if demos[k].ndim else -1
-        for k, (_, shape) in DEMO_FORMAT.items()
-        if k in demos and shape[0] == "N"
-    ]
+    per_row = [k for k, (_, shape) in DEMO_FORMAT.items() if k in demos and shape[0] == "N"]
+    lengths = [len(demos[k]) if demos[k].ndim else -1 for k in per_row]
     n = max(set(lengths), key=lengths.count)  # the length most keys agree on: the odd key out is named
     ids = demos["episode_ids"]
     episodes = len(np.unique(ids)) if ids.ndim == 1 and ids.dtype.kind in "iu" else len(demos["returns"])
-    dims = {"N": n, "E": episodes, **sizes}
-    if n < 1 or dims["E"] < 1:
+    if n < 1 or episodes < 1:
         raise UsageError(f"{path} holds no complete expert episode; record at least one episode")
-    kinds = {np.float32: "fiu", np.float64: "fiu", np.int64: "iu", bool: "biu"}
+    dims = {"N": n, "E": episodes, **sizes}
     for key, (dtype, shape) in DEMO_FORMAT.items():
         if key not in demos:
             continue
-        a, expected = demos[key], tuple(dims[d] for d in shape)
-        if a.dtype.kind not in kinds[dtype] or (
-            a.dtype.kind in "iu" and dtype is bool and not np.isin(a, (0, 1)).all()
+        a, expected, kind = demos[key], tuple(dims[d] for d in shape), np.dtype(dtype).kind
+        if a.dtype.kind not in {"f": "fiu", "i": "iu", "b": "biu"}[kind] or (
+            kind == "b" and a.dtype.kind in "iu" and not np.isin(a, (0, 1)).all()
         ):
             raise UsageError(f"{path}: key {key} has dtype {a.dtype}, expected {np.dtype(dtype)}")
         if a.shape != expected:
             raise UsageError(f"{path}: key {key} has shape {a.shape}, expected {expected} for {sizes['env']}")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise UsageError(f"{path}: key {key} holds NaN or infinite values")
+    n, episodes = len(demos["observations"]), len(demos["returns"])
+    first, last = np.r_[True, ids[1:] != ids[:-1]], np.r_[ids[1:] != ids[:-1], True]
+    counts = np.arange(n) - np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    demos.setdefault("timesteps", counts)  # derivable from episode_ids
+    inside = ~last[:-1]
+    continues = np.allclose(demos["next_observations"][:-1][inside], demos["observations"][1:][inside], 1e-5, 1e-6)
+    sums = np.bincount(ids, weights=demos["rewards"].astype(np.float64), minlength=episodes)
+    stray_terminal = np.any(demos["terminals"].astype(bool) & ~last)
+    ordered = np.all(ids[1:] >= ids[:-1]) and np.array_equal(np.unique(ids), np.arange(episodes))
+    rules = {  # key: (holds, what it must be)
+        "episode_ids": (ordered, "must number the episodes 0..E-1 in order (E = len(returns))"),
+        "episode_starts": (np.array_equal(demos["episode_starts"].astype(bool), first), "disagrees with episode_ids"),
+        "timesteps": (np.array_equal(demos["timesteps"], counts), "must count 0, 1, ... inside each episode"),
+        "next_observations": (continues, "must equal the next transition's observation inside an episode"),
+        "terminals": (not stray_terminal, "marks a step that does not end its episode"),
+        "returns": (np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
+    }
+    for key, (holds, message) in rules.items():
+        if not holds:
+            raise UsageError(f"{path}: key {key} {message}")
+    if reset_prob > 0 and any(k not in demos for k in STATE_KEYS):
+        states = "/".join(STATE_KEYS)
+        raise UsageError(f"{path} has no {states}, so expert resets are impossible; pass --irl.reset-prob 0")
+    return demos
 
 
 # ---- validation: every flag, the env id, the run dir and every artifact, before any work
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def flat_fields(obj, prefix: str = ""):
     """(dotted name, value, dataclasses.Field) of every leaf setting of the nested Args."""
     for spec in dataclasses.fields(obj):
@@ -1326,28 +1121,20 @@ def flat_fields(obj, prefix: str = ""):
 def check_args(args: Args) -> None:
     """Ranges (NaN fails every one; `ranged` fields in Args) and cross-field rules of every flag."""
     for name, value, spec in flat_fields(args):
-        interval = spec.metadata.get("range")
-        if interval is None and isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise UsageError(f"{flag(name)} has no range (a bug in {SCRIPT}: declare it with ranged())")
+        interval, flag = spec.metadata.get("range"), "--" + name.replace("_", "-")
         if interval and value is not None:
             lo, hi = (float(x) for x in interval[1:-1].split(","))
             above = lo < value if interval[0] == "(" else lo <= value
             if not (above and (value < hi if interval[-1] == ")" else value <= hi)):
-                raise UsageError(f"{flag(name)} must lie in {interval}, not {value}")
+                raise UsageError(f"{flag} must lie in {interval}, not {value}")
     if not args.exp_name or "/" in args.exp_name:
         raise UsageError("--exp-name must be a non-empty name without '/'")
     if args.sac.learning_starts >= args.irl.total_timesteps:
         raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
-    if args.track and importlib_missing("wandb"):
+    if args.track and importlib.util.find_spec("wandb") is None:
         raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
-    if args.capture_video and importlib_missing("cv2"):
+    if args.capture_video and importlib.util.find_spec("cv2") is None:
         raise UsageError("--capture-video needs opencv-python: pip install opencv-python")
-
-
-def importlib_missing(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is None
 
 
 def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
@@ -1371,9 +1158,8 @@ def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
         env = gym.make(env_id)
     except Exception as e:  # e.g. a broken MuJoCo install
         raise UsageError(f"cannot create {env_id} ({type(e).__name__}: {e}); check the gymnasium[mujoco] install")
-    space = env.action_space
+    space, model = env.action_space, env.unwrapped.model
     info = EnvInfo(env.observation_space.shape[0], space.shape[0], space.low, space.high)
-    model = env.unwrapped.model
     env.close()
     return info, {"obs": info.obs_dim, "act": info.act_dim, "nq": model.nq, "nv": model.nv, "env": env_id}
 
@@ -1392,9 +1178,7 @@ def check_rendering(env_id: str) -> None:
 
 def check_writable(path: Path, flag_name: str) -> None:
     """The nearest existing ancestor must be a directory we can create something in (nothing is left behind)."""
-    parent = path
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
+    parent = next(p for p in (path, *path.parents) if p.exists())
     try:
         if not parent.is_dir():
             raise NotADirectoryError(parent)
@@ -1407,9 +1191,9 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UsageError(f"{path} is unreadable ({type(e).__name__}); delete it (or the run dir) and re-run")
+        data = e
     if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a JSON object; delete it (or the run dir) and re-run")
+        raise UsageError(f"{path} is unreadable or not a JSON object; delete it (or the run dir) and re-run")
     return data
 
 
@@ -1422,17 +1206,11 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> O
         SAC(info, args.sac, torch.device("cpu")).load_state_dict(ckpt["agent"])
         if with_disc:
             Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).load_state_dict(ckpt["disc"])
-        rows, progress = ckpt["learner_rows"], ckpt["progress"]
-        assert (
-            rows.ndim == 2
-            and rows.shape[1] == 2 * info.obs_dim + info.act_dim + 2
-            and isinstance(progress["step"], int)
-        )
+        rows, step = ckpt["learner_rows"], ckpt["progress"]["step"]
+        assert rows.ndim == 2 and rows.shape[1] == 2 * info.obs_dim + info.act_dim + 2 and isinstance(step, int)
         assert {"python", "numpy", "torch", "np_rng"} <= set(ckpt["rng"])
     except Exception as e:  # truncated, random bytes, another script's or another configuration's file
-        raise UsageError(
-            f"{path} is corrupt or from another configuration ({type(e).__name__}); delete it to redo that phase"
-        )
+        raise UsageError(f"{path} is corrupt or of another configuration ({type(e).__name__}); delete it to redo it")
     return ckpt
 
 
@@ -1447,9 +1225,8 @@ def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Arg
             raise
         lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
         line = [ln for ln in lines if ln][1:2] or ["invalid command line"]
-        raise UsageError(
-            f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
-        )
+        hint = f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
+        raise UsageError(hint)
 
 
 def as_argv(saved: dict, prefix: str = "") -> list[str]:
@@ -1476,16 +1253,12 @@ def parse_args(argv: Optional[list[str]]) -> Args:
         return args
     saved = read_json(saved_path)
     if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
-        raise UsageError(
-            f"{args.run_dir} is a run dir of {saved.get('script') or 'another script'}, not {SCRIPT}; "
-            "pass another --run-dir"
-        )
+        owner = saved.get("script") or "another script"
+        raise UsageError(f"{args.run_dir} is a run dir of {owner}, not {SCRIPT}; pass another --run-dir")
     default = tyro_cli(as_argv(saved["args"]), None, f"{saved_path} holds settings this script cannot read")
     args = tyro_cli(argv, default)
     if args.env_id != saved.get("env_id"):
-        raise UsageError(
-            f"run dir {args.run_dir} holds a {saved.get('env_id')} run, not {args.env_id}; pass another --run-dir"
-        )
+        raise UsageError(f"{args.run_dir} holds a {saved.get('env_id')} run, not {args.env_id}; pass another --run-dir")
     return args
 
 
@@ -1502,10 +1275,8 @@ def validate(args: Args) -> Setup:
     rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
     if rows * row_bytes > memory / 2:
-        raise UsageError(
-            f"a replay buffer of {rows} rows needs {rows * row_bytes / 2**30:.1f} GiB, over half this "
-            "machine's memory; lower --sac.buffer-size"
-        )
+        gib = rows * row_bytes / 2**30
+        raise UsageError(f"a {rows}-row replay buffer needs {gib:.1f} GiB, over half the RAM; lower --sac.buffer-size")
     if args.capture_video:
         check_rendering(args.env_id)
     run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -1517,12 +1288,10 @@ def validate(args: Args) -> Setup:
         read_json(run_dir / "results.json")
         return Setup(run_dir, finished=True)
     check_writable(run_dir, "--run-dir")
-    cache = Path(args.expert.experts_dir) / args.env_id / "demos.npz"
-    path = args.expert.path
+    cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
         raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
-    if not path and cache.exists():
-        path = cache
+    path = path or (cache if cache.exists() else None)
     demos = load_demos(path, args.env_id, sizes, args.irl.reset_prob) if path else None
     checkpoints = {}
     if demos is None:
@@ -1548,26 +1317,24 @@ def start_run(args: Args, run_dir: Path) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
-    atomic_json(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
+    config = dataclasses.asdict(args)
+    atomic_save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": config})
     if args.track:
         import wandb
 
+        project, entity = args.wandb_project_name, args.wandb_entity
         wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=run_dir.name,
-            save_code=True,
+            project=project, entity=entity, sync_tensorboard=True, config=config, name=run_dir.name, save_code=True
         )
     writer = SummaryWriter(str(run_dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    stop = StopFlag()
-    stop.install()
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    run = Run(run_dir, writer, device)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop at the next step
+        signal.signal(signum, lambda *_: setattr(run, "stop_requested", True))
     print(f"run dir: {run_dir}")
-    return Run(run_dir, writer, device, stop)
+    return run
 
 
 def finish_run(run: Run, message: Optional[str] = None) -> None:
