@@ -194,8 +194,7 @@ class GameTracker:
         self.score += reward
         self.length += 1
         frame = info["episode_frame_number"].astype(np.int64)
-        over = frame < self.prev_frame
-        self.prev_frame = frame
+        over, self.prev_frame = frame < self.prev_frame, frame
         return over
 
     def pop(self, over: np.ndarray) -> list[tuple[float, int]]:
@@ -282,10 +281,8 @@ def sample_snippet_pairs(lengths, scores, num_pairs: int, min_len: int, max_len:
         length = int(rng.integers(min_len, max_len + 1))
         start_worse = int(rng.integers(0, min(lengths[i], lengths[j]) - length + 1))
         start_better = int(rng.integers(start_worse, lengths[better] - length + 1))
-        if rng.random() < 0.5:
-            out[n] = (worse, start_worse, better, start_better, length, 1)
-        else:
-            out[n] = (better, start_better, worse, start_worse, length, 0)
+        b_better = (worse, start_worse, better, start_better, length, 1)
+        out[n] = b_better if rng.random() < 0.5 else (better, start_better, worse, start_worse, length, 0)
         n += 1
     return tuple(out.T.copy())
 
@@ -308,9 +305,8 @@ def gather_stacks(frames, obs_index):
 def pair_returns(net, frames, offsets, pairs, stride):
     """Summed r̂ of both snippets of every pair, in one batched forward pass. Returns (R_a, R_b, labels)."""
     demo_a, start_a, demo_b, start_b, length, label = pairs
-    idx, snippet = snippet_obs_index(
-        offsets, np.concatenate([demo_a, demo_b]), np.concatenate([start_a, start_b]), np.tile(length, 2), stride
-    )
+    demos, starts = np.concatenate([demo_a, demo_b]), np.concatenate([start_a, start_b])
+    idx, snippet = snippet_obs_index(offsets, demos, starts, np.tile(length, 2), stride)
     r = net(gather_stacks(frames, idx))
     sums = torch.zeros(2 * len(label), device=r.device).index_add_(0, torch.as_tensor(snippet, device=r.device), r)
     return sums[: len(label)], sums[len(label) :], torch.as_tensor(label, device=r.device)
@@ -460,9 +456,8 @@ class Player:
         self.need_fire = np.zeros(envs.num_envs, dtype=bool)
 
     def rollout(self, agent: Agent, buf: Rollout, keep_final_frames: bool) -> None:
-        """Fills buf with num_steps steps of every env. After a lost life the reference's FireResetEnv presses FIRE
-        inside reset(); here the game goes on, so FIRE is pressed for the policy and the step is left out of the
-        loss (valid = 0)."""
+        """Fills buf with num_steps steps of every env. After a lost life the reference's FireResetEnv presses FIRE in
+        reset(); here the game goes on, so FIRE is pressed for the policy and left out of the loss (valid = 0)."""
         buf.final_frames, buf.games = {}, []
         for step in range(buf.obs.shape[0]):
             if STOP["signal"]:
@@ -496,15 +491,10 @@ class Player:
 
 def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: PPOArgs) -> dict:
     """update_epochs x num_minibatches clipped-PPO steps on random minibatches; returns the last losses."""
-    batch_size = buf.actions.numel()
-    minibatch_size = batch_size // ppo.num_minibatches
+    batch_size, minibatch_size = buf.actions.numel(), buf.actions.numel() // ppo.num_minibatches
     b_obs, b_actions, b_logp = buf.obs.view(-1, 84, 84, 4), buf.actions.reshape(-1), buf.logp.reshape(-1)
-    b_adv, b_ret, b_val, b_valid = (
-        advantages.reshape(-1),
-        returns.reshape(-1),
-        buf.values.reshape(-1),
-        buf.valid.view(-1),
-    )
+    b_adv, b_ret = advantages.reshape(-1), returns.reshape(-1)
+    b_val, b_valid = buf.values.reshape(-1), buf.valid.view(-1)
     clipfracs = []
     for _epoch in range(ppo.update_epochs):
         perm = torch.randperm(batch_size)
@@ -529,9 +519,8 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
 
 
 def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, reward_net=None, ceiling=None):
-    """CleanRL-style PPO. With `reward_net`, the env reward is discarded and r = f(r̂(s')) is computed in batched
-    passes over each finished rollout (one pass over T*N frames is far cheaper than T small ones).
-    Resumes from checkpoints/{phase}.pt (validated and loaded up front into ctx)."""
+    """CleanRL-style PPO, resumed from checkpoints/{phase}.pt (loaded by validate). With `reward_net` the env reward
+    is discarded: r = f(r̂(s')), in batched passes over each finished rollout (far cheaper than T small ones)."""
     from tqdm import tqdm
 
     ppo, device = args.ppo, ctx["device"]
@@ -578,9 +567,7 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
                 )
             losses = ppo_update(agent, optimizer, buf, advantages, returns, ppo)
             if not math.isfinite(losses["loss"]):
-                raise NonFiniteLoss(
-                    f"[{phase}] non-finite PPO loss at iteration {iteration}: lower --ppo.learning-rate"
-                )
+                raise NonFiniteLoss(f"[{phase}] non-finite loss at iteration {iteration}: lower --ppo.learning-rate")
             state["iteration"], state["global_step"] = iteration, state["global_step"] + buf.actions.numel()
             step = state["global_step"]
             log_iteration(writer, state, buf, losses, returns, learned_games if use_learned else None, lr_now)
@@ -595,9 +582,7 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
             if phase == "demonstrator" and iteration % snapshot_every == 0:
                 save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)
             if ceiling is not None and len(recent) == recent.maxlen and np.mean(recent) >= ceiling:
-                print(
-                    f"[{phase}] {len(recent)}-game mean reached the ceiling {ceiling}: stop, the demos stay suboptimal"
-                )
+                print(f"[{phase}] {len(recent)}-game mean reached the ceiling {ceiling}: stop (demos stay suboptimal)")
                 state["stopped_at_ceiling"] = True
                 break
             if iteration % args.checkpoint_every == 0:
@@ -774,9 +759,8 @@ def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_di
         per_seed.append({"seed": seed, "mean": mean, "std": std, "returns": returns})
         print(f"[{tag}] seed {seed}: {mean:.2f} +- {std:.2f} over {len(returns)} games")
     means = [p["mean"] for p in per_seed]
-    return {"per_seed": per_seed, "best_mean": max(means), "mean_of_means": float(np.mean(means))} | {
-        "episodes_per_seed": episodes
-    }
+    summary = {"best_mean": max(means), "mean_of_means": float(np.mean(means)), "episodes_per_seed": episodes}
+    return {"per_seed": per_seed} | summary
 
 
 def run_pipeline(args: Args, ctx: dict, writer) -> Optional[dict]:
@@ -813,9 +797,8 @@ def run_pipeline(args: Args, ctx: dict, writer) -> Optional[dict]:
     results["paper"] = PAPER_BREAKOUT if ctx["rom"] == "breakout" else None
     plot_learning_curve(ctx, stats, final_eval=ev["best_mean"])
     save(run_dir / "results.json", results)
-    demos = (
-        f"demos best {stats['best']:g}, average {stats['average']:.2f}" if stats["best"] is not None else "no scores"
-    )
+    best, average = stats["best"], stats["average"]
+    demos = "no demo scores" if best is None else f"demos best {best:g}, average {average:.2f}"
     print(f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); {demos}")
     return results
 
@@ -1027,9 +1010,7 @@ def read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
-        raise UsageError(
-            f"{path} is unreadable or corrupt: delete it (it is rewritten) or pass a new --run-dir"
-        ) from None
+        raise UsageError(f"{path} is corrupt or unreadable: delete it (it is rewritten) or pass a new --run-dir")
 
 
 def torch_load(path, what: str, fix: str, keys=(), weights_only: bool = False) -> dict:
@@ -1223,11 +1204,8 @@ def plot_pred_vs_true(predicted, predicted_sigmoid, true, info, path: Path, env_
     from matplotlib.figure import Figure  # no pyplot: no backend to choose, no figure to close
 
     fig = Figure(figsize=(8, 3.4), dpi=100)
-    panels = (
-        (predicted, "sum of r̂ (paper's plot)", ""),
-        (predicted_sigmoid, "sum of sigmoid(r̂) (policy reward)", "_sigmoid"),
-    )
-    for ax, (pred, name, key) in zip(fig.subplots(1, 2), panels):
+    labels = ("sum of r̂ (paper's plot)", "sum of sigmoid(r̂) (policy reward)")
+    for ax, pred, name, key in zip(fig.subplots(1, 2), (predicted, predicted_sigmoid), labels, ("", "_sigmoid")):
         ax.scatter(true, pred, s=18)
         ax.set_xlabel("true return of the demo")
         ax.set_ylabel(name, fontsize=8)
@@ -1284,14 +1262,10 @@ def write_video(frames: list, path: Path, scale: int = 4) -> None:
 def keep_freed_memory() -> None:
     """glibc keeps freed memory instead of handing it back: otherwise every large tensor of an update is mapped and
     page-faulted again (measured up to 16 % of the update time). jemalloc/tcmalloc via LD_PRELOAD do the same."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
+    with contextlib.suppress(OSError):  # no glibc (macOS, Windows, musl): nothing to tune
         libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl): nothing to tune
-        return
-    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
 def rng_state() -> dict:
@@ -1326,11 +1300,8 @@ def start_run(args: Args, ctx: dict):
         stale.unlink()
     if not args.eval_only:
         if ctx["rom"] not in SCORE_MASKS and args.reward.mask_top < 0:
-            print(
-                f"warning: no score mask known for {ctx['rom']}: hiding the top {DEFAULT_MASK[0]} rows "
-                "(check a frame and set --reward.mask-top/--reward.mask-bottom)",
-                file=sys.stderr,
-            )
+            warning = f"warning: no score mask known for {ctx['rom']}: hiding the top {DEFAULT_MASK[0]} rows"
+            print(f"{warning} (check a frame and set --reward.mask-top/--reward.mask-bottom)", file=sys.stderr)
         save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": asdict(args)})
         if args.demos and not (run_dir / "demos.npz").exists():
             save(run_dir / "demos.npz", {k: v for k, v in ctx["demos"].items() if k != "scores"})
@@ -1339,15 +1310,8 @@ def start_run(args: Args, ctx: dict):
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=asdict(args),
-            name=run_dir.name,
-            save_code=True,
-            resume="allow",
-        )
+        settings = dict(name=run_dir.name, sync_tensorboard=True, config=asdict(args), save_code=True, resume="allow")
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, **settings)
     writer = SummaryWriter(str(run_dir))
     return writer, lambda: [signal.signal(s, h) for s, h in handlers.items()]
 
