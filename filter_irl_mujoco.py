@@ -17,7 +17,6 @@ Defaults, deliberate differences, the expert-data format and the run directory: 
 import contextlib
 import ctypes
 import dataclasses
-import datetime as dt
 import difflib
 import importlib.util
 import io
@@ -38,7 +37,6 @@ import mujoco
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from tqdm import tqdm
 
@@ -112,7 +110,7 @@ class IRLArgs:
     train_every: int = ranged(5000, "[1, 1e9]")  # learner env steps per outer iteration (one discriminator update)
     reset_prob: float = ranged(0.5, "[0, 1]")  # chance an episode starts from a random expert state (0 = MM baseline)
     p_tremble: float = ranged(0.01, "[0, 1]")  # chance the learner's action is replaced by a uniform one (also in eval)
-    terminal_reward: Literal["min", "none"] = "min"  # min: absorbing state earning the batch's lowest reward; none: end
+    terminal_reward: Literal["min", "none"] = "min"  # min: after a terminal step the batch's lowest reward forever
     stop_at_normalized: Optional[float] = ranged(None, "(0, 10]")  # stop once an eval reaches this fraction of expert
 
 
@@ -133,7 +131,7 @@ class Args:
     wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
     capture_video: bool = False  # an evaluation episode of the final policy (and of --eval-only) as WebM in videos/
     save_model: bool = True  # save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)
-    run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
+    run_dir: Optional[str] = None  # run dir (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); resumed if found
     env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
     torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = ranged(0, "[0, 1024]")
     """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
@@ -176,8 +174,8 @@ def make_env(env_id: str, seed: int, render: bool = False) -> gym.Env:
 
 
 def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray, timestep: int):
-    """Exact restore of an expert state on an env that was just reset: qpos, qvel AND the solver warm-start
-    (without it contacts drift), then mj_forward; the TimeLimit continues from `timestep` (remaining horizon)."""
+    """Exact restore of an expert state on a just-reset env: qpos, qvel AND the solver warm-start (contacts drift
+    without it), then mj_forward; the TimeLimit continues from `timestep` (the remaining horizon)."""
     model, data = env.unwrapped.model, env.unwrapped.data
     data.qpos[:], data.qvel[:], data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
     if model.na:
@@ -188,15 +186,13 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
 
 
 class LearnerEnv:
-    """The learner's training env: each episode starts, with probability `reset_prob`, from a uniformly chosen
-    expert state (exact restore, remaining horizon); actions pass through the trembling hand. It returns the true
-    reward only for LOGGING: the training loop never gives it to the replay buffer."""
+    """The learner's env: an episode starts from a uniformly chosen expert state with probability `reset_prob`;
+    actions pass through the trembling hand. The true reward it returns is for LOGGING only (never in the buffer)."""
 
     def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng: np.random.Generator):
         self.env, self.demos, self.reset_prob, self.p_tremble, self.rng = env, demos, reset_prob, p_tremble, rng
         self.num_states = len(demos["observations"]) if all(k in demos for k in STATE_KEYS) else 0
         self.low, self.high = env.action_space.low, env.action_space.high
-        self.from_expert = False
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
@@ -228,7 +224,7 @@ class Actor(nn.Module):
         self.env_id = self.script = ""  # set by load_policy
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = F.relu(self.fc2(F.relu(self.fc1(x))))
+        h = torch.relu(self.fc2(torch.relu(self.fc1(x))))
         log_std = torch.tanh(self.fc_logstd(h))
         return self.fc_mean(h), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
 
@@ -265,8 +261,8 @@ class TwinQ(nn.Module):
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         """Q-values of shape (n, B)."""
         h = torch.cat([obs, act], -1).unsqueeze(0).expand(self.n, -1, -1)
-        h = F.relu(torch.baddbmm(self.biases[0], h, self.weights[0]))
-        h = F.relu(torch.baddbmm(self.biases[1], h, self.weights[1]))
+        h = torch.relu(torch.baddbmm(self.biases[0], h, self.weights[0]))
+        h = torch.relu(torch.baddbmm(self.biases[1], h, self.weights[1]))
         return torch.baddbmm(self.biases[2], h, self.weights[2]).squeeze(-1)
 
 
@@ -337,8 +333,7 @@ def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndar
 
 # ---------------------------------------------------------------------------------------------------- SAC
 class ReplayBuffer:
-    """Circular buffer of (s, a, s', terminated) on the device. `with_rewards=False` (the IRL learner) has NO
-    reward storage at all: the learner's rewards can only come from relabelling with the discriminator."""
+    """Circular (s, a, s', terminated) buffer on the device; `with_rewards=False` (the IRL learner) stores NO reward."""
 
     def __init__(self, obs_dim: int, act_dim: int, size: int, device: torch.device, with_rewards: bool):
         self.size, self.ptr, self.full, self.device = size, 0, False, device
@@ -378,8 +373,7 @@ class ReplayBuffer:
 
 
 class SAC:
-    """Soft actor-critic (CleanRL's sac_continuous_action.py): twin Q as one batched module, automatic entropy
-    tuning. The updates return loss tensors (no host sync)."""
+    """CleanRL's SAC (sac_continuous_action.py), twin Q as one batched module; updates return tensors (no sync)."""
 
     PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")  # saved state
 
@@ -469,8 +463,7 @@ def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn: Optional[
 
 # ---------------------------------------------------------------------------------------------------- Phases
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, video: Optional[Path] = None):
-    """`episodes` deterministic episodes (mean action; trembling hand as in training, like the reference).
-    With `video`, the first episode is rendered and written there."""
+    """Deterministic episodes (trembling hand as in training, like the reference); `video`: the first one recorded."""
     returns, frames = [], []
     rng = np.random.default_rng(seed)
     for i in range(episodes):
@@ -505,13 +498,11 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
     with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", dynamic_ncols=True, mininterval=2) as bar:
         while step < args.expert.timesteps:
-            if run.stop.stop:
+            if run.stop:
                 save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
                 raise Interrupted("expert phase", step)
-            if step < args.sac.learning_starts:
-                action = np_rng.uniform(info.low, info.high).astype(np.float32)
-            else:
-                action = agent.act(obs)
+            explore = step < args.sac.learning_starts  # uniform random actions first
+            action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
             next_obs, reward, terminated, truncated, _ = env.step(action)
             rb.add(obs, action, next_obs, terminated, reward)
             ret, length, obs = ret + float(reward), length + 1, next_obs
@@ -610,8 +601,7 @@ def evaluate_learner(agent: SAC, args: Args, run, progress: dict, expert_return:
 
 def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict], env_fn=make_env) -> tuple:
     """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
-    steps whose every sampled transition is relabelled with the current discriminator). Returns (agent, progress).
-    `env_fn` builds the training envs (tests pass reward-poisoned ones)."""
+    steps, every sampled transition relabelled by the current discriminator) -> (agent, progress). `env_fn`: tests."""
     env, disc_env = envs = [env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)]
     np_rng = np.random.default_rng(args.seed)
     learner_env = LearnerEnv(env, demos, args.irl.reset_prob, args.irl.p_tremble, np_rng)
@@ -634,7 +624,7 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     desc = f"IRL (reset {args.irl.reset_prob})"
     with tqdm(total=args.irl.total_timesteps, initial=step, desc=desc, dynamic_ncols=True, mininterval=2) as bar:
         while step < args.irl.total_timesteps:
-            if run.stop.stop:
+            if run.stop:
                 save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
                 raise Interrupted("IRL phase", step)
             if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
@@ -647,10 +637,8 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
                 for name, value in stats.items():
                     run.writer.add_scalar(f"irl/{name}", value, step)
                 progress["k"] += 1
-            if step < args.sac.learning_starts:
-                action = np_rng.uniform(info.low, info.high).astype(np.float32)
-            else:
-                action = agent.act(obs)
+            explore = step < args.sac.learning_starts  # uniform random actions first
+            action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
             action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
             rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
             ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
@@ -692,9 +680,8 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
     config.update(low=info.low.tolist(), high=info.high.tolist())
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
-    atomic_save(
-        path, {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    )
+    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config}
+    atomic_save(path, {**saved, "state_dict": state})
 
 
 def load_policy(path, device="cpu") -> Actor:
@@ -732,25 +719,25 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
             return evaluate_saved_policy(args)
-        setup = validate(args)
+        run = validate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    if setup.finished:
-        print(f"{setup.run_dir} already holds a finished run (results.json); nothing to do")
+    if run.finished:
+        print(f"{run.dir} already holds a finished run (results.json); nothing to do")
         return
-    run = start_run(args, setup.run_dir)
+    start_run(args, run)
     try:
-        demos = setup.demos
+        demos = run.demos
         if demos is None:
-            expert = train_expert(args, run, setup.info, setup.checkpoints.get("expert"))
+            expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
             demos = write_expert_cache(args, expert, collect_demos(expert, args.env_id, args.expert.num_demos))
         if args.expert.only:
             return finish_run(run)
-        agent, progress = train_irl(args, run, setup.info, demos, setup.checkpoints.get("irl"))
+        agent, progress = train_irl(args, run, run.info, demos, run.checkpoints.get("irl"))
         results = irl_results(args, demos, progress)
         if args.save_model:
-            save_policy(run.dir / "policy.pt", agent.actor, args, setup.info)
+            save_policy(run.dir / "policy.pt", agent.actor, args, run.info)
         if args.capture_video:
             evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, run.dir / "videos/final.webm")
         atomic_save(run.dir / "results.json", results)
@@ -775,39 +762,23 @@ VIDEO_SIZE = 240  # rendered frame width and height
 
 @dataclass
 class Run:
+    """What validation loaded (the env's sizes, the demos or None: expert phase, checkpoints), then start_run's."""
+
     dir: Path
-    writer: object  # torch.utils.tensorboard.SummaryWriter
-    device: torch.device
-    stop: object  # StopFlag (below); a string annotation would break loading the file by path
-    expert_curve: list = field(default_factory=list)
-
-
-@dataclass
-class Setup:
-    """What validation loaded: the run dir, the env's sizes, the demos (None: expert phase) and checkpoints."""
-
-    run_dir: Path
     info: Optional[EnvInfo] = None
     demos: Optional[dict] = None
     checkpoints: dict = field(default_factory=dict)
-    finished: bool = False
-
-
-class StopFlag:
-    """SIGINT/SIGTERM set `stop`; the training loops save a checkpoint and stop at the next step."""
-
-    stop = False
-
-    def install(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: setattr(self, "stop", True))
+    finished: bool = False  # results.json exists: nothing to do
+    writer: object = None  # torch.utils.tensorboard.SummaryWriter
+    device: torch.device = torch.device("cpu")
+    stop: bool = False  # set by SIGINT/SIGTERM: the training loops save a checkpoint and stop at the next step
+    expert_curve: list = field(default_factory=list)
 
 
 class SPSMeter:
     """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
 
-    def __init__(self):
-        self.t0, self.s0, self.paused = None, 0, 0.0
+    t0, s0, paused = None, 0, 0.0
 
     def start(self, step: int) -> None:
         if self.t0 is None:
@@ -820,9 +791,8 @@ class SPSMeter:
         return out
 
     def sps(self, step: int) -> Optional[float]:
-        if self.t0 is None or step <= self.s0:
-            return None
-        return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+        if self.t0 is not None and step > self.s0:
+            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
 
 
 # ---- checkpoints, atomic writes, RNG state
@@ -873,16 +843,6 @@ def restore_checkpoint(ckpt: dict, agent: SAC, rb: ReplayBuffer, np_rng, envs: l
     return dict(ckpt["progress"])
 
 
-def keep_freed_memory() -> None:
-    """Ask glibc to keep freed memory instead of re-faulting fresh pages for every update's tensors (measured up to
-    16 % of a SAC update on the 2-core VM, see the docs' speed section)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):  # not glibc (e.g. musl): nothing to tune
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
-            libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
-
-
 # ---- logging, plots, video, evaluation of a saved policy
 def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
@@ -910,12 +870,10 @@ def log_losses(writer, phase: str, losses: dict, agent: SAC, step: int, meter: S
 def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
     """learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
     (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing to close
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_e, ax_i) = plt.subplots(1, 2, figsize=(11, 4), dpi=90)
+    fig = Figure(figsize=(11, 4), dpi=90)
+    ax_e, ax_i = fig.subplots(1, 2)
     if len(expert_curve):
         ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
     if math.isfinite(expert_return):
@@ -934,7 +892,6 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     fig.suptitle(f"{args.env_id}: {method} (reset {args.irl.reset_prob}), seed {args.seed}")
     fig.tight_layout()
     atomic_save(path, fig)
-    plt.close(fig)
 
 
 def write_video(path: Path, frames: list, fps: int) -> None:
@@ -993,7 +950,7 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
     atomic_save(cache / "expert_actor.pt", actor)
     meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
-    meta["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    meta["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     atomic_save(cache / "expert_meta.json", meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
@@ -1140,8 +1097,7 @@ def check_args(args: Args) -> None:
 
 
 def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
-    """A gymnasium MuJoCo v5 env: other families, retired versions and near misses get a suggestion.
-    Returns the env's sizes (one env is made, here only)."""
+    """A MuJoCo v5 env id (other families, retired versions, near misses get a suggestion) -> the env's sizes."""
     if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
         raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
     mujoco_ids = [k for k, s in gym.registry.items() if "mujoco" in str(s.entry_point)]
@@ -1180,12 +1136,8 @@ def check_rendering(env_id: str) -> None:
 
 def check_writable(path: Path, flag_name: str) -> None:
     """The nearest existing ancestor must be a directory we can create something in (nothing is left behind)."""
-    parent = path
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    try:
-        if not parent.is_dir():
-            raise NotADirectoryError(parent)
+    parent = next((p for p in (path, *path.parents) if p.exists()), path)
+    try:  # a file there raises NotADirectoryError
         tempfile.TemporaryDirectory(dir=parent).cleanup()
     except OSError:
         raise UsageError(f"{flag_name} {path} is not writable here; pass a path you can write")
@@ -1270,7 +1222,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     return args
 
 
-def validate(args: Args) -> Setup:
+def validate(args: Args) -> Run:
     """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
     check_args(args)
     info, sizes = check_env_id(args.env_id)
@@ -1278,11 +1230,8 @@ def validate(args: Args) -> Setup:
     rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
     if rows * row_bytes > memory / 2:
-        gib = rows * row_bytes / 2**30
-        raise UsageError(
-            f"a replay buffer of {rows} rows needs {gib:.1f} GiB, over half this machine's memory; "
-            "lower --sac.buffer-size"
-        )
+        need = f"a replay buffer of {rows} rows needs {rows * row_bytes / 2**30:.1f} GiB"
+        raise UsageError(f"{need}, over half this machine's memory; lower --sac.buffer-size")
     if args.capture_video:
         check_rendering(args.env_id)
     run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -1292,7 +1241,7 @@ def validate(args: Args) -> Setup:
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
         read_json(run_dir / "results.json")
-        return Setup(run_dir, finished=True)
+        return Run(run_dir, finished=True)
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
@@ -1307,37 +1256,41 @@ def validate(args: Args) -> Setup:
         checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
     if not args.expert.only:
         checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
-    return Setup(run_dir, info, demos, checkpoints)
+    return Run(run_dir, info, demos, checkpoints)
 
 
 # ---- starting and ending a run
-def start_run(args: Args, run_dir: Path) -> Run:
+def start_run(args: Args, run: Run) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    keep_freed_memory()
+    # glibc keeps freed memory instead of re-faulting fresh pages for every update's tensors (up to 16 % of a SAC
+    # update on the 2-core VM, see the docs' speed section); no glibc (macOS, musl): nothing to tune
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
+    run.dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run.dir.rglob("*.tmp"), *run.dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
-    atomic_save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
+    atomic_save(run.dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
     if args.track:
         import wandb
 
-        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_dir.name)
+        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run.dir.name)
         wandb.init(**names, sync_tensorboard=True, config=dataclasses.asdict(args), save_code=True)
-    writer = SummaryWriter(str(run_dir))
+    writer = SummaryWriter(str(run.dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    stop = StopFlag()
-    stop.install()
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    print(f"run dir: {run_dir}")
-    return Run(run_dir, writer, device, stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: setattr(run, "stop", True))
+    run.writer, run.device = writer, torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    print(f"run dir: {run.dir}")
 
 
 def finish_run(run: Run, message: Optional[str] = None) -> None:

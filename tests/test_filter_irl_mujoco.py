@@ -106,7 +106,7 @@ def small_args(**groups) -> fi.Args:
 def in_process_run(tmp_path: Path, name: str) -> fi.Run:
     from torch.utils.tensorboard import SummaryWriter
 
-    return fi.Run(tmp_path / name, SummaryWriter(str(tmp_path / name)), CPU, fi.StopFlag())
+    return fi.Run(tmp_path / name, writer=SummaryWriter(str(tmp_path / name)), device=CPU)
 
 
 def pendulum_info() -> fi.EnvInfo:
