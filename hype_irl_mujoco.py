@@ -128,7 +128,7 @@ class Args:
     run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
     env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
     max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")  # episode horizon (default: the env's, 1000 for MuJoCo)
-    torch_threads: int = ranged(0, "[0, 1024]")  # CPU threads for torch (0 = torch's default)
+    torch_threads: int = ranged(0, "[0, 1024]")  # CPU threads for torch (0 = torch's default; 1 on a shared CPU)
     log_frequency: int = ranged(1000, "[1, 1e9]")  # TensorBoard scalars (losses, SPS, rho) every this many env steps
     checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # checkpoint every this many env steps (and on SIGINT)
     eval_only: Optional[str] = None  # evaluate {RUN_DIR}/policy.pt into {RUN_DIR}/evaluations/eval_NNN.json
