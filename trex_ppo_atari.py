@@ -37,9 +37,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.distributions import Categorical
+from tqdm import tqdm
 
-# tensorboard, matplotlib, scipy, tqdm, cv2 and ale_py are imported where they are used, so that importing this
-# file (tests) and rejecting bad input (exit 2) stay fast.
+# tensorboard, matplotlib, scipy, cv2 and ale_py are imported where they are used, so that importing this file
+# (tests) and rejecting bad input (exit 2) stay fast.
 
 
 @dataclass
@@ -395,8 +396,7 @@ class RunningMeanStd:
     """Running mean/variance (Chan's parallel update); for --policy.reward normalized. Checkpointed as vars(rms)."""
 
     def __init__(self, device):
-        self.mean = torch.zeros((), device=device)
-        self.var = torch.ones((), device=device)
+        self.mean, self.var = torch.zeros((), device=device), torch.ones((), device=device)
         self.count = torch.full((), 1e-4, device=device)
 
     def update(self, x):
@@ -521,8 +521,6 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
 def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, reward_net=None, ceiling=None):
     """CleanRL-style PPO, resumed from checkpoints/{phase}.pt (loaded by validate). With `reward_net` the env reward
     is discarded: r = f(r̂(s')), in batched passes over each finished rollout (far cheaper than T small ones)."""
-    from tqdm import tqdm
-
     ppo, device = args.ppo, ctx["device"]
     num_iterations = max(1, total_timesteps // (ppo.num_envs * ppo.num_steps))
     envs = make_envs(ctx["rom"], ppo.num_envs, ctx["sticky"], args.env, life_loss=args.env.episodic_life)
@@ -537,9 +535,8 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
     if phase == "demonstrator" and state["iteration"] == 0:
         save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)  # the untrained policy: the worst demonstrator
     snapshot_every = args.demonstrator.snapshot_every or max(1, num_iterations // 50)
-    fire = fire_action(ctx["rom"]) if args.env.episodic_life else None
     seed = args.seed + 7919 * state["iteration"] + (0 if phase == "demonstrator" else 104729)
-    player = Player(envs, fire, seed, device)
+    player = Player(envs, fire_action(ctx["rom"]) if args.env.episodic_life else None, seed, device)
     use_learned = reward_net is not None and args.policy.reward != "env"
     learned_sums = torch.zeros(ppo.num_envs, device=device)  # learned-reward return of the running game, per env
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
@@ -615,8 +612,6 @@ def train_demonstrator(args: Args, ctx: dict) -> None:
 
 def collect_demos(args: Args, ctx: dict) -> dict:
     """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots; each frame stored once."""
-    from tqdm import tqdm
-
     snapshots, episodes = ctx["snapshots"], args.collect.episodes_per_snapshot
     if len(snapshots) < args.collect.num_snapshots:
         episodes = max(episodes, math.ceil(args.collect.num_snapshots / len(snapshots)))
@@ -650,8 +645,6 @@ def collect_demos(args: Args, ctx: dict) -> dict:
 
 def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
     """Phase 3: Bradley-Terry reward learning on snippet pairs; keeps the best validation-accuracy model."""
-    from tqdm import tqdm
-
     cfg, rng = args.reward, np.random.default_rng(args.seed)
     frames = torch.as_tensor(demos["frames"], device=ctx["device"])
     offsets, lengths, scores = demos["offsets"], demos["lengths"], demos["scores"]
@@ -912,8 +905,7 @@ def check_args(args: Args) -> None:
     """Every numeric flag in its range, then the rules between flags; UsageError naming the flag."""
     for name, low, high in (item.split() for item in RANGES.replace("\n", "|").split("|") if item.strip()):
         group, _, attr = name.rpartition(".")
-        low, high = float(low), float(high)
-        value = getattr(getattr(args, group) if group else args, attr)
+        value, low, high = getattr(getattr(args, group) if group else args, attr), float(low), float(high)
         if value is not None and not low <= value <= high:
             raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}] (got {value})")
     if any(not 0 <= s < 2**32 for s in args.eval.seeds) or not args.eval.seeds:
@@ -1160,16 +1152,18 @@ def make_policy_envs(policy: Agent, num_envs: int):
 
 
 def save(path: Path, obj) -> None:
-    """Atomic: written to `name.tmp` beside path (plus the extension numpy and opencv need), then os.replace. A dict
-    goes by path's suffix (.json, .npz, else torch.save), a str as text; a callable writes the tmp path itself."""
+    """Atomic: written to `name.tmp` beside path (`name.tmp.webm` for opencv, which picks the container from the
+    extension), then os.replace. A dict goes by path's suffix (.json, .npz, else torch.save), a str as text; a
+    callable writes the tmp path itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp" + (path.suffix if callable(obj) or path.suffix == ".npz" else ""))
+    tmp = path.with_name(path.name + ".tmp" + (".webm" if path.suffix == ".webm" else ""))
     if callable(obj):
         obj(tmp)
     elif isinstance(obj, str) or path.suffix == ".json":
         tmp.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
     elif path.suffix == ".npz":
-        np.savez_compressed(tmp, **obj)
+        with open(tmp, "wb") as f:  # a file object: given a path, numpy would append .npz
+            np.savez_compressed(f, **obj)
     else:
         torch.save(obj, tmp)
     os.replace(tmp, path)
@@ -1256,7 +1250,7 @@ def write_video(frames: list, path: Path, scale: int = 4) -> None:
             writer.write(cv2.cvtColor(cv2.resize(f, size, interpolation=cv2.INTER_NEAREST), cv2.COLOR_GRAY2BGR))
         writer.release()
 
-    save(path, write)  # opencv picks the container from the file's extension
+    save(path, write)
 
 
 def keep_freed_memory() -> None:
