@@ -182,8 +182,7 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
 
 
 def start_episode(env: gym.Env, seed: int, demos: Optional[dict], reset_prob: float, rng) -> tuple[np.ndarray, int]:
-    """Reset; with probability reset_prob restore a uniformly drawn expert state, whose episode then runs for the
-    expert's remaining horizon. Returns (observation, time index)."""
+    """Reset; with probability reset_prob restore a uniformly drawn expert state. Returns (observation, time index)."""
     obs, _ = env.reset(seed=seed)
     if reset_prob > 0 and rng.random() < reset_prob:
         i = int(rng.integers(len(demos["observations"])))
@@ -286,8 +285,7 @@ def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
 
 
 def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
-    """Piecewise-linear rho: segment i goes from `start` at the previous segment's end (0 for the first) to `end` at
-    `until`; after the last segment rho stays at its end value."""
+    """Piecewise-linear: each segment runs from `start` at the previous `until` (0) to `end` at its own, then flat."""
     seg_start = 0
     for start, end, until in segments:
         if step <= until:
@@ -323,8 +321,7 @@ def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target:
 
 
 def discriminator_loss(f, x_expert: torch.Tensor, x_learner: torch.Tensor, gp_weight: float = 10.0, gp_target=0.4):
-    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP: f is a cost, pushed down on expert pairs, up on the
-    learner's. Returns (loss, ipm term, gradient penalty)."""
+    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP (f is a cost). Returns (loss, ipm term, penalty)."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
     gp = gradient_penalty(f, x_expert, x_learner, gp_target)
     return ipm + gp_weight * gp, ipm, gp
@@ -372,8 +369,7 @@ class SAC:
         self.num_updates = 0
 
     def update(self, obs, act, next_obs, done, reward, absorbing: bool = False) -> dict[str, torch.Tensor]:
-        """One critic step, `policy_frequency` actor/temperature steps every `policy_frequency` calls, one target
-        lerp. Returns loss tensors (no host sync)."""
+        """One critic step, actor/temperature steps every `policy_frequency` calls, one target lerp (no host sync)."""
         cfg = self.cfg
         alpha = self.log_alpha.detach().exp() if cfg.autotune else torch.full_like(self.log_alpha, cfg.alpha)
         with torch.no_grad():
@@ -466,8 +462,7 @@ class Storage:
 
 # ---------------------------------------------------------------------------------------------------- Phases
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, max_episode_steps=None, video=None):
-    """Deterministic actions (tanh(mean) * scale + bias), trembling hand as in training (reference), true env
-    return, reset seeds seed, seed + 1, ... With `video`, the first episode is rendered and written there."""
+    """True returns of deterministic actions, trembling as in training (reference); `video`: the first episode's."""
     rng, returns, frames = np.random.default_rng(seed), [], []
     for ep in range(episodes):
         env, horizon = make_env(env_id, max_episode_steps, render=video is not None and ep == 0)
@@ -535,8 +530,7 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
 
 
 def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Optional[int] = None) -> dict:
-    """Roll out `policy(obs) -> action` for complete episodes with reset seeds 0, 1, ...; record the MuJoCo state
-    before each step (the demos.npz format of docs/hype_irl_mujoco.md)."""
+    """Complete episodes of `policy(obs) -> action` (reset seeds 0, 1, ...) as demos.npz, MuJoCo states included."""
     env, horizon = make_env(env_id, max_episode_steps)
     keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids")
     buf, returns, data = {k: [] for k in keys + ("episode_starts", "timesteps") + STATE_KEYS}, [], env.unwrapped.data
@@ -562,8 +556,7 @@ def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Option
 
 
 def collect_disc_pairs(actor: Actor, env: gym.Env, horizon: int, args: Args, rng, progress: dict) -> torch.Tensor:
-    """`disc.trajectories` complete episodes of the current stochastic policy from the env's own start distribution
-    (trembling hand included); their env steps are counted in progress['disc_env_steps']. Returns the (s, a) pairs."""
+    """(s, a) pairs of `disc.trajectories` fresh episodes of the current policy from the env's own start states."""
     pairs, low, high = [], env.action_space.low, env.action_space.high
     for _ in range(args.disc.trajectories):
         obs, t = start_episode(env, args.seed + progress["episodes"], None, 0.0, rng)
@@ -717,24 +710,25 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
             return evaluate_saved_policy(args)
-        setup = validate(args)
+        run = validate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    if setup.finished:
-        print(f"{setup.run_dir} already holds a finished run (results.json); nothing to do")
+    if run.finished:
+        print(f"{run.dir} already holds a finished run (results.json); nothing to do")
         return
-    run, start = start_run(args, setup.run_dir), time.time()
+    start = time.time()
+    start_run(args, run)
     try:
-        demos = setup.demos
+        demos = run.demos
         if demos is None:
-            expert = train_expert(args, run, setup.info, setup.checkpoints.get("expert"))
+            expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
             demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos, args.max_episode_steps)
             demos = write_expert_cache(args, expert, demos)
-        sac, progress = train_hype(args, run, setup.info, demos, setup.segments, setup.checkpoints.get("irl"))
-        results = irl_results(args, demos, progress, setup.rho_schedule, time.time() - start, run.device)
+        sac, progress = train_hype(args, run, run.info, demos, run.segments, run.checkpoints.get("irl"))
+        results = irl_results(args, demos, progress, run.rho_schedule, time.time() - start, run.device)
         if args.save_model:
-            save_policy(run.dir / "policy.pt", sac.actor, args, setup.info)
+            save_policy(run.dir / "policy.pt", sac.actor, args, run.info)
         if args.capture_video:
             video = run.dir / "videos" / "final.webm"
             evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
@@ -757,23 +751,18 @@ VIDEO_SIZE = 240  # rendered frame width and height
 
 
 @dataclass
-class Run:
+class Run:  # what validation loaded (demos None: the expert phase runs), then what start_run adds
     dir: Path
-    writer: object  # torch.utils.tensorboard.SummaryWriter
-    device: torch.device
-    stop_requested: bool = False  # set by SIGINT/SIGTERM; the loops save a checkpoint and stop at the next step
-    expert_curve: list = field(default_factory=list)
-
-
-@dataclass
-class Setup:  # what validation loaded: the run dir, the env's sizes, the demos (None: expert phase), checkpoints
-    run_dir: Path
     info: Optional[EnvInfo] = None
     demos: Optional[dict] = None
     checkpoints: dict = field(default_factory=dict)
-    finished: bool = False
     segments: list = field(default_factory=list)
     rho_schedule: str = ""
+    finished: bool = False
+    writer: object = None  # torch.utils.tensorboard.SummaryWriter
+    device: Optional[torch.device] = None
+    stop_requested: bool = False  # set by SIGINT/SIGTERM; the loops save a checkpoint and stop at the next step
+    expert_curve: list = field(default_factory=list)
 
 
 class SPSMeter:
@@ -799,8 +788,7 @@ class SPSMeter:
 
 # ---- checkpoints, atomic writes, results
 def atomic_save(path: Path, obj) -> None:
-    """Write `obj` to the fixed `name.tmp` beside `path`, then os.replace (start_run removes stale ones); by suffix:
-    .json a JSON object, .npz a dict of arrays, .png a matplotlib figure, anything else torch.save."""
+    """Write to the fixed `name.tmp` beside `path`, then os.replace: JSON, npz, PNG figure or torch.save by suffix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".json":
@@ -914,14 +902,11 @@ def progress_bar(total: int, initial: int, desc: str):
 
 
 def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
-    """learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
-    (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
-    import matplotlib
+    """learning_curve.png: one panel per phase (expert training; IRL evaluations, the latest marked)."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, nothing to close
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_e, ax_i) = plt.subplots(1, 2, figsize=(11, 4), dpi=90)
+    fig = Figure(figsize=(11, 4), dpi=90)
+    ax_e, ax_i = fig.subplots(1, 2)
     if len(expert_curve):
         ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
     if math.isfinite(expert_return):
@@ -940,7 +925,6 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     fig.suptitle(f"{args.env_id}: {method} (rho {args.irl.rho_schedule or 'per env'}), seed {args.seed}")
     fig.tight_layout()
     atomic_save(path, fig)
-    plt.close(fig)
 
 
 def write_video(path: Path, frames: list, fps: int) -> None:
@@ -1044,8 +1028,7 @@ def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
 
 
 def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, np.ndarray]:
-    """Load a demos.npz or a minari:ID dataset and check every key against the format and the env (`sizes`: obs,
-    act, nq, nv); every failure is a one-line UsageError naming the file and the key."""
+    """A demos.npz or minari:ID dataset, every key checked against the format and the env (`sizes`) by name."""
     if str(path).startswith(MINARI_PREFIX):
         demos = minari_demos(str(path)[len(MINARI_PREFIX) :])
     else:
@@ -1138,8 +1121,7 @@ def check_args(args: Args) -> None:
 
 
 def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
-    """A gymnasium MuJoCo v5 env: other families, retired versions and near misses get a suggestion.
-    Returns the env's sizes (one env is made, here only)."""
+    """A MuJoCo v5 env id (other families, retired versions, near misses get a suggestion) -> the env's sizes."""
     if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
         raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
     mujoco_ids = [k for k, s in gym.registry.items() if "mujoco" in str(s.entry_point)]
@@ -1262,7 +1244,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     return args
 
 
-def validate(args: Args) -> Setup:
+def validate(args: Args) -> Run:
     """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
     check_args(args)
     info, sizes = check_env_id(args.env_id)
@@ -1286,7 +1268,7 @@ def validate(args: Args) -> Setup:
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
         read_json(run_dir / "results.json")
-        return Setup(run_dir, finished=True)
+        return Run(run_dir, finished=True)
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
@@ -1300,11 +1282,12 @@ def validate(args: Args) -> Setup:
             raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
         checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
     checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
-    return Setup(run_dir, info, demos, checkpoints, segments=segments, rho_schedule=rho_schedule)
+    return Run(run_dir, info, demos, checkpoints, segments, rho_schedule)
 
 
 # ---- starting and ending a run
-def start_run(args: Args, run_dir: Path) -> Run:
+def start_run(args: Args, run: Run) -> None:
+    """Seeds, the run dir (stale .tmp files removed), args.json, TensorBoard (and wandb), device and signals."""
     from torch.utils.tensorboard import SummaryWriter
 
     keep_freed_memory()
@@ -1314,27 +1297,25 @@ def start_run(args: Args, run_dir: Path) -> Run:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
+    run.dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run.dir.rglob("*.tmp"), *run.dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
     config = dataclasses.asdict(args)
-    atomic_save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": config})
+    atomic_save(run.dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": config})
     if args.track:
         import wandb
 
         project, entity = args.wandb_project_name, args.wandb_entity
         wandb.init(
-            project=project, entity=entity, sync_tensorboard=True, config=config, name=run_dir.name, save_code=True
+            project=project, entity=entity, sync_tensorboard=True, config=config, name=run.dir.name, save_code=True
         )
-    writer = SummaryWriter(str(run_dir))
+    run.writer = SummaryWriter(str(run.dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    run = Run(run_dir, writer, device)
+    run.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
+    run.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop at the next step
         signal.signal(signum, lambda *_: setattr(run, "stop_requested", True))
-    print(f"run dir: {run_dir}")
-    return run
+    print(f"run dir: {run.dir}")
 
 
 def finish_run(run: Run, message: Optional[str] = None) -> None:
