@@ -586,11 +586,10 @@ def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: in
 def evaluate_learner(agent: SAC, args: Args, run, progress: dict, expert_return: float) -> dict:
     """Evaluate, append to the history, log, and redraw the learning curve."""
     rets = evaluate(agent.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble)
-    mean, step = float(np.mean(rets)), progress["step"]
-    entry = dict(
-        policy_steps=step, total_env_steps=step + progress["disc_env_steps"], mean=mean, std=float(np.std(rets))
-    )
-    entry.update(normalized=float(mean / expert_return) if expert_return != 0 else float("nan"), returns=rets)
+    mean, step, total = float(np.mean(rets)), progress["step"], progress["step"] + progress["disc_env_steps"]
+    normalized = float(mean / expert_return) if expert_return != 0 else float("nan")
+    entry = dict(policy_steps=step, total_env_steps=total, mean=mean, std=float(np.std(rets)), normalized=normalized)
+    entry["returns"] = rets
     progress["history"].append(entry)
     run.writer.add_scalar("eval/episodic_return", mean, step)
     run.writer.add_scalar("eval/normalized_return", entry["normalized"], step)
@@ -741,10 +740,8 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         if args.capture_video:
             evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, run.dir / "videos/final.webm")
         atomic_save(run.dir / "results.json", results)
-        print(
-            f"final eval return {results['eval_mean']:.1f} +- {results['eval_std']:.1f} "
-            f"({results['normalized_return']:.2f} of expert)"
-        )
+        mean, std, normalized = results["eval_mean"], results["eval_std"], results["normalized_return"]
+        print(f"final eval return {mean:.1f} +- {std:.1f} ({normalized:.2f} of expert)")
     except NonFiniteLoss as e:
         finish_run(run, f"error: {e}; lower the learning rates or check the demos")
         raise SystemExit(3)
