@@ -418,28 +418,18 @@ def policy_rewards(r_hat, kind: str, rms: RunningMeanStd):
 
 
 # ---- PPO (phase 1 on the true reward, phase 4 on the learned one)
-@dataclass
 class Rollout:
     """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch is then one contiguous
     index_select that the network reads as an NHWC view, ~25x cheaper than gathering NCHW frames and converting."""
 
-    obs: torch.Tensor
-    actions: torch.Tensor
-    logp: torch.Tensor
-    rewards: torch.Tensor
-    dones: torch.Tensor
-    values: torch.Tensor
-    valid: torch.Tensor
-    over: np.ndarray  # game over after step t (for the learned-reward game sums)
-    final_frames: dict  # step -> (envs, their true last frames) where a game ended at that step
-    games: list  # (true score, length) of the games finished in this rollout
-
-    @classmethod
-    def zeros(cls, T: int, N: int, device):
-        obs = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
-        actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    def __init__(self, T: int, N: int, device):
+        self.obs = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
+        self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
         floats = [torch.zeros((T, N), device=device) for _ in range(5)]
-        return cls(obs, actions, *floats, np.zeros((T, N), dtype=bool), {}, [])
+        self.logp, self.rewards, self.dones, self.values, self.valid = floats
+        self.over = np.zeros((T, N), dtype=bool)  # game over after step t (for the learned-reward game sums)
+        self.final_frames: dict = {}  # step -> (envs, their true last frames) where a game ended at that step
+        self.games: list = []  # (true score, length) of the games finished in this rollout
 
 
 class Player:
@@ -540,7 +530,7 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
     use_learned = reward_net is not None and args.policy.reward != "env"
     learned_sums = torch.zeros(ppo.num_envs, device=device)  # learned-reward return of the running game, per env
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
-    buf = Rollout.zeros(ppo.num_steps, ppo.num_envs, device)
+    buf = Rollout(ppo.num_steps, ppo.num_envs, device)
     bar = tqdm(total=num_iterations, initial=state["iteration"], desc=phase, file=sys.stderr, disable=None)
     sps_start = None
     try:
@@ -722,8 +712,7 @@ def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float
 def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_dir: Optional[Path], tag: str) -> dict:
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy, N games per seed;
     each env plays a fixed quota of games, so short games are not over-represented."""
-    per_seed = []
-    episodes = args.eval.episodes
+    per_seed, episodes = [], args.eval.episodes
     for s_i, seed in enumerate(args.eval.seeds):
         num_envs = min(args.eval.num_envs, episodes)
         quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])

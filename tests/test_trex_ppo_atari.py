@@ -204,7 +204,7 @@ def test_only_real_game_ends_use_the_final_frame():
     envs = trex.make_envs("breakout", 3, 0.0, trex.EnvArgs(max_episode_frames=600), life_loss=True)
     player = trex.Player(envs, trex.fire_action("breakout"), seed=5, device="cpu")
     agent = trex.Agent(int(envs.single_action_space.n))
-    buf = trex.Rollout.zeros(160, 3, "cpu")
+    buf = trex.Rollout(160, 3, "cpu")
     player.rollout(agent, buf, keep_final_frames=True)
     envs.close()
     lives_lost = (buf.dones.sum() - sum(len(e) for e, _ in buf.final_frames.values())).item()
