@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 
 @dataclass
@@ -160,6 +161,8 @@ class Args:
     """record the first evaluation game to run_dir/videos/ (VP9 WebM)"""
     torch_threads: int = 0
     """CPU threads for torch (0 = torch's default)"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """bf16 autocast for the networks (auto: bf16 on a GPU or an AVX-512 CPU); weights and losses stay fp32"""
     env_id: str = "PongNoFrameskip-v4"
     """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
     labeler: Literal["synthetic", "human", "rl"] = "synthetic"
@@ -241,8 +244,9 @@ class GA3CNet(nn.Module):
     """GA3C's network: conv 16x8x8/4, conv 32x4x4/2, FC 256, policy logits and value. PyTorch's default init
     (uniform +-1/sqrt(fan_in)) is GA3C's. Input uint8 (N, S, 84, 84)."""
 
-    def __init__(self, in_frames: int, num_actions: int):
+    def __init__(self, in_frames: int, num_actions: int, bf16: bool = False):
         super().__init__()
+        self.bf16 = bf16
         self.body = nn.Sequential(
             nn.Conv2d(in_frames, 16, 8, stride=4),
             nn.ReLU(),
@@ -257,7 +261,8 @@ class GA3CNet(nn.Module):
         self.env_id, self.config = "", {"in_frames": in_frames, "num_actions": num_actions}
 
     def forward(self, obs):
-        hidden = self.body(obs.float() / 255.0)
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # heads stay fp32
+            hidden = self.body(obs * (1 / 255)).float()  # uint8 * float: one kernel casts and scales
         return self.policy(hidden), self.value(hidden).squeeze(-1)
 
     @torch.no_grad()
@@ -271,9 +276,9 @@ class RewardNet(nn.Module):
     """Christiano et al.'s Atari predictor: 4 convs (7x7/3, 5x5/2, 3x3/1, 3x3/1) x 16 filters, batch norm,
     dropout and leaky ReLU (0.01) on each, FC 64, a scalar r̂(o). Score rows are zeroed before the first conv."""
 
-    def __init__(self, in_frames: int, mask: tuple[int, int], dropout: float):
+    def __init__(self, in_frames: int, mask: tuple[int, int], dropout: float, bf16: bool = False):
         super().__init__()
-        layers, channels = [], in_frames
+        layers, channels, self.bf16 = [], in_frames, bf16
         for kernel, stride in ((7, 3), (5, 2), (3, 1), (3, 1)):
             layers += [
                 nn.Conv2d(channels, 16, kernel, stride),
@@ -284,22 +289,24 @@ class RewardNet(nn.Module):
             channels = 16
         self.convs = nn.Sequential(*layers, nn.Flatten())
         self.head = nn.Sequential(nn.Linear(16 * 7 * 7, 64), nn.LeakyReLU(0.01), nn.Linear(64, 1))
-        keep = torch.ones(84, 1)
-        keep[: mask[0]] = 0.0
-        keep[84 - mask[1] :] = 0.0
-        self.register_buffer("keep", keep)
+        scale = torch.full((84, 1), 1 / 255)  # pixels to [0, 1]; the score rows to 0
+        scale[: mask[0]] = 0.0
+        scale[84 - mask[1] :] = 0.0
+        self.register_buffer("scale", scale)
 
     def forward(self, obs):
-        return self.head(self.convs(obs.float() / 255.0 * self.keep)).squeeze(-1)
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
+            features = self.convs(obs * self.scale).float()
+        return self.head(features).squeeze(-1)
 
 
 class RewardEnsemble(nn.Module):
     """Members r̂_e plus each member's normalisation (mean, std); the reward is the average of the members'
     independently normalised outputs, scaled to `output_std`."""
 
-    def __init__(self, size: int, in_frames: int, mask: tuple[int, int], dropout: float, output_std: float):
+    def __init__(self, size: int, in_frames: int, mask: tuple[int, int], dropout: float, output_std: float, bf16=False):
         super().__init__()
-        self.members = nn.ModuleList(RewardNet(in_frames, mask, dropout) for _ in range(size))
+        self.members = nn.ModuleList(RewardNet(in_frames, mask, dropout, bf16) for _ in range(size))
         self.register_buffer("mean", torch.zeros(size))
         self.register_buffer("std", torch.ones(size))
         self.output_std = output_std
@@ -549,7 +556,8 @@ class Shared:
         self.random_actions = True  # pretraining clips come from a random policy
         self.steps = self.updates = self.predictions = self.trained_segments = 0
         self.lag, self.losses = 0.0, {}
-        self.update_lock, self.reward_lock = threading.Lock(), threading.Lock()
+        self.update_lock = threading.Lock()
+        self.reward_net: Optional[nn.Module] = None  # the teacher's latest reward model, published for the trainer
         self.error: Optional[BaseException] = None
 
 
@@ -670,10 +678,11 @@ def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
         rewards = reward_fn(obs[:, 1:], true_rewards)  # r̂ of each post-step observation, computed once
         if ga3c.reward_clip > 0:
             rewards = rewards.clamp(-ga3c.reward_clip, ga3c.reward_clip)
-        logits, values = net(obs.flatten(0, 1))
-        logits, values = logits.view(*obs.shape[:2], -1), values.view(obs.shape[:2])
-        returns = nstep_returns(rewards, values[:, -1].detach(), ga3c.gamma)
-        policy_loss, value_loss, entropy = a3c_loss(logits[:, :-1], values[:, :-1], actions, returns, ga3c.entropy_beta)
+        logits, values = net(obs[:, :-1].flatten(0, 1))
+        logits, values = logits.view(*actions.shape, -1), values.view(actions.shape)
+        with torch.no_grad():
+            returns = nstep_returns(rewards, net(obs[:, -1])[1], ga3c.gamma)  # bootstrapped from V(o_T)
+        policy_loss, value_loss, entropy = a3c_loss(logits, values, actions, returns, ga3c.entropy_beta)
         loss = policy_loss + value_loss
         if not torch.isfinite(loss):
             raise NonFiniteLoss(f"the A3C loss became {loss.item()} at update {shared.updates}")
@@ -885,19 +894,17 @@ class Teacher:
         self.model.train()
         return stats
 
-    def normalise(self, infer_model: RewardEnsemble, shared: Shared):
-        """Refresh each member's output mean/std on recent labelled clips, then publish the weights to the copy
-        the GA3C trainer scores rewards with."""
+    def normalise(self, shared: Shared):
+        """Refresh each member's output mean/std on recent labelled clips, then publish a copy of the ensemble for
+        the GA3C trainer to score rewards with."""
         clips = list(self.frames)[-64:]
-        if not clips:
-            return
         self.model.eval()
         with torch.no_grad():
-            raw = self.model.member_rewards(torch.cat([self.clip_obs(c) for c in clips]))
-            self.model.mean.copy_(raw.mean(1))
-            self.model.std.copy_(raw.std(1).clamp_min(1e-6))
-        with shared.reward_lock:
-            infer_model.load_state_dict(self.model.state_dict())
+            if clips:  # none yet on a resumed run: its restored mean/std are kept
+                raw = self.model.member_rewards(torch.cat([self.clip_obs(c) for c in clips]))
+                self.model.mean.copy_(raw.mean(1))
+                self.model.std.copy_(raw.std(1).clamp_min(1e-6))
+            shared.reward_net = FusedEnsemble(self.model)  # one reference assignment: the trainer never sees half
 
     def accuracy(self) -> float:
         """Share of the last 100 decisive pairwise labels that the normalised ensemble orders correctly."""
@@ -917,33 +924,37 @@ class Teacher:
 # The run: pretraining labels on random play, reward pretraining, GA3C on the learned reward, evaluation
 # ---------------------------------------------------------------------------------------------------------
 def train(args: Args, ctx: dict) -> dict:
-    run_dir, device, stack, learned = ctx["run_dir"], ctx["device"], ctx["stack"], args.labeler != "rl"
+    run_dir, device, stack, learned, bf16 = (
+        ctx["run_dir"],
+        ctx["device"],
+        ctx["stack"],
+        args.labeler != "rl",
+        ctx["bf16"],
+    )
     envs = make_envs(
         ctx["rom"], args.ga3c.workers, stack, ctx["sticky"], args.env, args.ga3c.workers // 2, args.ga3c.env_threads
     )
     num_actions = int(envs.single_action_space.n)
-    net = GA3CNet(max(1, stack), num_actions).to(device)
+    net = GA3CNet(max(1, stack), num_actions, bf16).to(device)
     optimizer = torch.optim.RMSprop(
         net.parameters(), lr=args.ga3c.learning_rate, alpha=args.ga3c.rms_decay, eps=args.ga3c.rms_eps
     )
     shared, rng = Shared(4 * args.ga3c.min_batch_segments), np.random.default_rng(args.seed)
-    teacher = infer = None
+    teacher = None
     if learned:
         model = RewardEnsemble(
-            args.reward.ensemble, max(1, stack), ctx["mask"], args.reward.dropout, args.reward.output_std
+            args.reward.ensemble, max(1, stack), ctx["mask"], args.reward.dropout, args.reward.output_std, bf16
         ).to(device)
-        infer = RewardEnsemble(args.reward.ensemble, max(1, stack), ctx["mask"], 0.0, args.reward.output_std)
-        infer = infer.to(device).eval()
         teacher = Teacher(args, ctx["store"], model, max(1, stack), device, rng)
     progress = restore(ctx["checkpoints"], net, optimizer, teacher, shared)
     if teacher is not None:
-        teacher.normalise(infer, shared)
+        teacher.normalise(shared)
 
     def reward_fn(obs, true_rewards):
         if not learned:
             return true_rewards
-        with shared.reward_lock, torch.no_grad():
-            return infer(obs.flatten(0, 1)).view(true_rewards.shape)
+        with torch.no_grad():
+            return shared.reward_net(obs.flatten(0, 1)).view(true_rewards.shape)
 
     recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, args.ga3c.workers, rng)
     start_thread(shared, run_predictor, envs, net, shared, args.ga3c.t_max, num_actions, recorder, args.seed)
@@ -951,7 +962,7 @@ def train(args: Args, ctx: dict) -> dict:
         start_thread(shared, run_synthetic_labeller, ctx["store"], args.exp_name, shared.stop)
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:
-        learn(args, shared, net, optimizer, teacher, infer, reward_fn, log)
+        learn(args, shared, net, optimizer, teacher, reward_fn, log)
     finally:  # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
         shared.stop.set()
         join_threads(shared)
@@ -966,7 +977,7 @@ def train(args: Args, ctx: dict) -> dict:
     return log.finish(scores)
 
 
-def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], infer, reward_fn, log: "RunLog"):
+def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], reward_fn, log: "RunLog"):
     """Pretraining labels and reward pretraining (learned rewards only), then GA3C with the teacher alongside."""
     progress = log.progress
     # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
@@ -983,7 +994,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
                 log.scalars(teacher.train(min(5, updates - done)), shared.steps)
                 if log.should_stop():
                     break
-            teacher.normalise(infer, shared)
+            teacher.normalise(shared)
             progress["pretrained"] = not log.should_stop()
             shared.random_actions = False
             shared.hold.clear()
@@ -1012,7 +1023,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
                 updates = min(due, 4)
                 log.scalars(teacher.train(updates), shared.steps)
                 trained_until += updates * args.reward.batch_size / args.reward.labels_per_step
-                teacher.normalise(infer, shared)
+                teacher.normalise(shared)
             log.status(f"training the agent, step {shared.steps:,}", answered)
         log.tick(net, optimizer)
 
@@ -1067,6 +1078,46 @@ def main(args: Args) -> int:
 # ---- run management ----------------------------------------------------------------------------------------
 # Everything below is plumbing a reader of the algorithm can skip: validation, resume, logging, signals, files.
 SCRIPT = "preference_ga3c_atari.py"
+
+
+class FusedEnsemble(nn.Module):
+    """The reward ensemble as the trainer scores with it: batch norm folded into the convs and the members stacked as
+    grouped convs, so one pass scores every member (about 2x faster than member by member in bf16 on a CPU)."""
+
+    def __init__(self, model: RewardEnsemble):
+        super().__init__()
+        members, size = model.members, len(model.members)
+        layers, first = [], True
+        for i in range(0, len(members[0].convs) - 1, 4):  # (conv, batch norm, dropout, leaky ReLU) per layer
+            fused = [fuse_conv_bn_eval(m.convs[i], m.convs[i + 1]) for m in members]
+            conv = nn.Conv2d(
+                fused[0].in_channels * (1 if first else size),
+                fused[0].out_channels * size,
+                fused[0].kernel_size,
+                fused[0].stride,
+                groups=1 if first else size,
+            )
+            conv.weight.data, conv.bias.data = torch.cat([f.weight for f in fused]), torch.cat([f.bias for f in fused])
+            layers, first = layers + [conv, nn.LeakyReLU(0.01)], False
+        hidden, side = members[0].head[0].out_features, int((members[0].head[0].in_features // 16) ** 0.5)
+        fc = nn.Conv2d(16 * size, hidden * size, side, groups=size)  # each member's FC as a full-frame conv
+        fc.weight.data = torch.cat([m.head[0].weight.view(hidden, 16, side, side) for m in members])
+        fc.bias.data = torch.cat([m.head[0].bias for m in members])
+        out = nn.Conv2d(hidden * size, size, 1, groups=size)
+        out.weight.data = torch.cat([m.head[2].weight.view(1, hidden, 1, 1) for m in members])
+        out.bias.data = torch.cat([m.head[2].bias for m in members])
+        self.convs = nn.Sequential(*layers).to(model.mean.device)
+        self.head = nn.Sequential(fc, nn.LeakyReLU(0.01), out, nn.Flatten()).to(model.mean.device)
+        self.bf16, self.output_std = members[0].bf16, model.output_std
+        self.register_buffer("scale", members[0].scale.clone())
+        self.register_buffer("mean", model.mean.clone())
+        self.register_buffer("std", model.std.clone())
+
+    def forward(self, obs):
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
+            features = self.convs(obs * self.scale).float()
+        raw = self.head(features)
+        return ((raw - self.mean) / self.std).mean(1) * self.output_std
 
 
 class UsageError(Exception):
@@ -1550,6 +1601,8 @@ def prepare_run(args: Args, ctx: dict):
     """Create the run directory, open the label store (applying --force-new-*), start the labelling app."""
     run_dir = ctx["run_dir"]
     ctx["device"] = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    fast_bf16 = ctx["device"].type == "cuda" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    ctx["bf16"] = args.precision == "bf16" or args.precision == "auto" and fast_bf16
     ctx["store"] = None
     if args.labeler != "rl":
         try:

@@ -89,5 +89,23 @@ PY
         --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
         --reward.labels-per-step 0.1 --torch-threads 1 --labels.store-dir runs/preference_store_bench \
         --exp-name bench0.1 ;;
-  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput"; exit 2 ;;
+  throughput-precision)  # one window, nothing else running: the baseline, then GA3C in bf16 (auto here) and fp32,
+    # with the true reward and with the synthetic labeller at 0.02 label samples per step (the achieved rate recorded)
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy \
+        --train-seconds 120 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+        --reward-model runs/trex_quick/reward_model.pt
+    for precision in bf16 fp32; do
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+          --label "ga3c-rl-$precision" --train-seconds 120 -- python preference_ga3c_atari.py \
+          --env-id BreakoutNoFrameskip-v4 --labeler rl --precision $precision
+    done
+    for precision in bf16 fp32; do
+      rm -rf runs/preference_store_bench_precision
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+          --label "ga3c-synthetic-rate0.02-$precision" --train-seconds 180 --counter-tag reward/updates -- \
+          python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+          --reward.pretrain-epochs 1 --reward.labels-per-step 0.02 --precision $precision \
+          --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-$precision"
+    done ;;
+  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision"; exit 2 ;;
 esac

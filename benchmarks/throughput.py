@@ -96,6 +96,16 @@ def raw_mujoco_sps(env_id: str, num_envs: int, seconds: float, seed: int = 0) ->
     return steps / elapsed
 
 
+def counter_rate(points: list[tuple[int, float, float]], skip_fraction: float) -> dict | None:
+    """Growth per step of a cumulative scalar between the first point after warm-up and the last."""
+    if len(points) < 2:
+        return None
+    first, last = points[min(int(len(points) * skip_fraction), len(points) - 2)], points[-1]
+    per_step = (last[2] - first[2]) / max(1, last[0] - first[0])
+    print(f"counter growth per step after warm-up: {per_step:.5g} (last value {last[2]:g})")
+    return {"last": last[2], "per_step": per_step, "from_step": first[0], "to_step": last[0]}
+
+
 def read_scalars(run_dir: Path, tag: str) -> list[tuple[int, float, float]]:
     """All (step, wall time, value) of one scalar tag from every TensorBoard event file under ``run_dir``, in step
     order."""
@@ -199,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default=None, help="short name for this measurement in the results file")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to throughput.jsonl")
     parser.add_argument(
+        "--counter-tag",
+        action="append",
+        default=[],
+        help="a cumulative scalar (e.g. reward/updates) whose growth per step after warm-up is recorded; repeatable",
+    )
+    parser.add_argument(
         "--in-run-dir",
         action="store_true",
         help="run the command inside the temporary run dir instead of passing --run-dir (baselines "
@@ -219,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         rc, wall = run_training(cmd, tmp / "run", args.train_seconds, args.in_run_dir)
         points = read_scalars(tmp / "run", args.tag)
         values = [v for _, _, v in points]
+        counters = {tag: counter_rate(read_scalars(tmp / "run", tag), args.skip_fraction) for tag in args.counter_tag}
     finally:
         peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         shutil.rmtree(tmp, ignore_errors=True)
@@ -256,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "git_commit": git_commit(),
         "command": " ".join(cmd),
     }
+    if counters:
+        record["counters"] = counters
     if not args.no_record:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         with RESULTS.open("a") as f:

@@ -128,6 +128,26 @@ def test_ensemble_output_is_normalised():
     assert 0.0 < out.std().item() <= 0.05 + 1e-6
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fused_copy_scores_like_the_ensemble(bf16):
+    torch.manual_seed(0)
+    ens = pref.RewardEnsemble(3, 4, (10, 5), dropout=0.5, output_std=0.05, bf16=bf16)
+    for module in ens.modules():  # non-trivial batch-norm statistics, so folding them is tested
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.1, 0.1), module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.5, 1.5), module.bias.data.uniform_(-0.1, 0.1)
+    ens.eval()
+    obs = torch.randint(0, 255, (40, 4, 84, 84), dtype=torch.uint8)
+    obs[::2, :, 30:50, 30:50] = 255  # half the frames differ in a block, so rewards spread
+    with torch.no_grad():
+        raw = ens.member_rewards(obs)
+        ens.mean.copy_(raw.mean(1)), ens.std.copy_(raw.std(1))
+        expected, fused = ens(obs), pref.FusedEnsemble(ens)(obs)
+    tolerance = 0.1 if bf16 else 1e-4  # relative to the output std (0.05): bf16 keeps about 3 digits
+    assert (fused - expected).abs().max().item() < tolerance * 0.05
+    assert fused.std().item() > 0.02
+
+
 # ---- the red-black sort tree ---------------------------------------------------------------------------------------
 def insert_by_oracle(tree, clip, value, values):
     """Insert a clip, answering each comparison from hidden values (the synthetic labeller's rule)."""
@@ -244,10 +264,11 @@ class ToyVectorEnv:
         return self.frames(ids), reward, none, none, {"env_id": ids}
 
 
-def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward():
+@pytest.mark.parametrize("bf16", [False, True])
+def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward(bf16):
     torch.manual_seed(0)
     envs = ToyVectorEnv(8, 8)
-    net = pref.GA3CNet(1, 2)
+    net = pref.GA3CNet(1, 2, bf16)
     optimizer = torch.optim.RMSprop(net.parameters(), lr=1e-3, alpha=0.99, eps=0.1)
     ga3c = pref.GA3CArgs(t_max=5, min_batch_segments=8, gamma=0.0, entropy_beta=0.01)
     shared = pref.Shared(32)
@@ -298,14 +319,14 @@ def synthetic_clip(rng, quality: float, length: int = 6) -> dict:
     return {"frames": frames, "actions": np.zeros(length, np.int64), "true_rewards": rewards, "source": f"q={quality}"}
 
 
-def make_teacher(tmp_path, feedback="pairwise", **reward):
+def make_teacher(tmp_path, feedback="pairwise", bf16=False, **reward):
     from preference_ga3c_atari import LabelStore
 
     args = pref.Args(feedback=feedback, exp_name="behaviour")
     args.labels.clip_length, args.labels.candidates = 6, 4
     args.reward = dataclasses.replace(args.reward, **reward)
     store = LabelStore(tmp_path / "store", "PongNoFrameskip-v4")
-    model = pref.RewardEnsemble(args.reward.ensemble, 1, (10, 0), args.reward.dropout, args.reward.output_std)
+    model = pref.RewardEnsemble(args.reward.ensemble, 1, (10, 0), args.reward.dropout, args.reward.output_std, bf16)
     return pref.Teacher(args, store, model, 1, torch.device("cpu"), np.random.default_rng(0)), store
 
 
@@ -321,12 +342,12 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-@pytest.mark.parametrize("feedback", ["pairwise", "sort-tree"])
-def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, feedback):
+@pytest.mark.parametrize("feedback, bf16", [("pairwise", False), ("sort-tree", False), ("pairwise", True)])
+def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, feedback, bf16):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     qualities = [0.05, 0.25, 0.5, 0.75, 0.95]
-    teacher, store = make_teacher(tmp_path, feedback, ensemble=2, batch_size=8, dropout=0.0, lr=1e-3)
+    teacher, store = make_teacher(tmp_path, feedback, bf16, ensemble=2, batch_size=8, dropout=0.0, lr=1e-3)
     for _ in range(6):  # clips arrive, queries are asked and answered, as in a run
         teacher.add_clips([synthetic_clip(rng, qualities[i % 5]) for i in range(10)])
         teacher.ask(10)
