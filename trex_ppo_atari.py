@@ -117,14 +117,15 @@ class PolicyArgs:
     """Phase 4: PPO on the learned reward."""
 
     total_timesteps: int = 12_500_000  # agent steps (the paper's 50M frames at frameskip 4)
-    reward: Literal["sigmoid", "raw", "normalized", "env"] = "sigmoid"  # sigmoid(r̂(s')) as the paper; env: ablation
+    reward: Literal["sigmoid", "raw", "normalized", "env"] = "sigmoid"
+    """sigmoid(r̂(s')) as the paper; raw r̂; r̂ normalised by running stats; env = clipped true reward (ablation)"""
 
 
 @dataclass
 class EvalArgs:
     """Phase 5 (and --eval-only): full games, stochastic policy."""
 
-    seeds: list[int] = field(default_factory=lambda: [1234, 12345, 123456])  # the paper: best mean of 3 seeds
+    seeds: list[int] = field(default_factory=lambda: [1234, 12345, 123456])  # evaluation seeds (paper: best mean of 3)
     episodes: int = 30  # full games per seed
     num_envs: int = 8  # parallel environments for evaluation
 
@@ -143,8 +144,9 @@ class Args:
     env_id: str = "BreakoutNoFrameskip-v4"  # gymnasium-style Atari id (BreakoutNoFrameskip-v4, ALE/Breakout-v5)
     run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{time}; an existing one is resumed
     demos: Optional[str] = None  # npz of your own demonstrations (skips phases 1-2); format in docs/trex_ppo_atari.md
-    reward_model: Optional[str] = None  # a reward_model.pt of this script (skips phases 1-3; 1-2 if --demos too)
-    stop_after: Optional[Literal["demonstrator", "demos", "reward", "policy"]] = None  # re-running continues
+    reward_model: Optional[str] = None  # a reward_model.pt saved by this script (skips phases 1-3)
+    stop_after: Optional[Literal["demonstrator", "demos", "reward", "policy"]] = None
+    """stop after this phase; re-running with the same --run-dir continues"""
     checkpoint_every: int = 10  # PPO iterations between resume checkpoints (also at the end and on SIGINT/SIGTERM)
     eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt with --eval.*, into RUN_DIR/evaluations/eval_NNN.json
     env: EnvArgs = field(default_factory=EnvArgs)
