@@ -107,5 +107,15 @@ PY
           --reward.pretrain-epochs 1 --reward.labels-per-step 0.02 --precision $precision \
           --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-$precision"
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision"; exit 2 ;;
+  throughput-rate)  # the synthetic labeller at a training rate a 2-core CPU can carry (bf16, after the window above)
+    rm -rf runs/preference_store_bench_precision
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+        --label "ga3c-synthetic-rate${RATE:-0.003}-bf16" --train-seconds 180 --counter-tag reward/updates -- \
+        python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+        --reward.pretrain-epochs 1 --reward.labels-per-step "${RATE:-0.003}" \
+        --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate" ;;
+  reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
+    python benchmarks/preference_reward_precision.py ;;
+  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision|throughput-rate|reward-precision"
+     exit 2 ;;
 esac
