@@ -763,12 +763,14 @@ class Teacher:
             [self.rng.choice(len(pool), 2, replace=False) for _ in range(count * self.args.labels.candidates)]
         )
         if self.args.labels.query == "disagreement":
-            stale = [p for p in pool if p.get("sums_version") != self.updates]  # scored once per model version
+            needed = np.unique(pairs)  # only clips in some candidate pair are scored, once per model version
+            stale = [pool[i] for i in needed if pool[i].get("sums_version") != self.updates]
             if stale:
                 for clip, sums in zip(stale, self.member_sums([p["frames"] for p in stale]).T):
                     clip["sums"], clip["sums_version"] = sums, self.updates
-            sums = torch.stack([p["sums"] for p in pool], dim=1)  # (E, clips)
-            probs = torch.sigmoid(sums[:, pairs[:, 0]] - sums[:, pairs[:, 1]])
+            sums = torch.stack([pool[i]["sums"] for i in needed], dim=1)  # (E, needed clips)
+            column = np.searchsorted(needed, pairs)
+            probs = torch.sigmoid(sums[:, column[:, 0]] - sums[:, column[:, 1]])
             order = torch.argsort(disagreement(probs), descending=True).cpu().numpy()
         else:
             order = np.arange(len(pairs))
@@ -837,7 +839,7 @@ class Teacher:
             obs = torch.cat(
                 [clip_observations(torch.as_tensor(f, device=self.device), self.stack) for f in frames_list]
             )
-            raw = self.model.member_rewards(obs)
+            raw = FusedEnsemble(self.model).member_rewards(obs)
         return raw.view(raw.shape[0], len(frames_list), -1).sum(-1)
 
     def train(self, updates: int) -> dict:
@@ -900,11 +902,13 @@ class Teacher:
         clips = list(self.frames)[-64:]
         self.model.eval()
         with torch.no_grad():
+            fused = FusedEnsemble(self.model)
             if clips:  # none yet on a resumed run: its restored mean/std are kept
-                raw = self.model.member_rewards(torch.cat([self.clip_obs(c) for c in clips]))
-                self.model.mean.copy_(raw.mean(1))
-                self.model.std.copy_(raw.std(1).clamp_min(1e-6))
-            shared.reward_net = FusedEnsemble(self.model)  # one reference assignment: the trainer never sees half
+                raw = fused.member_rewards(torch.cat([self.clip_obs(c) for c in clips]))
+                for model in (self.model, fused):
+                    model.mean.copy_(raw.mean(1))
+                    model.std.copy_(raw.std(1).clamp_min(1e-6))
+            shared.reward_net = fused  # one reference assignment: the trainer never sees half an update
 
     def accuracy(self) -> float:
         """Share of the last 100 decisive pairwise labels that the normalised ensemble orders correctly."""
@@ -1113,11 +1117,14 @@ class FusedEnsemble(nn.Module):
         self.register_buffer("mean", model.mean.clone())
         self.register_buffer("std", model.std.clone())
 
-    def forward(self, obs):
+    def member_rewards(self, obs):
+        """(E, N) raw r̂ of every member, as RewardEnsemble.member_rewards in eval mode."""
         with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
             features = self.convs(obs * self.scale).float()
-        raw = self.head(features)
-        return ((raw - self.mean) / self.std).mean(1) * self.output_std
+        return self.head(features).T
+
+    def forward(self, obs):
+        return ((self.member_rewards(obs) - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
 
 
 class UsageError(Exception):

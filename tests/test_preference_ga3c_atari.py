@@ -142,9 +142,11 @@ def test_fused_copy_scores_like_the_ensemble(bf16):
     with torch.no_grad():
         raw = ens.member_rewards(obs)
         ens.mean.copy_(raw.mean(1)), ens.std.copy_(raw.std(1))
-        expected, fused = ens(obs), pref.FusedEnsemble(ens)(obs)
+        copy = pref.FusedEnsemble(ens)
+        expected, fused, fused_raw = ens(obs), copy(obs), copy.member_rewards(obs)
     tolerance = 0.1 if bf16 else 1e-4  # relative to the output std (0.05): bf16 keeps about 3 digits
     assert (fused - expected).abs().max().item() < tolerance * 0.05
+    assert fused_raw.shape == raw.shape and ((fused_raw - raw).abs() / raw.std(1, keepdim=True)).max() < tolerance
     assert fused.std().item() > 0.02
 
 
