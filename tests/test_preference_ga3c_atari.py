@@ -146,7 +146,8 @@ def test_fused_copy_scores_like_the_ensemble(bf16):
         expected, fused, fused_raw = ens(obs), copy(obs), copy.member_rewards(obs)
     tolerance = 0.1 if bf16 else 1e-4  # relative to the output std (0.05): bf16 keeps about 3 digits
     assert (fused - expected).abs().max().item() < tolerance * 0.05
-    assert fused_raw.shape == raw.shape and ((fused_raw - raw).abs() / raw.std(1, keepdim=True)).max() < tolerance
+    assert fused_raw.shape == raw.shape  # raw outputs: each member alone, so twice the averaged output's tolerance
+    assert ((fused_raw - raw).abs() / raw.std(1, keepdim=True)).max() < 2 * tolerance
     assert fused.std().item() > 0.02
 
 
