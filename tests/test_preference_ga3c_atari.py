@@ -277,6 +277,14 @@ def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward(bf16):
     shared = pref.Shared(32)
     shared.random_actions = False
     recorder = pref.ClipRecorder(5, 1, 1, 8, np.random.default_rng(0))
+    envs.state[:2] = [0, 1]  # a probe of both states (the rewarded action equals the state)
+    probe = torch.from_numpy(envs.frames([0, 1]))
+
+    def p_rewarded() -> float:
+        with torch.no_grad():
+            return torch.softmax(net(probe)[0], -1)[[0, 1], [0, 1]].mean().item()
+
+    before = p_rewarded()
     pref.start_thread(shared, pref.run_predictor, envs, net, shared, 5, 2, recorder, 0)
     pref.start_thread(shared, pref.run_trainer, net, optimizer, lambda obs, true: true, shared, ga3c)
     deadline = time.time() + 60
@@ -286,8 +294,8 @@ def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward(bf16):
     pref.join_threads(shared)
     assert shared.error is None
     assert shared.updates >= 100
-    assert np.mean(envs.rewards[:400]) < 0.7  # it starts at chance
-    assert np.mean(envs.rewards[-800:]) > 0.9  # and learns the rewarded action
+    assert 0.3 < before < 0.7  # it starts at chance (the first games' rewards depend on thread timing)
+    assert p_rewarded() > 0.9 and np.mean(envs.rewards[-800:]) > 0.9  # and learns the rewarded action
     assert shared.lag >= 0
 
 
