@@ -4,6 +4,7 @@ run on PointMaze UMaze with the user contract (policy.pt, eval-only), resume, an
 import dataclasses
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -371,7 +372,7 @@ def _validate(tmp_path, **overrides):
 
 
 def _numeric_fields():
-    for group in ("expert", "model", "hyper", "actor", "disc", "eval"):
+    for group in ("expert", "model", "hyper", "actor", "disc", "reacher", "eval"):
         for f in dataclasses.fields(getattr(mb.Args(), group)):
             if f.type in (int, float, int | None, float | None):
                 yield group, f.name
@@ -406,6 +407,8 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
         "grad_clip",
         "gp_weight",
         "gp_target",
+        "learning_starts",
+        "ctrl_cost",
     }
     if name in zero_ok:  # 0 is a documented valid value
         mb.RunContext.validate(args)
@@ -502,8 +505,14 @@ def test_antmaze_flat_layout_is_31_d_and_leaves_no_temp_xml(antmaze_demos):
 
 
 def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
-    with pytest.raises(mb.UsageError, match="expert-path"):
-        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(experts_dir=str(tmp_path / "none")))
+    no_data = {"expert": mb.ExpertArgs(experts_dir=str(tmp_path / "none"))}
+    with pytest.raises(mb.UsageError, match="train-goal-reacher.*expert-path"):  # no controller, no data
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", reacher=mb.ReacherArgs(path=str(tmp_path / "no.pt")), **no_data)
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    mb.save_policy(tmp_path / "plain.pt", mb.GaussianActor(31, 8, 16), "AntMaze_UMaze-v5")  # a HyPER policy.pt
+    for name in ("junk.pt", "plain.pt"):
+        with pytest.raises(mb.UsageError, match="not a goal-reaching Ant controller"):
+            _validate(tmp_path, env_id="AntMaze_UMaze-v5", reacher=mb.ReacherArgs(path=str(tmp_path / name)), **no_data)
     path = tmp_path / "point.npz"
     np.savez(path, **umaze_demos)
     with pytest.raises(mb.UsageError, match="not AntMaze_UMaze-v5"):
@@ -532,6 +541,114 @@ def test_antmaze_smoke_run_with_given_expert_file(run_script, run_dir, tmp_path,
     assert res["env_id"] == "AntMaze_UMaze-v5" and res["real_steps"] == 300 and res["disc_env_steps"] == 700
     assert (run_dir / "maze.png").is_file() and (run_dir / "policy.pt").is_file()
     assert mb.load_policy(str(run_dir / "policy.pt")).config["obs_dim"] == 31
+
+
+# --------------------------------------------------------------------------------- phase 0: the Ant goal reacher
+def test_torso_yaw_and_the_controller_input_in_the_heading_frame():
+    quarter = np.array([math.cos(math.pi / 4), 0, 0, math.sin(math.pi / 4)])  # facing +y
+    assert np.isclose(mb.torso_yaw(quarter), math.pi / 2) and np.isclose(mb.torso_yaw(np.array([1.0, 0, 0, 0])), 0)
+    ant = np.zeros(27)
+    ant[1:5] = quarter
+    x = mb.reacher_obs(ant, np.array([1.0, 1.0]), np.array([1.0, 3.0]), max_dist=6.0)
+    assert x.shape == (29,) and np.allclose(x[:27], ant) and np.allclose(x[27:], [2.0, 0.0], atol=1e-6)  # ahead
+    x = mb.reacher_obs(ant, np.array([1.0, 1.0]), np.array([-9.0, 1.0]), max_dist=6.0)  # 10 m to the right: clipped
+    assert np.allclose(x[27:], [0.0, 6.0], atol=1e-6)
+
+
+def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
+    r = mb.ReacherArgs(num_envs=1, episode_steps=5)
+    envs = mb.GoalReachAnt(r, seed=0)
+    xy = envs.state[0, :2].copy()
+    envs.goal[0] = xy + [3.0, 0.0]
+    action = np.full((1, 8), 0.5, np.float32)
+    next_obs, reward, term, trunc = envs.step(action)
+    after = np.linalg.norm(xy + [3.0, 0.0] - envs.state[0, :2])
+    assert np.isclose(reward[0], (3.0 - after) / 0.05 + 1.0 - 0.5 * 8 * 0.25, atol=1e-4) and not term[0]
+    assert np.allclose(next_obs[0, :27], envs.state[0, 2:]) and next_obs.dtype == np.float32
+    envs.goal[0] = envs.state[0, :2] + [0.05, 0.0]  # within 0.45 m after the next step: a new goal 1-6 m away
+    envs.step(np.zeros((1, 8), np.float32))
+    assert envs.reached[0] == 1 and 1.0 - 0.2 <= np.linalg.norm(envs.goal[0] - envs.state[0, :2]) <= 6.0 + 0.2
+    for _ in range(3):
+        *_, trunc = envs.step(np.zeros((1, 8), np.float32))
+    assert trunc[0] and envs.finished == [{"env": 0, "goals": 1, "length": 5, "fell": False}] and envs.t[0] == 0
+
+
+def test_planner_ant_hands_the_current_waypoint_to_the_controller_in_its_frame():
+    class Recorder:
+        max_dist, inputs = 6.0, []
+
+        def act(self, x):
+            self.inputs.append(x[0])
+            return np.full((1, 8), 2.0, np.float32)  # out of range: the expert clips
+
+    env = mb.make_env("AntMaze_UMaze-v5")
+    obs, _ = env.reset(seed=0)
+    planner = mb.PlannerAnt(mb.ExpertArgs(action_noise=0.0), np.random.default_rng(0), Recorder())
+    planner.reset(env.unwrapped.maze, obs)
+    action = planner(obs)
+    env.close()
+    assert np.all(action == 1.0)
+    expected = mb.reacher_obs(obs[2:29], obs[:2], planner.waypoints[planner.k], 6.0)
+    assert np.allclose(Recorder.inputs[0], expected)
+
+
+@pytest.mark.slow
+def test_goal_reacher_training_writes_the_controller_resumes_and_drives_the_antmaze_expert(
+    run_script, run_dir, tmp_path
+):
+    ctl = tmp_path / "ctl" / "reacher.pt"
+    tiny = ["--train-goal-reacher", "--run-dir", str(run_dir), "--reacher.path", str(ctl), "--reacher.num-envs", "2",
+            "--reacher.total-timesteps", "1200", "--reacher.learning-starts", "200", "--reacher.episode-steps", "150",
+            "--reacher.hidden", "32", "--reacher.batch-size", "64", "--reacher.eval-episodes", "2",
+            "--eval.frequency", "600", "--eval.log-frequency", "100", "--eval.checkpoint-frequency", "400"]  # fmt: skip
+    cmd = [sys.executable, str(REPO_ROOT / "mbirl_antmaze.py"), *tiny]
+    rc, _, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "reacher.pt", wait_s=180)
+    assert rc == 130, err[-2000:]
+    saved = torch.load(run_dir / "checkpoints" / "reacher.pt", weights_only=False)["counters"]["step"]
+    assert 0 < saved < 1200 and not ctl.exists()
+    rc, out, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, timeout=300)
+    assert rc == 0, err[-2000:]
+    assert f"resumed at step {saved}" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    meta = json.loads(ctl.with_suffix(".json").read_text())
+    assert res["steps"] == meta["steps"] == 1200 and [h["step"] for h in res["history"]][-1] == 1200
+    assert 0 <= meta["final_eval"]["fall_rate"] <= 1 and "--train-goal-reacher" in meta["made_by"][0]
+    reacher = mb.load_policy(ctl)
+    assert reacher.max_dist == 6.0 and reacher.config == {"obs_dim": 29, "act_dim": 8, "hidden": 32}
+    # the controller then makes AntMaze expert data (planner + controller) and HyPER runs on it
+    experts, run2 = tmp_path / "experts", tmp_path / "run2"
+    rc, out, err = run_script(
+        "mbirl_antmaze.py", "--env-id", "AntMaze_UMaze-v5", "--run-dir", run2, "--reacher.path", ctl,
+        "--expert.experts-dir", experts, "--expert.num-demos", "1", "--hyper.total-timesteps", "200",
+        "--hyper.exploration-steps", "50", "--hyper.bc-init-steps", "10", "--hyper.freq-train-model", "100",
+        "--hyper.rollout-batch-size", "100", "--hyper.updates-per-step", "1", "--disc.every", "200",
+        "--disc.trajectories", "1", "--disc.batch-size", "64", "--eval.frequency", "200", "--eval.episodes", "1",
+        "--model.hidden", "16", "--model.max-epochs", "2", "--actor.hidden", "32", "--disc.hidden", "32", timeout=300,
+    )  # fmt: skip
+    assert rc == 0, err[-3000:]
+    assert "goal-reaching Ant controller reacher.pt" in out
+    meta = json.loads((experts / "AntMaze_UMaze-v5" / "expert_meta.json").read_text())
+    assert meta["controller"] == "BFS planner + goal-reaching Ant controller reacher.pt" and meta["num_demos"] == 1
+
+
+def test_goal_reacher_bad_input(tmp_path):
+    with pytest.raises(mb.UsageError, match="goal-min"):
+        _validate(tmp_path, train_goal_reacher=True, reacher=mb.ReacherArgs(goal_min=7.0, goal_max=6.0))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root writes anywhere)
+            with pytest.raises(mb.UsageError, match="not writable"):
+                _validate(tmp_path, train_goal_reacher=True, reacher=mb.ReacherArgs(path=str(locked / "a" / "c.pt")))
+    finally:
+        locked.chmod(0o700)
+    other = tmp_path / "run"
+    other.mkdir()
+    (other / "args.json").write_text(json.dumps({"script": "mbirl_antmaze.py", "env_id": ENV}))
+    with pytest.raises(mb.UsageError, match="not mbirl_antmaze.py on --train-goal-reacher"):
+        _validate(tmp_path, train_goal_reacher=True)
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 # --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
