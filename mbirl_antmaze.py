@@ -1302,16 +1302,20 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
                 start = source.sample(h.rollout_batch_size, gen)[0]
                 last.update(rollout_from_expert=float(source is expert))
             length = rollout_length_at(step // h.epoch_length, schedule)
-            learner.add(
-                *model_rollout(model, elites, agent.actor, start, length, args.actor.expl_noise, done_fn, gen, goal)
+            t0 = time.perf_counter()
+            rollouts = model_rollout(
+                model, elites, agent.actor, start, length, args.actor.expl_noise, done_fn, gen, goal
             )
+            learner.add(*rollouts)  # (the rollout's own early stop syncs with the device, so the clock is honest)
             last.update(
-                model_epochs=info["epochs"], model_val_mse=float(np.mean(info["val_mse"])), rollout_length=length
-            )
+                model_epochs=info["epochs"], model_val_mse=float(np.mean(info["val_mse"])), rollout_length=length,
+                rollout_sps=len(rollouts[0]) / (time.perf_counter() - t0),
+            )  # fmt: skip
 
         # 3. Actor updates on model rollouts (mazes: half model rollouts, half expert transitions, as the reference's
         #    TD3+BC hybrid), all relabelled with the current discriminator.
         n_model = args.actor.batch_size // 2 if maze else args.actor.batch_size
+        t0 = time.perf_counter()
         for _ in range(h.updates_per_step):
             o, a, no, d = learner.sample(n_model, gen)
             if maze:
@@ -1320,6 +1324,9 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
             with torch.no_grad():
                 reward = -disc(torch.cat([o, a], -1))
             last.update(agent.update(o, a, no, d, reward))
+        if h.updates_per_step and step % args.eval.log_frequency == 0:  # timed at logging steps only (a sync)
+            float(last["critic_loss"])
+            last["actor_updates_per_s"] = h.updates_per_step / (time.perf_counter() - t0)
 
         # 4. The discriminator: fresh real trajectories of the current policy (their steps counted).
         if step % args.disc.every == 0:

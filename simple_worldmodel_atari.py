@@ -792,6 +792,7 @@ def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, c
                          "more steps per env (--loop.real-steps) or lower --wm.target-frames")  # fmt: skip
     model.train()
     bar = progress_bar(steps, f"epoch {state['epoch']} world model", state["phase_step"])
+    t_log, step_log = time.time(), state["wm_step"]
     while state["phase_step"] < steps:
         batch = data.sequences(windows[rng.integers(0, len(windows), cfg.batch_size)], cfg.target_frames)
         frames, actions, rewards = (t.to(device) for t in batch)
@@ -812,6 +813,10 @@ def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, c
                                ("train_reward_accuracy", info["reward_accuracy"])):  # fmt: skip
                 w.add_scalar(f"world_model/{key}", float(value.detach()), state["wm_step"])
             w.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], state["wm_step"])
+            w.add_scalar(
+                "world_model/steps_per_s", (state["wm_step"] - step_log) / (time.time() - t_log), state["wm_step"]
+            )
+            t_log, step_log = time.time(), state["wm_step"]
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
         maybe_checkpoint(ctx, state, state["phase_step"])
     bar.close()

@@ -79,6 +79,11 @@ def raw_atari_sps(env_id: str, num_envs: int, seconds: float, seed: int = 0) -> 
 def raw_mujoco_sps(env_id: str, num_envs: int, seconds: float, seed: int = 0) -> float:
     import gymnasium as gym
 
+    if "Maze" in env_id:  # PointMaze / AntMaze live in gymnasium-robotics
+        import gymnasium_robotics
+
+        gym.register_envs(gymnasium_robotics)
+
     envs = [gym.make(env_id) for _ in range(num_envs)]
     for i, env in enumerate(envs):
         env.reset(seed=seed + i)
@@ -215,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a cumulative scalar (e.g. reward/updates) whose growth per step after warm-up is recorded; repeatable",
     )
     parser.add_argument(
+        "--also-tag",
+        action="append",
+        default=[],
+        help="another rate-like scalar (e.g. hyper/rollout_sps) whose median after warm-up is recorded; repeatable",
+    )
+    parser.add_argument(
         "--in-run-dir",
         action="store_true",
         help="run the command inside the temporary run dir instead of passing --run-dir (baselines "
@@ -236,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         points = read_scalars(tmp / "run", args.tag)
         values = [v for _, _, v in points]
         counters = {tag: counter_rate(read_scalars(tmp / "run", tag), args.skip_fraction) for tag in args.counter_tag}
+        also = {}
+        for tag in args.also_tag:
+            vals = [v for _, _, v in read_scalars(tmp / "run", tag)]
+            also[tag] = round(after_warmup_median(vals, args.skip_fraction), 2) if vals else None
+            print(f"{tag}: median after warm-up {also[tag]} ({len(vals)} values)")
     finally:
         peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         shutil.rmtree(tmp, ignore_errors=True)
@@ -275,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if counters:
         record["counters"] = counters
+    if also:
+        record["also"] = also
     if not args.no_record:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         with RESULTS.open("a") as f:

@@ -62,6 +62,7 @@ def test_alternate_keeps_only_iterations_inside_a_running_window():
 def test_raw_env_measurements_are_positive():
     assert throughput.raw_atari_sps("BreakoutNoFrameskip-v4", num_envs=2, seconds=0.5) > 0
     assert throughput.raw_mujoco_sps("InvertedPendulum-v5", num_envs=1, seconds=0.3) > 0
+    assert throughput.raw_mujoco_sps("PointMaze_UMaze-v3", num_envs=1, seconds=0.3) > 0  # gymnasium-robotics
 
 
 FAKE_SCRIPT = textwrap.dedent(
@@ -83,9 +84,12 @@ def test_harness_end_to_end_reads_the_scripts_sps_and_records_it(tmp_path, monke
     results = tmp_path / "throughput.jsonl"
     monkeypatch.setattr(throughput, "RESULTS", results)
     harness = ["mujoco", "--env-id", "InvertedPendulum-v5", "--seconds", "0.3", "--label", "fake"]
-    rc = throughput.main([*harness, "--", sys.executable, str(script)])
+    rc = throughput.main(
+        [*harness, "--also-tag", "charts/SPS", "--also-tag", "none", "--", sys.executable, str(script)]
+    )
     assert rc == 0
     record = json.loads(results.read_text().splitlines()[-1])
+    assert record["also"] == {"charts/SPS": 200.0, "none": None}
     # 5 values, skip 20 % -> median of [100, 200, 200, 300] = 200.
     assert record["train_sps"] == 200.0
     assert record["ratio"] == pytest.approx(200.0 / record["raw_env_sps"], abs=1e-4)

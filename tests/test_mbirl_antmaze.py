@@ -299,6 +299,12 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     ):
         assert (run_dir / name).is_file(), name
     assert list(run_dir.glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    for tag in ("hyper/rollout_sps", "hyper/actor_updates_per_s", "charts/SPS"):  # what the benchmarks read
+        assert tag in acc.Tags()["scalars"] and all(e.value > 0 for e in acc.Scalars(tag)), tag
     import cv2
 
     video = cv2.VideoCapture(str(run_dir / "videos" / "final.webm"))

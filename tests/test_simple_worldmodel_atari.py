@@ -329,9 +329,9 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     for name in ("policy.pt", "world_model.pt", "wm_strip.png", "learning_curve.png", "checkpoints/state.pt"):
         assert (run_dir / name).stat().st_size > 0, name
     t = tags(run_dir)
-    for tag in ("world_model/loss", "world_model/eval_frame_mse_8", "world_model/eval_copy_frame_mse_8",
-                "world_model/eval_reward_accuracy_8", "sim/rollout_return", "sim/SPS", "charts/SPS",
-                "eval/episodic_return"):  # fmt: skip
+    for tag in ("world_model/loss", "world_model/steps_per_s", "world_model/eval_frame_mse_8",
+                "world_model/eval_copy_frame_mse_8", "world_model/eval_reward_accuracy_8", "sim/rollout_return",
+                "sim/SPS", "charts/SPS", "eval/episodic_return"):  # fmt: skip
         assert tag in t, tag
     assert not list(run_dir.rglob("*.tmp"))
 
