@@ -232,6 +232,9 @@ class Args:
     """record the first game of each evaluation to run_dir/videos/ (VP9 WebM)"""
     torch_threads: int = 0
     """CPU threads for torch (0 = torch's default)"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """world model's convolutions in bf16 autocast (weights, optimiser, heads, LSTM prior, losses stay fp32);
+    auto = bf16 on a CUDA GPU with bf16 or an AVX-512 CPU (paper-size model 1.45x faster on one), else fp32"""
     env_id: str = "PongNoFrameskip-v4"
     """gymnasium-style Atari id (PongNoFrameskip-v4, ALE/Pong-v5)"""
     mode: Literal["simple", "model-free", "world-model-only", "play"] = "simple"
@@ -528,10 +531,17 @@ class WorldModel(nn.Module):
             self.bits_in = Injection(cfg.bits, mid)
             self.prior = BitPrior(mid * bh * bw, cfg.bits, cfg.lstm_size)
 
+    bf16 = False  # set from --precision: convolutions under bf16 autocast; heads, LSTM prior and losses in fp32
+
     def forward(self, frames, actions, target=None, step: int = 0, latent_temperature: float = 1.0):
         """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, 256, C, H, W), reward logits (B, 3),
         auxiliary loss (the prior's cross-entropy; 0 outside stochastic training). The posterior is used only in
         training mode with a target frame; otherwise the bits come from the LSTM prior."""
+        with torch.autocast(frames.device.type, torch.bfloat16, enabled=self.bf16):
+            logits, features, aux = self.trunk(frames, actions, target, step, latent_temperature)
+        return logits.float(), self.reward_head(features.float()), aux
+
+    def trunk(self, frames, actions, target, step: int, latent_temperature: float):
         cfg = self.cfg
         a = F.one_hot(actions, self.num_actions).float()
         x = add_timing(self.embed(standardize_frames(frames)))
@@ -555,15 +565,19 @@ class WorldModel(nn.Module):
             x = add_timing(norm(x + skip))
         B, _, H, W = x.shape
         logits = self.frame_head(x).view(B, -1, 256, H, W).transpose(1, 2)
-        reward_logits = self.reward_head(torch.cat([x_mid, x.mean((2, 3))], dim=1))
-        return logits, reward_logits, aux
+        return logits, torch.cat([x_mid, x.mean((2, 3))], dim=1), aux
 
     def inject_latent(self, x, frames, actions, target, step, latent_temperature):
-        cfg, B = self.cfg, x.shape[0]
+        with torch.autocast(x.device.type, enabled=False):  # the LSTM prior stays fp32
+            return self._inject_latent(x, frames, actions, target, step, latent_temperature)
+
+    def _inject_latent(self, x, frames, actions, target, step, latent_temperature):
+        cfg, B, x = self.cfg, x.shape[0], x.float()
         context = x.flatten(1)
         if not (self.training and target is not None):
             return self.bits_in(x, self.prior.sample(context, latent_temperature)), x.new_zeros(())
-        post_logits = self.inference(frames, target, actions)
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.bf16):  # the inference net's convolutions
+            post_logits = self.inference(frames, target, actions).float()
         bits, soft = discrete_latent(post_logits, cfg.bit_noise, cfg.bit_flip, training=True)
         hard = torch.rand(B, device=x.device) < min(1.0, step / max(1, cfg.discretize_warmup))
         bits = torch.where(hard[:, None], bits, soft)  # warm-up: continuous tanh for a falling share of examples
@@ -1499,6 +1513,9 @@ def setup_run(args: Args, ctx: dict):
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     ctx["device"] = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    fast_bf16 = (torch.cuda.is_bf16_supported() if ctx["device"].type == "cuda"
+                 else torch.backends.cpu.get_cpu_capability().startswith("AVX512"))  # fmt: skip
+    ctx["bf16"] = args.precision == "bf16" or (args.precision == "auto" and fast_bf16)
     ctx["rng"] = np.random.default_rng(args.seed)
     ctx.setdefault("data", RealData())
     ctx["num_actions"] = num_actions_of(ctx["rom"])
@@ -1539,6 +1556,7 @@ def build_modules(args: Args, ctx: dict):
     if args.mode != "model-free":
         wm_cfg = WorldModelArgs(**ctx["world_model_ck"]["config"]) if args.world_model else args.wm
         model = WorldModel(ctx["num_actions"], FRAME_SHAPE, wm_cfg).to(device)
+        model.bf16 = ctx["bf16"]
         if args.world_model:
             model.load_state_dict(ctx["world_model_ck"]["state_dict"])
         opt = make_wm_optimizer(model, args.wm)

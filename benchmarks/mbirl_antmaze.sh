@@ -28,3 +28,25 @@ if [ "${1:-}" = pointmaze_large ]; then
     --hyper.updates-per-step 2 --model.max-epochs 25 --eval.frequency 1000 --eval.episodes 25 \
     > $OUT/pointmaze_large.log 2>&1
 fi
+
+# 3. Throughput (issue 14: model rollouts >= 5x the real env's steps/s on the 2-core CPU, >= 100x on an H100/H200).
+#    AntMaze UMaze with 20 episodes of random-action demos ($OUT/random_ant.npz): the rates do not depend on what
+#    the data show. Maze defaults (7 x 4 x 200 ensemble, 50,000 rollout starts, 20 actor updates per real step), the
+#    model retrained and the rollouts refilled every 200 real steps so a 4-minute run sees several refills; each
+#    (re)training capped at 5 epochs. Main tag: hyper/rollout_sps (simulated transitions per second of rollout time)
+#    against the harness's raw AntMaze steps/s; also the loop's real steps/s and actor updates/s. Nothing else may
+#    run (the harness records the load average).
+if [ "${1:-}" = throughput ]; then
+  python -c "
+import sys, numpy as np; sys.argv = ['x']; import mbirl_antmaze as m
+class R:
+    rng = np.random.default_rng(0)
+    def reset(self, maze, obs): pass
+    def __call__(self, obs): return self.rng.uniform(-1, 1, 8)
+np.savez('$OUT/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
+  python benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label mbirl-antmaze-rollout \
+    --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds 240 -- \
+    python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path $OUT/random_ant.npz \
+    --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
+    --eval.log-frequency 20
+fi

@@ -36,8 +36,16 @@ baseline)
     python simple_worldmodel_atari.py --mode model-free --env-id "$ENV_ID" --seed "$SEED" \
         --run-dir "runs/simple_model_free_${ENV_ID//\//_}_s$SEED"
     ;;
+throughput)
+    # the quick configuration under the throughput harness: simulated env SPS (sim/SPS, PPO inside the model)
+    # against the raw AtariVectorEnv's SPS at 8 envs, with world-model training steps/s and the real collection's
+    # SPS beside it, and the peak memory of the run. Nothing else may run (the harness records the load average).
+    python benchmarks/throughput.py atari --env-id "$ENV_ID" --label simple-quick --tag sim/SPS \
+        --also-tag world_model/steps_per_s --also-tag charts/SPS --train-seconds 900 -- \
+        python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
+    ;;
 *)
-    echo "usage: $0 [quick|paper|baseline]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput]" >&2
     exit 2
     ;;
 esac
