@@ -4,13 +4,15 @@ A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the rewar
 (5 elites) learns Δs from expert + learner transitions (1:1); the actor (TD3+BC hybrid) trains only on model rollouts
 started from expert states in a window sliding from the end of the demonstrations back to their start.
 Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
-configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze needs an expert file, no
-Ant controller ships yet; Hopper/Walker2d: SAC on the siblings' expert cache; ALL real steps are counted).
+configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze expert = the planner +
+a goal-reaching Ant controller trained here by --train-goal-reacher (phase 0, SAC); Hopper/Walker2d: SAC on the
+siblings' expert cache; ALL real steps are counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.exploration-steps 500 \
         --hyper.freq-train-model 1000 --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2   # minutes on a CPU
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --run-dir runs/x  # same --run-dir again: resumes
     python mbirl_antmaze.py --eval-only runs/x                            # writes runs/x/evaluations/eval_NNN.json
+    python mbirl_antmaze.py --train-goal-reacher --run-dir runs/r         # phase 0 -> controllers/ant_goal_reacher.pt
 Run dir: args.json, events, checkpoints/hyper.pt, model_pretrained.pt, policy.pt, results.json, learning_curve.png,
 maze.png. Expert cache: {experts_dir}/{env_id}/demos.npz (format: docs/mbirl_antmaze.md) + expert_meta.json."""
 
@@ -264,7 +266,8 @@ class Args:
     save_model: bool = True
     """write policy.pt at the end"""
     env_id: str = "PointMaze_UMaze-v3"
-    """PointMaze_*, AntMaze_* (with --expert.expert-path: no Ant controller ships yet), Hopper-v5 or Walker2d-v5"""
+    """PointMaze_*, AntMaze_* (expert data from the Ant controller of --reacher.path, or --expert.expert-path),
+    Hopper-v5 or Walker2d-v5"""
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
     train_goal_reacher: bool = False
