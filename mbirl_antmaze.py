@@ -1709,6 +1709,7 @@ class RunContext:
                 self.writer.add_scalar(f"{prefix}/{k}", v, step)
             self.writer.add_scalar("charts/SPS", (step - self.sps_step) / max(1e-9, time.time() - self.sps_t0), step)
             self.writer.add_scalar("hyper/disc_env_steps", c["disc_env_steps"], step)
+            last.pop("rollout_sps", None)  # logged once per refill, not repeated until the next one
         if step % e.frequency == 0 or step == args.hyper.total_timesteps:
             self.run_eval(step, c, agent.actor)
         if step % e.checkpoint_frequency == 0 and step < args.hyper.total_timesteps:
