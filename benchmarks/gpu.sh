@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# What to run when a session is lent a GPU machine (the `device` tool): the numbers only a GPU can give. The device
+# machine has python3 with torch but none of gymnasium, ale-py, mujoco, gymnasium-robotics or tyro, and no network:
+# their wheels travel in the ignored folder .whl/ (made here by `bash benchmarks/gpu.sh wheels`, 42 MB; name `.whl`
+# in the run's `carry`). Each step installs them if missing, writes its logs and the harness's records under $OUT,
+# and ends inside the 10-minute limit of one device command. Steps, in order of value:
+#   run(command="bash benchmarks/gpu.sh ga3c", carry=[".whl"])      # issue 11: GA3C >= 10,000 SPS on an H100/H200
+#   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
+#   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
+# Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+install() {
+  python3 -c "import gymnasium, ale_py, mujoco, gymnasium_robotics, tyro" 2>/dev/null && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+}
+record() { cp benchmarks/results/throughput.jsonl "$OUT/throughput.jsonl"; nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; }
+case "${1:-}" in
+wheels)  # here, not on the device: the missing packages as Python 3.12 manylinux wheels
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d .whl gymnasium==1.4.0 ale-py==0.12.1 mujoco==4.0.0 \
+    mujoco-core==4.0.0 gymnasium-robotics==1.4.2 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0 \
+    farama-notifications==0.0.6 pettingzoo==1.27.0 glfw==2.11.0 pyopengl==3.1.10 ;;
+ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper's 0.1 label samples per step
+  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  for workers in ${WORKERS:-64 128}; do
+    python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs "$workers" \
+      --label "ga3c-rl-gpu-w$workers" --train-seconds 120 -- python3 preference_ga3c_atari.py \
+      --env-id BreakoutNoFrameskip-v4 --labeler rl --ga3c.workers "$workers" 2>&1 | tail -5 | tee -a "$OUT/ga3c.log"
+  done
+  python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 128 \
+    --label ga3c-synthetic-rate0.1-gpu --train-seconds 180 --counter-tag reward/updates -- python3 \
+    preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --ga3c.workers 128 \
+    --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 \
+    --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"
+  record ;;
+simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates over ~8 minutes, then stopped
+  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  python3 benchmarks/throughput.py atari --env-id PongNoFrameskip-v4 --label simple-paper-gpu --tag sim/SPS \
+    --also-tag world_model/steps_per_s --also-tag charts/SPS --train-seconds 480 -- python3 simple_worldmodel_atari.py \
+    --env-id PongNoFrameskip-v4 --wm.train-steps 600 --wm.epoch-multiplier 1 --ppo.iterations 50 2>&1 | tail -8 | tee "$OUT/simple.log"
+  record ;;
+hyper)  # AntMaze UMaze rollouts on the GPU (random-action demos: the rates do not depend on the data)
+  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  python3 -c "
+import sys, numpy as np; sys.argv = ['x']; import mbirl_antmaze as m
+class R:
+    rng = np.random.default_rng(0)
+    def reset(self, maze, obs): pass
+    def __call__(self, obs): return self.rng.uniform(-1, 1, 8)
+np.savez('/tmp/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
+  python3 benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label mbirl-antmaze-rollout-gpu \
+    --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds 240 -- \
+    python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path /tmp/random_ant.npz \
+    --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
+    --eval.log-frequency 20 2>&1 | tail -6 | tee "$OUT/hyper.log"
+  record ;;
+*) echo "usage: $0 wheels|ga3c|simple|hyper" >&2; exit 2 ;;
+esac
