@@ -1650,43 +1650,49 @@ class RunContext:
             self.save_reacher_checkpoint(agent, replay, c)
 
     def reacher_eval(self, c, agent) -> None:
+        """Evaluate; a new best (more goals, then fewer falls) is written to --reacher.path at once, so a running or
+        stopped training always leaves its best controller so far."""
         r = self.args.reacher
-        res = evaluate_reacher(agent.actor, r, r.eval_episodes, self.args.seed + 10_000)
-        c["history"].append({"step": c["step"], **res})
+        res = {"step": c["step"], **evaluate_reacher(agent.actor, r, r.eval_episodes, self.args.seed + 10_000)}
+        c["history"].append(res)
         self.writer.add_scalar("charts/goals_per_episode", res["goals_per_episode"], c["step"])
         self.writer.add_scalar("charts/fall_rate", res["fall_rate"], c["step"])
         self.bar.write(
             f"[eval] step {c['step']}: {res['goals_per_episode']:.1f} goals per {r.episode_steps}-step episode, "
             f"falls {res['fall_rate']:.0%}"
         )
+        best = c.get("best")
+        if best is None or (res["goals_per_episode"], -res["fall_rate"]) > (
+            best["goals_per_episode"],
+            -best["fall_rate"],
+        ):
+            c["best"] = res
+            out = reacher_file(r.path)
+            meta = {
+                "script": SCRIPT,
+                "made_by": c["commands"],
+                "env": "Ant-v5 body (gymnasium's ant.xml, as in AntMaze v5) on an open plane, goals 0.45 m",
+                "algorithm": "SAC, one update per env step; the best evaluation so far is kept",
+                "eval": res,
+                "steps_trained": c["step"],
+                "settings": dataclasses.asdict(r),
+                "seed": self.args.seed,
+                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            }
+            save_policy(out, agent.actor, "goal-reacher", max_dist=r.goal_max, meta=meta)
+            atomic_json(out.with_suffix(".json"), meta)
 
     def finish_reacher(self, c: dict, agent) -> None:
-        args, r = self.args, self.args.reacher
         self.bar.close()
-        out = reacher_file(r.path)
         if not c["history"] or c["history"][-1]["step"] != c["step"]:  # resumed with a smaller total: evaluate now
             self.reacher_eval(c, agent)
-        final = c["history"][-1]
-        meta = {
-            "script": SCRIPT,
-            "made_by": c["commands"],
-            "env": "Ant-v5 body (gymnasium's ant.xml, as in AntMaze v5) on an open plane, goals 0.45 m",
-            "algorithm": "SAC, one update per env step",
-            "steps": c["step"],
-            "final_eval": final,
-            "settings": dataclasses.asdict(r),
-            "seed": args.seed,
-            "wall_time_s": time.time() - self.t0,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        agent.actor.env_id = "goal-reacher"
-        save_policy(out, agent.actor, "goal-reacher", max_dist=r.goal_max, meta=meta)
-        atomic_json(out.with_suffix(".json"), meta)
-        atomic_json(self.run_dir / "results.json", {**meta, "history": c["history"]})
+        results = {"script": SCRIPT, "steps": c["step"], "best": c["best"], "commands": c["commands"],
+                   "wall_time_s": time.time() - self.t0, "history": c["history"]}  # fmt: skip
+        atomic_json(self.run_dir / "results.json", results)
         self.writer.close()
-        print(
-            f"goal reacher: {final['goals_per_episode']:.1f} goals per episode, falls {final['fall_rate']:.0%} -> {out}"
-        )
+        best, out = c["best"], reacher_file(self.args.reacher.path)
+        print(f"goal reacher: best {best['goals_per_episode']:.1f} goals per episode (falls {best['fall_rate']:.0%}) "
+              f"at step {best['step']} -> {out}")  # fmt: skip
 
     # -- progress, evaluation, logging --------------------------------------------------------------------------
     def progress_start(self, total: int, step: int) -> None:
