@@ -7,12 +7,19 @@ Every script's tests use these fixtures:
 - ``run_script(script, *args, timeout=...)``: runs ``python <script> <args>`` from the repository
   root in a subprocess, CPU only, and returns ``(returncode, stdout, stderr)``.
 - ``slow`` marker: tests over ~30 s on a 2-core CPU. They run in CI; ``-m "not slow"`` skips them.
+
+Below them: generated bad input (issue 15) and the mechanics of the run-contract checks (docs/CONTRACT.md) that
+several scripts' tests share; each test still names what it expects, the helpers do the running and comparing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -219,3 +226,229 @@ def apply_flag(args, flag: str, value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def check_numeric_flag_cases(defaults, cases, valid, *, main, validate, unparsed, created: Path, aliases=None):
+    """The generated numeric-flag test: for each (flag, value) of ``cases``, set it on a copy of the parsed
+    ``defaults``; when the value does not even parse (NaN for an int), ``unparsed(flag, value)`` (the command line)
+    must exit 2 with one line naming the flag; a documented valid case (in ``valid``) must pass ``validate(args)``;
+    any other must make ``main(args)`` exit 2 with one line naming the flag (or its alias in ``aliases``).
+    ``created`` (the run dir) must not exist after any case."""
+    import copy
+
+    aliases = aliases or {}
+    for flag, value in cases:
+        args = copy.deepcopy(defaults)
+        if not apply_flag(args, flag, value):
+            line = one_line_exit_2(lambda: unparsed(flag, value))
+        elif (flag, value) in valid:
+            validate(args)
+            assert not created.exists(), (flag, value)
+            continue
+        else:
+            line = one_line_exit_2(lambda: main(args))
+        assert flag in line or aliases.get(flag, flag) in line, (flag, value, line)
+        assert not created.exists(), (flag, value)
+
+
+# ---- the run contract (docs/CONTRACT.md): mechanics shared by the scripts' tests
+def assert_run_dir_printed_at_start_and_end(out: str, run_dir: Path) -> None:
+    """The run dir is the first and the last line a run prints on stdout."""
+    lines = out.splitlines()
+    assert lines[0] == f"run dir: {run_dir}" and lines[-1] == f"run dir: {run_dir}", out[-2000:]
+
+
+def file_bytes(folder: Path) -> dict[Path, bytes]:
+    """Every file under ``folder`` with its content: compare before and after a call to see that nothing changed."""
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def keep_signals(call):
+    """Run an in-process main and restore pytest's SIGINT/SIGTERM handlers after it (mains install their own)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return call()
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def quiet_main(call) -> tuple[int, str]:
+    """Run ``call()`` (a script's main, in-process) with stdout silenced, stderr captured and pytest's signal handlers
+    kept; return (exit code: 0 when it returned, else SystemExit's code; stderr). Any other exception propagates, so
+    an unexpected error fails the test with its traceback."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            keep_signals(call)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
+
+
+def run_contract_snippet(script, policy_path):
+    """The five lines of docs/CONTRACT.md for ``script`` (the imported module), as a user runs them: load the
+    policy, make its env, reset with seed 1, act. Returns (policy, envs, actions) for the test's checks."""
+    policy = script.load_policy(policy_path)
+    envs = script.make_policy_envs(policy, num_envs=1)
+    obs, _ = envs.reset(seed=1)
+    actions = policy.act(obs)
+    return policy, envs, actions
+
+
+def eval_only_twice(run_eval_only, run_dir: Path) -> list[dict]:
+    """Call ``run_eval_only()`` (a ``--eval-only run_dir`` command returning (rc, stdout, stderr)) twice: each must
+    exit 0 and write the next numbered record (evaluations/eval_001.json, then eval_002.json), and results.json must
+    stay byte for byte the same. Returns the two records for the test's checks."""
+    before = (run_dir / "results.json").read_bytes()
+    records = []
+    for number in (1, 2):
+        rc, out, err = run_eval_only()
+        assert rc == 0, err[-2000:]
+        records.append(json.loads((run_dir / "evaluations" / f"eval_{number:03d}.json").read_text()))
+    assert (run_dir / "results.json").read_bytes() == before
+    return records
+
+
+def assert_vp9_video(path: Path, size: int | None = None) -> None:
+    """``path`` is a VP9 WebM (opencv's VP90) with at least 2 frames, the first readable and not blank; with
+    ``size``, its frames are size x size."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    codec = int(cap.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode()
+    ok, frame = cap.read()
+    assert codec == "VP90" and ok and frame.std() > 0, codec
+    assert size is None or frame.shape == (size, size, 3), frame.shape
+    assert cap.get(cv2.CAP_PROP_FRAME_COUNT) >= 2
+
+
+def check_help_groups(call, groups, flags=(), absent=()) -> None:
+    """``call()`` prints the help (``--help``) and exits 0; the help shows a "<group> options" section for each of
+    ``groups`` (one per phase), each of ``flags``, and none of ``absent`` (derived values that are not flags)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        call()
+    text = out.getvalue()
+    assert exit_info.value.code == 0, text[-2000:]
+    for group in groups:
+        assert f"{group} options" in text, group
+    for flag in flags:
+        assert flag in text, flag
+    for flag in absent:
+        assert flag not in text, flag
+
+
+# ---- the two MuJoCo IRL scripts (filter_irl_mujoco.py, hype_irl_mujoco.py) share their Args groups and contract
+MUJOCO_IRL_TINY = [
+    "--sac.hidden-dim",
+    "32",
+    "--sac.batch-size",
+    "32",
+    "--disc.batch-size",
+    "64",
+    "--eval.episodes",
+    "1",
+    "--irl.p-tremble",
+    "0",
+]  # tiny networks and batches, one evaluation episode, no trembling
+
+MUJOCO_IRL_FINISHED_RUN = ["--irl.total-timesteps", "120", "--sac.learning-starts", "60", "--irl.train-every", "60"]
+MUJOCO_IRL_FINISHED_RUN += ["--eval.frequency", "120", "--seed", "3"]
+# a tiny run on cached demos: 120 policy steps, SAC and discriminator updates from step 60, every 60 steps, one
+# evaluation at the end (the tests of a finished run rely on these numbers)
+
+MUJOCO_ENV_ID_CASES = [
+    ("Hoper-v5", "did you mean Hopper-v5"),
+    ("hopper-v5", "did you mean Hopper-v5"),
+    ("Hopper", "did you mean"),
+    ("Hopper-v4", "retired version; use Hopper-v5"),
+    ("Walker2d-v3", "use Walker2d-v5"),
+    ("ALE/Breakout-v5", "Atari"),
+    ("BreakoutNoFrameskip-v4", "Atari"),
+    ("CartPole-v1", "not a MuJoCo env"),
+    ("Pendulum-v1", "not a MuJoCo env"),
+]  # (env id of another family, a retired version or a near miss; what its one-line error must say)
+
+MUJOCO_IRL_DOCUMENTED_VALID = {
+    ("--torch-threads", "0"),
+    ("--seed", "0"),
+    ("--sac.learning-starts", "0"),
+    ("--sac.gamma", "0"),
+    ("--disc.gp-weight", "0"),
+    ("--disc.gp-target", "0"),
+    ("--irl.reset-prob", "0"),
+    ("--irl.p-tremble", "0"),
+}  # the generated numeric cases that are documented valid values of both scripts
+
+
+def mujoco_rendering_available(script, env_id: str) -> bool:
+    """MuJoCo off-screen rendering (EGL/OSMesa) is a system library: without it the video checks are skipped."""
+    try:
+        script.check_rendering(env_id)
+        return True
+    except script.UsageError:
+        return False
+
+
+def mujoco_irl_smoke_flags(env_id: str, experts: Path, run_dir: Path) -> list:
+    """The whole pipeline from nothing at tiny budgets: 300 expert SAC steps into ``experts``, 2 demos, then 300 IRL
+    policy steps (learning starts and a discriminator update every 100), evaluations at 150 and 300, logs every 50."""
+    expert = ["--expert.experts-dir", experts, "--expert.timesteps", 300, "--expert.num-demos", 2]
+    irl = ["--sac.learning-starts", 100, "--irl.total-timesteps", 300, "--irl.train-every", 100]
+    return ["--env-id", env_id, *expert, *irl, "--eval.frequency", 150, "--log-frequency", 50, "--run-dir", run_dir]
+
+
+def assert_mujoco_irl_artifacts(run_dir: Path, experts: Path, script_name: str, env_id: str) -> None:
+    """What a MuJoCo IRL run from nothing leaves: the expert cache (demos.npz; expert_actor.pt with the actor, its
+    sizes, env and budget; expert_meta.json naming 2 demos, the env and the script), args.json naming the script and
+    the env, the IRL and expert checkpoints, a learning curve, policy.pt, and no *.tmp file."""
+    cache = experts / env_id
+    for name in ("demos.npz", "expert_actor.pt", "expert_meta.json"):
+        assert (cache / name).is_file(), name
+    meta = json.loads((cache / "expert_meta.json").read_text())
+    assert meta["num_demos"] == 2 and meta["env_id"] == env_id and meta["script"] == script_name, meta
+    actor = torch.load(cache / "expert_actor.pt", weights_only=False)
+    assert {"actor", "obs_dim", "act_dim", "hidden", "env_id", "total_timesteps", "mean_return"} <= set(actor)
+    saved_args = json.loads((run_dir / "args.json").read_text())
+    assert saved_args["script"] == script_name and saved_args["env_id"] == env_id
+    assert (run_dir / "checkpoints" / "irl.pt").is_file() and (run_dir / "checkpoints" / "expert.pt").is_file()
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "policy.pt").is_file()
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+def assert_same_weights_and_eval_returns(load_policy, first: Path, second: Path) -> None:
+    """Two run dirs of the same command hold bit-identical policy weights and the same evaluation returns."""
+    a, b = load_policy(first / "policy.pt"), load_policy(second / "policy.pt")
+    for k, v in a.state_dict().items():
+        torch.testing.assert_close(v, b.state_dict()[k], rtol=0, atol=0)
+    results = [json.loads((d / "results.json").read_text()) for d in (first, second)]
+    assert results[0]["eval_returns"] == results[1]["eval_returns"]
+
+
+def rerun_with_each_file_corrupted(source: Path, tmp_path: Path, rerun) -> list[tuple[Path, str, int, str, Path]]:
+    """For every file of the finished run dir ``source`` and each damage (truncated, random bytes): a copy of the run
+    dir with that file damaged and results.json removed (unless it is the damaged file: then the resume path reads
+    the artifacts), and ``rerun(copy)`` called through quiet_main. Returns (file, damage, exit code, stderr, copy)."""
+    outcomes = []
+    for name in sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file()):
+        for how in ("truncated", "random"):
+            run_dir = tmp_path / f"{name.name}-{how}"
+            shutil.copytree(source, run_dir)
+            corrupt_file(run_dir / name, how)
+            if name != Path("results.json"):
+                (run_dir / "results.json").unlink()
+            outcomes.append((name, how, *quiet_main(lambda: rerun(run_dir)), run_dir))
+    return outcomes
+
+
+def assert_exit_2_naming_the_file_or_a_clean_redo(outcomes, redone) -> None:
+    """Checks rerun_with_each_file_corrupted's outcomes: never a traceback; either exit 2 with one stderr line naming
+    the damaged file, or exit 0 with ``redone(copy)`` true (the run finished again)."""
+    for name, how, rc, err, run_dir in outcomes:
+        assert "Traceback" not in err and rc in (0, 2), (name, how, rc, err[-1500:])
+        if rc == 2:
+            assert len(err.strip().splitlines()) == 1 and name.name in err, (name, how, err)
+        else:
+            assert redone(run_dir), (name, how, err[-1500:])

@@ -6,14 +6,9 @@ mutated demos, corrupt run-dir files)."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import json
 import math
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,14 +16,30 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    MUJOCO_ENV_ID_CASES,
+    MUJOCO_IRL_DOCUMENTED_VALID,
+    MUJOCO_IRL_FINISHED_RUN,
+    MUJOCO_IRL_TINY,
     REPO_ROOT,
-    apply_flag,
-    corrupt_file,
+    assert_exit_2_naming_the_file_or_a_clean_redo,
+    assert_mujoco_irl_artifacts,
+    assert_run_dir_printed_at_start_and_end,
+    assert_same_weights_and_eval_returns,
+    assert_vp9_video,
+    check_help_groups,
+    check_numeric_flag_cases,
+    eval_only_twice,
+    file_bytes,
     interrupt_when_exists,
+    mujoco_irl_smoke_flags,
+    mujoco_rendering_available,
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
-    subprocess_env,
+    quiet_main,
+    rerun_with_each_file_corrupted,
+    run_contract_snippet,
+    run_script_subprocess,
     write_minari_dataset,
 )
 
@@ -38,18 +49,7 @@ SCRIPT = "hype_irl_mujoco.py"
 PENDULUM = "InvertedPendulum-v5"
 SIZES = {"obs": 4, "act": 1, "nq": 2, "nv": 2, "env": PENDULUM}
 PD_GAINS = np.array([0.5, 5.0, 0.5, 0.5])  # balances InvertedPendulum-v5 for the full 1000 steps
-TINY = [
-    "--sac.hidden-dim",
-    "32",
-    "--sac.batch-size",
-    "32",
-    "--disc.batch-size",
-    "64",
-    "--eval.episodes",
-    "1",
-    "--irl.p-tremble",
-    "0",
-]
+TINY = MUJOCO_IRL_TINY
 
 
 def pd_expert(obs: np.ndarray) -> np.ndarray:
@@ -75,19 +75,7 @@ def save_npz(path: Path, demos: dict) -> Path:
 
 
 def run_script_quietly(args: list, timeout: float = 300):
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def keep_signals(call):
-    """Run an in-process main and restore pytest's signal handlers after it."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return call()
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
+    return run_script_subprocess(SCRIPT, *args, timeout=timeout)
 
 
 # ------------------------------------------------------------------------------------------------ hybrid sampler
@@ -375,68 +363,17 @@ def test_hype_on_inverted_pendulum_learns_to_balance_from_demos_alone(run_script
 
 # ------------------------------------------------------------------------------------------------ the real command
 def rendering_available() -> bool:
-    """MuJoCo off-screen rendering (EGL/OSMesa) is a system library: without it the video checks are skipped."""
-    try:
-        hy.check_rendering(PENDULUM)
-        return True
-    except hy.UsageError:
-        return False
-
-
-def assert_vp9_video(path: Path) -> None:
-    import cv2
-
-    cap = cv2.VideoCapture(str(path))
-    codec = int(cap.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little").decode()
-    ok, frame = cap.read()
-    assert codec == "VP90" and ok and frame.shape == (hy.VIDEO_SIZE, hy.VIDEO_SIZE, 3) and frame.std() > 0, codec
-    assert cap.get(cv2.CAP_PROP_FRAME_COUNT) >= 2
+    return mujoco_rendering_available(hy, PENDULUM)
 
 
 def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_dir, tmp_path):
     experts = tmp_path / "experts"
-    rc, out, err = run_script(
-        SCRIPT,
-        "--env-id",
-        PENDULUM,
-        "--expert.experts-dir",
-        experts,
-        "--expert.timesteps",
-        300,
-        "--expert.num-demos",
-        2,
-        "--sac.learning-starts",
-        100,
-        "--irl.total-timesteps",
-        300,
-        "--irl.train-every",
-        100,
-        "--eval.frequency",
-        150,
-        "--log-frequency",
-        50,
-        "--checkpoint-frequency",
-        100,
-        "--run-dir",
-        run_dir,
-        *(["--capture-video"] if rendering_available() else []),
-        *TINY,
-        timeout=300,
-    )
+    video = ["--capture-video"] if rendering_available() else []
+    smoke = [*mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), "--checkpoint-frequency", 100, *video, *TINY]
+    rc, out, err = run_script(SCRIPT, *smoke, timeout=300)
     assert rc == 0, err[-2000:]
-    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
-    cache = experts / PENDULUM
-    for name in ("demos.npz", "expert_actor.pt", "expert_meta.json"):
-        assert (cache / name).is_file(), name
-    meta = json.loads((cache / "expert_meta.json").read_text())
-    assert meta["num_demos"] == 2 and meta["env_id"] == PENDULUM and meta["script"] == SCRIPT
-    actor = torch.load(cache / "expert_actor.pt", weights_only=False)
-    assert {"actor", "obs_dim", "act_dim", "hidden", "env_id", "total_timesteps", "mean_return"} <= set(actor)
-    saved_args = json.loads((run_dir / "args.json").read_text())
-    assert saved_args["script"] == SCRIPT and saved_args["env_id"] == PENDULUM
-    assert (run_dir / "checkpoints" / "irl.pt").is_file() and (run_dir / "checkpoints" / "expert.pt").is_file()
-    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "policy.pt").is_file()
-    assert not list(run_dir.rglob("*.tmp"))
+    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert_mujoco_irl_artifacts(run_dir, experts, SCRIPT, PENDULUM)
     res = json.loads((run_dir / "results.json").read_text())
     for key in ("eval_mean", "eval_std", "expert_return", "normalized_return", "SPS", "final_rho", "wall_time_s"):
         assert math.isfinite(res[key]), key
@@ -458,8 +395,8 @@ def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_d
         "expert/SPS",
     } <= tags
     assert all(math.isfinite(e.value) for e in ea.Scalars("losses/qf_loss"))  # NaN env rewards never reached the loss
-    if rendering_available():
-        assert_vp9_video(run_dir / "videos" / "final.webm")
+    if video:
+        assert_vp9_video(run_dir / "videos" / "final.webm", hy.VIDEO_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -467,27 +404,8 @@ def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
     """A finished tiny run on cached demos (no expert phase): (run dir, demos file, its command's arguments)."""
     root = tmp_path_factory.mktemp("finished")
     demos = save_npz(root / "demos.npz", pendulum_demos)
-    args = [
-        "--env-id",
-        PENDULUM,
-        "--expert.path",
-        demos,
-        "--irl.total-timesteps",
-        120,
-        "--sac.learning-starts",
-        60,
-        "--irl.train-every",
-        60,
-        "--eval.frequency",
-        120,
-        "--max-episode-steps",
-        200,
-        "--seed",
-        3,
-        "--torch-threads",
-        1,
-        *TINY,
-    ]
+    args = ["--env-id", PENDULUM, "--expert.path", demos, *MUJOCO_IRL_FINISHED_RUN, *TINY]
+    args += ["--max-episode-steps", 200, "--torch-threads", 1]
     rc, _, err = run_script_quietly(args + ["--run-dir", root / "run"])
     assert rc == 0, err[-2000:]
     return root / "run", demos, args
@@ -497,20 +415,11 @@ def test_same_seed_and_threads_give_identical_weights_and_scores(finished_run, t
     run_dir, _, args = finished_run
     rc, _, err = run_script_quietly(args + ["--run-dir", tmp_path / "again"])
     assert rc == 0, err[-2000:]
-    first, second = hy.load_policy(run_dir / "policy.pt"), hy.load_policy(tmp_path / "again" / "policy.pt")
-    for k, v in first.state_dict().items():
-        torch.testing.assert_close(v, second.state_dict()[k], rtol=0, atol=0)
-    results = [json.loads((d / "results.json").read_text()) for d in (run_dir, tmp_path / "again")]
-    assert results[0]["eval_returns"] == results[1]["eval_returns"]
+    assert_same_weights_and_eval_returns(hy.load_policy, run_dir, tmp_path / "again")
 
 
 def test_policy_snippet_from_the_contract_loads_and_acts(finished_run):
-    run_dir, _, _ = finished_run
-    script = hy  # the five lines of docs/CONTRACT.md
-    policy = script.load_policy(run_dir / "policy.pt")
-    envs = script.make_policy_envs(policy, num_envs=1)
-    obs, _ = envs.reset(seed=1)
-    actions = policy.act(obs)
+    policy, envs, actions = run_contract_snippet(hy, finished_run[0] / "policy.pt")
     assert not policy.training and policy.env_id == PENDULUM and policy.max_episode_steps == 200
     assert actions.shape == (1, 1) and envs.action_space.contains(actions.astype(np.float32))
     envs.step(actions)
@@ -519,17 +428,14 @@ def test_policy_snippet_from_the_contract_loads_and_acts(finished_run):
 def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_path):
     run_dir = tmp_path / "copy"
     shutil.copytree(finished_run[0], run_dir)
-    results_before = (run_dir / "results.json").read_bytes()
     video = ["--capture-video"] if rendering_available() else []
-    for number in (1, 2):
-        rc, out, err = run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, *video])
-        assert rc == 0, err[-2000:]
-        record = json.loads((run_dir / "evaluations" / f"eval_{number:03d}.json").read_text())
+    for record in eval_only_twice(
+        lambda: run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, *video]), run_dir
+    ):
         assert record["env_id"] == PENDULUM and len(record["returns"]) == 2 and math.isfinite(record["mean"])
-    assert (run_dir / "results.json").read_bytes() == results_before
     if not video:
         pytest.skip("MuJoCo cannot render off-screen here (install libegl1 or OSMesa): video not checked")
-    assert_vp9_video(run_dir / "videos" / "eval_002.webm")
+    assert_vp9_video(run_dir / "videos" / "eval_002.webm", hy.VIDEO_SIZE)
 
 
 def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
@@ -562,25 +468,16 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     step = torch.load(ckpt, weights_only=False)["progress"]["step"]
     assert 100 <= step < 700 and not (run_dir / "results.json").exists()
     (run_dir / "checkpoints" / "irl.pt.tmp").write_bytes(b"left by a killed write")
-    done = subprocess.run(args, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"resuming from step {step}" in done.stdout and not (run_dir / "checkpoints" / "irl.pt.tmp").exists()
+    rc, out, err = run_script_quietly(args[2:], timeout=180)  # the same command again
+    assert rc == 0, err[-2000:]
+    assert f"resuming from step {step}" in out and not (run_dir / "checkpoints" / "irl.pt.tmp").exists()
     res = json.loads((run_dir / "results.json").read_text())
     assert res["resumed_from_step"] == step and res["policy_env_steps"] == 700 and res["method"] == "HyPE+FILTER"
     assert res["outer_iterations"] == 7  # one discriminator update per 100 steps, none repeated or skipped
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-VALID_VALUES = {
-    ("--torch-threads", "0"),
-    ("--seed", "0"),
-    ("--sac.learning-starts", "0"),
-    ("--sac.gamma", "0"),
-    ("--disc.gp-weight", "0"),
-    ("--disc.gp-target", "0"),
-    ("--irl.reset-prob", "0"),
-    ("--irl.p-tremble", "0"),
-}  # documented valid values
+VALID_VALUES = MUJOCO_IRL_DOCUMENTED_VALID
 
 
 def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, pendulum_demos):
@@ -591,33 +488,18 @@ def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, pendu
     cases = numeric_flag_cases(hy.Args)
     ranged = [name for name, _, spec in hy.flat_fields(hy.Args()) if "range" in spec.metadata]
     assert len(cases) == 4 * len(ranged) and "sac.gamma" in ranged  # every numeric field carries its range
-    parsed = hy.parse_args(base)
-    for flag, value in cases:
-        args = copy.deepcopy(parsed)
-        if not apply_flag(args, flag, value):  # not even parsed (e.g. NaN for an int): the command line's turn
-            args = [*base, flag, value]
-        elif (flag, value) in VALID_VALUES:
-            hy.validate(args)
-            continue
-        line = one_line_exit_2(lambda: hy.main(args))
-        assert flag in line, (flag, value, line)
-    assert not (tmp_path / "run").exists()
+    check_numeric_flag_cases(
+        hy.parse_args(base),
+        cases,
+        VALID_VALUES,
+        main=hy.main,
+        validate=hy.validate,
+        unparsed=lambda flag, value: hy.main([*base, flag, value]),  # e.g. NaN for an int: the command line's turn
+        created=tmp_path / "run",
+    )
 
 
-@pytest.mark.parametrize(
-    "env_id, message",
-    [
-        ("Hoper-v5", "did you mean Hopper-v5"),
-        ("hopper-v5", "did you mean Hopper-v5"),
-        ("Hopper", "did you mean"),
-        ("Hopper-v4", "retired version; use Hopper-v5"),
-        ("Walker2d-v3", "use Walker2d-v5"),
-        ("ALE/Breakout-v5", "Atari"),
-        ("BreakoutNoFrameskip-v4", "Atari"),
-        ("CartPole-v1", "not a MuJoCo env"),
-        ("Pendulum-v1", "not a MuJoCo env"),
-    ],
-)
+@pytest.mark.parametrize("env_id, message", MUJOCO_ENV_ID_CASES)
 def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path, env_id, message):
     line = one_line_exit_2(lambda: hy.main(["--env-id", env_id, "--run-dir", str(tmp_path / "r")]))
     assert message in line and "--env-id" in line, line
@@ -710,64 +592,43 @@ def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir):
 
 
 def test_finished_run_is_never_overwritten_and_exits_0(finished_run):
-    run_dir, demos, args = finished_run
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    run_dir = finished_run[0]
+    before = file_bytes(run_dir)
     rc, out, err = run_script_quietly(["--run-dir", run_dir])
     assert rc == 0 and "already holds a finished run" in out, err
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert file_bytes(run_dir) == before
 
 
 def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finished_run, tmp_path):
     """Generated: every file of a finished run dir, truncated or replaced by random bytes, then the command re-run
     (results.json removed so that the resume path reads the artifacts): exit 2 with one line naming the file, or a
     clean redo that finishes (exit 0); never a traceback."""
-    source, demos, args = finished_run
-    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
-    assert {Path("args.json"), Path("checkpoints/irl.pt"), Path("policy.pt"), Path("results.json")} <= set(files)
-
-    def rerun(name: Path, how: str):
-        run_dir = tmp_path / f"{name.name}-{how}"
-        shutil.copytree(source, run_dir)
-        corrupt_file(run_dir / name, how)
-        if name != Path("results.json"):
-            (run_dir / "results.json").unlink()
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:  # in-process (an unexpected exception fails the test with its traceback)
-                keep_signals(lambda: hy.main(["--run-dir", str(run_dir), "--expert.path", str(demos)]))
-                rc = 0
-            except SystemExit as e:
-                rc = e.code
-        return name, how, rc, err.getvalue()
-
-    outcomes = [rerun(name, how) for name in files for how in ("truncated", "random")]
-    for name, how, rc, err in outcomes:
-        assert "Traceback" not in err and rc in (0, 2), (name, how, rc, err[-1500:])
-        if rc == 2:
-            assert len(err.strip().splitlines()) == 1 and name.name in err, (name, how, err)
-        else:
-            assert json.loads((tmp_path / f"{name.name}-{how}" / "results.json").read_text())["policy_env_steps"] == 120
-    assert {(n, rc) for n, _, rc, _ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
+    source, demos, _ = finished_run
+    outcomes = rerun_with_each_file_corrupted(
+        source, tmp_path, lambda run_dir: hy.main(["--run-dir", str(run_dir), "--expert.path", str(demos)])
+    )
+    files = {name for name, *_ in outcomes}
+    assert {Path("args.json"), Path("checkpoints/irl.pt"), Path("policy.pt"), Path("results.json")} <= files
+    assert_exit_2_naming_the_file_or_a_clean_redo(
+        outcomes, lambda run_dir: json.loads((run_dir / "results.json").read_text())["policy_env_steps"] == 120
+    )
+    assert {(name, rc) for name, _, rc, *_ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
 
 
-def test_help_is_grouped_by_phase(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        hy.main(["--help"])
-    out = capsys.readouterr().out
-    assert exit_info.value.code == 0
-    for group in ("expert options", "sac options", "disc options", "irl options", "eval options"):
-        assert group in out, group
-    assert "--irl.total-timesteps" in out and "--sac.learning-starts" in out and "--eval.episodes" in out
+def test_help_is_grouped_by_phase():
+    check_help_groups(
+        lambda: hy.main(["--help"]),
+        groups=("expert", "sac", "disc", "irl", "eval"),
+        flags=("--irl.total-timesteps", "--sac.learning-starts", "--eval.episodes"),
+    )
 
 
 def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finished_run, tmp_path, monkeypatch):
     _, _, args = finished_run
     monkeypatch.setattr(hy, "relabel_rewards", lambda disc, obs, act: torch.full((len(obs),), float("nan")))
-    err = io.StringIO()
     argv = [*map(str, args), "--run-dir", str(tmp_path / "nan"), "--log-frequency", "10"]
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as e:
-        keep_signals(lambda: hy.main(argv))
-    errors = [line for line in err.getvalue().splitlines() if line.startswith("error:")]
-    assert e.value.code == 3 and len(errors) == 1, err.getvalue()[-2000:]
+    code, err = quiet_main(lambda: hy.main(argv))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 3 and len(errors) == 1, err[-2000:]
     assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
     assert not (tmp_path / "nan" / "results.json").exists()
