@@ -15,6 +15,7 @@ several scripts' tests share; each test still names what it expects, the helpers
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -234,8 +235,6 @@ def check_numeric_flag_cases(defaults, cases, valid, *, main, validate, unparsed
     must exit 2 with one line naming the flag; a documented valid case (in ``valid``) must pass ``validate(args)``;
     any other must make ``main(args)`` exit 2 with one line naming the flag (or its alias in ``aliases``).
     ``created`` (the run dir) must not exist after any case."""
-    import copy
-
     aliases = aliases or {}
     for flag, value in cases:
         args = copy.deepcopy(defaults)
@@ -338,6 +337,51 @@ def check_help_groups(call, groups, flags=(), absent=()) -> None:
         assert flag in text, flag
     for flag in absent:
         assert flag not in text, flag
+
+
+@contextlib.contextmanager
+def corrupted(path: Path, how: str = "random"):
+    """``path`` damaged by corrupt_file (``how``) inside the with block, and restored byte for byte after it."""
+    original = path.read_bytes()
+    corrupt_file(path, how)
+    try:
+        yield path
+    finally:
+        path.write_bytes(original)
+
+
+def each_file_corrupted(run_dir: Path, read_on_resume):
+    """Yield (path, damage) for every file of ``run_dir``, that file damaged while the caller's loop body runs and
+    restored after it: both damages (truncated, random bytes) for the files named in ``read_on_resume``, one of the
+    two, alternating, for the others (half the reruns)."""
+    for index, path in enumerate(sorted(p for p in run_dir.rglob("*") if p.is_file())):
+        for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
+            with corrupted(path, how):
+                yield path, how
+
+
+def exit_2_naming_the_file(call, path: Path) -> bool:
+    """Run ``call()`` (main on a run dir whose file ``path`` is damaged) through quiet_main: True when it exited 2
+    with one stderr line naming the file, False when it finished (exit 0); any other exit fails the test."""
+    code, err = quiet_main(call)
+    line = err.strip()
+    assert code in (0, 2), (path, code, err[-1500:])
+    if code == 2:
+        assert len(line.splitlines()) == 1 and path.name in line and "Traceback" not in line, line
+    return code == 2
+
+
+def check_foreign_run_dirs_refused(main_on, folder: Path, saved_args) -> None:
+    """A run dir that is not this script's run on this env is refused: ``main_on(run_dir)`` exits 2 with one line
+    containing the needle for each (args.json content, needle) of ``saved_args`` written into ``folder``, and one
+    naming the missing args.json for ``folder`` holding another file but no args.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for saved, needle in saved_args:
+        (folder / "args.json").write_text(json.dumps(saved))
+        assert needle in one_line_exit_2(lambda: main_on(folder)), (saved, needle)
+    (folder / "args.json").unlink()
+    (folder / "notes.txt").write_text("mine")
+    assert "no args.json" in one_line_exit_2(lambda: main_on(folder))
 
 
 # ---- the two MuJoCo IRL scripts (filter_irl_mujoco.py, hype_irl_mujoco.py) share their Args groups and contract

@@ -4,7 +4,6 @@ SIGTERM and generated bad input."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -19,10 +18,18 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
-    apply_flag,
-    corrupt_file,
+    assert_run_dir_printed_at_start_and_end,
+    check_foreign_run_dirs_refused,
+    check_help_groups,
+    check_numeric_flag_cases,
+    corrupted,
+    each_file_corrupted,
+    eval_only_twice,
+    exit_2_naming_the_file,
     numeric_flag_cases,
     one_line_exit_2,
+    quiet_main,
+    run_contract_snippet,
     subprocess_env,
 )
 
@@ -229,7 +236,7 @@ def build_finished_run(tmp_path_factory):
         timeout=240,
     )
     assert rc == 0, err[-3000:]
-    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
+    assert_run_dir_printed_at_start_and_end(out, run_dir)
     return run_dir
 
 
@@ -276,25 +283,15 @@ def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeyp
 
     capture = cv2.VideoCapture(str(next((finished_run / "videos").glob("*.webm"))))
     assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90" and capture.read()[0]
-    # the five lines of docs/CONTRACT.md
-    monkeypatch.chdir(finished_run.parent)
-    import rnd_ppo_atari as script
-
-    policy = script.load_policy("run/policy.pt")
-    envs = script.make_policy_envs(policy, num_envs=1)
-    obs, _ = envs.reset(seed=1)
-    actions = policy.act(obs)
+    monkeypatch.chdir(finished_run.parent)  # the five lines of docs/CONTRACT.md, from where a user stands
+    policy, envs, actions = run_contract_snippet(rnd, "run/policy.pt")
     assert actions.shape == (1,) and envs.single_action_space.contains(int(actions[0]))
     assert not policy.training and policy.env_id == "MontezumaRevengeNoFrameskip-v4"
     envs.close()
-    before = (finished_run / "results.json").read_bytes()
-    for number in (1, 2):
-        rc, out, err = run_script(SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--capture-video")
-        assert rc == 0, err[-2000:]
-        ev = json.loads((finished_run / "evaluations" / f"eval_{number:03d}.json").read_text())
+    eval_only = [SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--capture-video"]
+    for ev in eval_only_twice(lambda: run_script(*eval_only), finished_run):
         assert len(ev["eval_returns"]) == 1 and ev["env_id"] == "MontezumaRevengeNoFrameskip-v4"
     assert (finished_run / "videos" / "eval_002.webm").exists()
-    assert (finished_run / "results.json").read_bytes() == before
 
 
 def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
@@ -306,26 +303,15 @@ def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
     command = ["--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "192"]
     command += ["--eval.episodes", "0", "--run-dir", str(run_dir)]
     exit_2 = []
-    read_on_resume = ("args.json", "ckpt_00000003.pt")
-    for index, path in enumerate(sorted(p for p in run_dir.rglob("*") if p.is_file())):
-        original = path.read_bytes()
-        # both damages for the files a resume reads; one of the two, alternating, for the rest
-        for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
-            corrupt_file(path, how)
-            try:
-                rnd.main(rnd.parse_args(command))
-            except SystemExit:
-                line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(command)))
-                assert path.name in line, line
-                exit_2.append(path.name)
-            (run_dir / "results.json").unlink(missing_ok=True)
-            path.write_bytes(original)
+    read_on_resume = ("args.json", "ckpt_00000003.pt")  # both damages for these, one of the two for the rest
+    for path, how in each_file_corrupted(run_dir, read_on_resume):
+        if exit_2_naming_the_file(lambda: rnd.main(rnd.parse_args(command)), path):
+            exit_2.append(path.name)
+        (run_dir / "results.json").unlink(missing_ok=True)
     assert set(read_on_resume) <= set(exit_2)
-    for name in ("args.json", "policy.pt"):
-        original = (run_dir / name).read_bytes()
-        corrupt_file(run_dir / name, "random")
-        assert name in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(run_dir)])))
-        (run_dir / name).write_bytes(original)
+    for name in ("args.json", "policy.pt"):  # what --eval-only reads
+        with corrupted(run_dir / name):
+            assert name in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(run_dir)])))
     (run_dir / "results.json").write_text("{not json")
     assert "results.json" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(command)))
 
@@ -445,13 +431,12 @@ def test_target_score_stops_plain_ppo_early(run_script, run_dir):
     assert [v for _, v in tags["rnd/predictor_loss"]] == [0.0] and [v for _, v in tags["rnd/intrinsic_reward"]] == [0.0]
 
 
-def test_non_finite_loss_exits_3(tmp_path, monkeypatch, capsys):
+def test_non_finite_loss_exits_3(tmp_path, monkeypatch):
     monkeypatch.setattr(rnd, "ppo_policy_loss", lambda *a, **k: (torch.tensor(float("nan")),) * 3)
     args = rnd.parse_args(["--env-id", "BreakoutNoFrameskip-v4", *TINY, "--ppo.total-timesteps", "64"])
     args.run_dir = str(tmp_path / "run")
-    with pytest.raises(SystemExit) as exit_info:
-        rnd.main(args)
-    assert exit_info.value.code == 3 and "non-finite loss at iteration 1" in capsys.readouterr().err
+    code, err = quiet_main(lambda: rnd.main(args))
+    assert code == 3 and "non-finite loss at iteration 1" in err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -484,16 +469,15 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
     defaults = rnd.parse_args(["--run-dir", str(run_dir), "--ppo.total-timesteps", "1000000"])
     cases = numeric_flag_cases(rnd.Args)
     assert len(cases) >= 4 * 30 and ("--rnd.update-proportion", "0") in cases
-    for flag, value in cases:
-        args = copy.deepcopy(defaults)
-        if not apply_flag(args, flag, value):  # NaN for an int: the parser's one-line error
-            assert flag in one_line_exit_2(lambda: rnd.parse_args([flag, value]))
-        elif (flag, value) in DOCUMENTED_VALID:
-            rnd.validate(args, rnd.World())
-        else:
-            line = one_line_exit_2(lambda: rnd.main(args))
-            assert flag in line, (flag, value, line)
-        assert not run_dir.exists()
+    check_numeric_flag_cases(
+        defaults,
+        cases,
+        DOCUMENTED_VALID,
+        main=rnd.main,
+        validate=lambda args: rnd.validate(args, rnd.World()),
+        unparsed=lambda flag, value: rnd.parse_args([flag, value]),  # NaN for an int: the parser's one-line error
+        created=run_dir,
+    )
 
 
 @pytest.mark.parametrize(
@@ -533,17 +517,14 @@ def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path):
 
 def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
     other = tmp_path / "other"
-    other.mkdir()
-    for saved, needle in (
+    saved_args = [
         ({"script": "trex_ppo_atari.py", "env_id": "MontezumaRevengeNoFrameskip-v4"}, "not made by rnd_ppo_atari.py"),
         ({"script": SCRIPT, "env_id": "PongNoFrameskip-v4"}, "holds a run on PongNoFrameskip-v4"),
         ({"env_id": "MontezumaRevengeNoFrameskip-v4", "num_envs": 8}, "not made by"),
-    ):
-        (other / "args.json").write_text(json.dumps(saved))
-        assert needle in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", str(other)])))
-    (other / "args.json").unlink()
-    (other / "notes.txt").write_text("mine")
-    assert "no args.json" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", str(other)])))
+    ]
+    check_foreign_run_dirs_refused(
+        lambda folder: rnd.main(rnd.parse_args(["--run-dir", str(folder)])), other, saved_args
+    )
     assert "cannot write" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", "/proc/rnd_run"])))
     assert "no policy.pt" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(other)])))
 
@@ -575,11 +556,9 @@ def test_resume_with_a_different_network_is_refused(tmp_path):
     assert "--policy.rnn-hidden-layers 0: resume with the same values" in one_line_exit_2(lambda: rnd.main(args))
 
 
-def test_help_is_grouped_by_phase(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        rnd.parse_args(["--help"])
-    text = capsys.readouterr().out
-    assert exit_info.value.code == 0
-    for group in ("env", "ppo", "rnd", "policy", "eval"):
-        assert f"{group} options" in text, group
-    assert "--batch-size" not in text and "--num-iterations " not in text  # derived values are not flags
+def test_help_is_grouped_by_phase():
+    check_help_groups(
+        lambda: rnd.parse_args(["--help"]),
+        groups=("env", "ppo", "rnd", "policy", "eval"),
+        absent=("--batch-size", "--num-iterations "),  # derived values are not flags
+    )

@@ -3,9 +3,6 @@ the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducib
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
 import json
 import math
 import shutil
@@ -18,12 +15,20 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
-    apply_flag,
-    corrupt_file,
+    assert_run_dir_printed_at_start_and_end,
+    check_foreign_run_dirs_refused,
+    check_help_groups,
+    check_numeric_flag_cases,
+    corrupted,
+    each_file_corrupted,
+    eval_only_twice,
+    exit_2_naming_the_file,
     interrupt_when_exists,
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
+    quiet_main,
+    run_contract_snippet,
     subprocess_env,
 )
 
@@ -325,7 +330,7 @@ def build_finished_run(tmp_path_factory):
         timeout=400,
     )
     assert rc == 0, err[-3000:]
-    assert out.splitlines()[0] == f"run dir: {run_dir}" and out.splitlines()[-1] == f"run dir: {run_dir}"
+    assert_run_dir_printed_at_start_and_end(out, run_dir)
     return run_dir
 
 
@@ -362,25 +367,15 @@ def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeyp
     capture = cv2.VideoCapture(str(videos[0]))
     assert int(capture.get(cv2.CAP_PROP_FOURCC)).to_bytes(4, "little") == b"VP90"
     assert capture.read()[0]
-    # the five lines of docs/CONTRACT.md
-    monkeypatch.chdir(finished_run.parent)
-    import trex_ppo_atari as script
-
-    policy = script.load_policy("run/policy.pt")
-    envs = script.make_policy_envs(policy, num_envs=1)
-    obs, _ = envs.reset(seed=1)
-    actions = policy.act(obs)
+    monkeypatch.chdir(finished_run.parent)  # the five lines of docs/CONTRACT.md, from where a user stands
+    policy, envs, actions = run_contract_snippet(trex, "run/policy.pt")
     assert actions.shape == (1,) and envs.single_action_space.contains(int(actions[0]))
     assert not policy.training and policy.env_id == "BreakoutNoFrameskip-v4"
     envs.close()
     # --eval-only: a new numbered file each time, results.json untouched
-    before = (finished_run / "results.json").read_bytes()
-    for number in (1, 2):
-        rc, out, err = run_script(SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--eval.seeds", "7")
-        assert rc == 0, err[-2000:]
-        ev = json.loads((finished_run / "evaluations" / f"eval_{number:03d}.json").read_text())
+    eval_only = [SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--eval.seeds", "7"]
+    for ev in eval_only_twice(lambda: run_script(*eval_only), finished_run):
         assert ev["env_id"] == "BreakoutNoFrameskip-v4" and len(ev["eval"]["per_seed"][0]["returns"]) == 1
-    assert (finished_run / "results.json").read_bytes() == before
 
 
 def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
@@ -392,30 +387,17 @@ def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
     command = ["--run-dir", str(run_dir), *TINY, "--demonstrator.total-timesteps", "512"]
     command += ["--policy.total-timesteps", "256", "--stop-after", "policy"]
     names = {"exit 2": [], "redo": []}
+    # both damages for the files a resume reads, one of the two for the rest
     read_on_resume = ("args.json", "demos.npz", "reward_model.pt", "demonstrator.pt", "policy.pt")
-    for index, path in enumerate(sorted(p for p in run_dir.rglob("*") if p.is_file())):
-        original = path.read_bytes()
-        # both damages for the files a resume reads; one of the two, alternating, for the rest
-        for how in ("truncated", "random") if path.name in read_on_resume else [("truncated", "random")[index % 2]]:
-            corrupt_file(path, how)
-            err = io.StringIO()
-            try:
-                with contextlib.redirect_stderr(err):
-                    trex.main(trex.parse_args(command))
-                names["redo"].append(path.name)
-            except SystemExit as exit_info:
-                line = err.getvalue().strip()
-                assert exit_info.code == 2 and len(line.splitlines()) == 1 and path.name in line, line
-                names["exit 2"].append(path.name)
-            path.write_bytes(original)
+    for path, how in each_file_corrupted(run_dir, read_on_resume):
+        exited = exit_2_naming_the_file(lambda: trex.main(trex.parse_args(command)), path)
+        names["exit 2" if exited else "redo"].append(path.name)
     assert set(read_on_resume) <= set(names["exit 2"])
     assert not (run_dir / "results.json").exists()
     # --eval-only reads args.json and policy.pt
     for name in ("args.json", "policy.pt"):
-        original = (run_dir / name).read_bytes()
-        corrupt_file(run_dir / name, "random")
-        assert name in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(run_dir)])))
-        (run_dir / name).write_bytes(original)
+        with corrupted(run_dir / name):
+            assert name in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(run_dir)])))
     (run_dir / "results.json").write_text("{not json")  # the finished marker itself
     assert "results.json" in one_line_exit_2(lambda: trex.main(trex.parse_args(command)))
 
@@ -483,15 +465,14 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     assert proc.returncode == 0 and "extending" not in proc.stdout and "resuming" not in proc.stdout
 
 
-def test_non_finite_reward_loss_exits_3(tmp_path, monkeypatch, capsys):
+def test_non_finite_reward_loss_exits_3(tmp_path, monkeypatch):
     demos = tmp_path / "demos.npz"
     write_random_demos(demos, [0, 1, 2])
     monkeypatch.setattr(trex, "trex_loss", lambda ra, rb, label: (ra.sum() + rb.sum()) * float("nan"))
     args = trex.parse_args(["--run-dir", str(tmp_path / "run"), "--demos", str(demos), *TINY_REWARD])
     args.reward.eval_every = 1
-    with pytest.raises(SystemExit) as exit_info:
-        trex.main(args)
-    assert exit_info.value.code == 3 and "non-finite loss at step 1" in capsys.readouterr().err
+    code, err = quiet_main(lambda: trex.main(args))
+    assert code == 3 and "non-finite loss at step 1" in err
 
 
 # ----------------------------------------------------------------------------------------------- bad input
@@ -523,16 +504,15 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
     defaults = trex.parse_args(["--run-dir", str(run_dir)])
     cases = numeric_flag_cases(trex.Args)
     assert len(cases) >= 4 * 40 and ("--reward.min-len", "0") in cases
-    for flag, value in cases:
-        args = copy.deepcopy(defaults)
-        if not apply_flag(args, flag, value):  # NaN for an int: the parser's one-line error
-            assert flag in one_line_exit_2(lambda: trex.parse_args([flag, value]))
-        elif (flag, value) in DOCUMENTED_VALID:
-            trex.validate(args)
-        else:
-            line = one_line_exit_2(lambda: trex.main(args))
-            assert flag in line, (flag, value, line)
-        assert not run_dir.exists()
+    check_numeric_flag_cases(
+        defaults,
+        cases,
+        DOCUMENTED_VALID,
+        main=trex.main,
+        validate=trex.validate,
+        unparsed=lambda flag, value: trex.parse_args([flag, value]),  # NaN for an int: the parser's one-line error
+        created=run_dir,
+    )
 
 
 @pytest.mark.parametrize(
@@ -599,17 +579,14 @@ def test_demos_file_mutated_key_by_key(tmp_path):
 
 def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
     other = tmp_path / "other"
-    other.mkdir()
-    for saved, needle in (
+    saved_args = [
         ({"script": "rnd_ppo_atari.py", "env_id": "BreakoutNoFrameskip-v4"}, "not made by trex_ppo_atari.py"),
         ({"script": SCRIPT, "env_id": "PongNoFrameskip-v4"}, "holds a run on PongNoFrameskip-v4"),
         ({"env_id": "BreakoutNoFrameskip-v4", "num_envs": 8}, "not made by"),
-    ):
-        (other / "args.json").write_text(json.dumps(saved))
-        assert needle in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", str(other)])))
-    (other / "args.json").unlink()
-    (other / "notes.txt").write_text("mine")
-    assert "no args.json" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", str(other)])))
+    ]
+    check_foreign_run_dirs_refused(
+        lambda folder: trex.main(trex.parse_args(["--run-dir", str(folder)])), other, saved_args
+    )
     assert "cannot write" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--run-dir", "/proc/trex_run"])))
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
@@ -621,14 +598,12 @@ def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_pa
     assert "no policy.pt" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(other)])))
 
 
-def test_help_is_grouped_by_phase(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        trex.parse_args(["--help"])
-    text = capsys.readouterr().out
-    assert exit_info.value.code == 0
-    for group in ("env", "ppo", "demonstrator", "collect", "reward", "policy", "eval"):
-        assert f"{group} options" in text, group
-    assert "--batch-size" not in text and "--minibatch-size" not in text  # derived values are not flags
+def test_help_is_grouped_by_phase():
+    check_help_groups(
+        lambda: trex.parse_args(["--help"]),
+        groups=("env", "ppo", "demonstrator", "collect", "reward", "policy", "eval"),
+        absent=("--batch-size", "--minibatch-size"),  # derived values are not flags
+    )
 
 
 def test_stale_tmp_files_are_removed_and_writes_are_atomic(tmp_path):
