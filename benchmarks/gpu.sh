@@ -45,20 +45,9 @@ simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates
     --also-tag world_model/steps_per_s --also-tag charts/SPS --train-seconds 480 -- python3 simple_worldmodel_atari.py \
     --env-id PongNoFrameskip-v4 --wm.train-steps 600 --wm.epoch-multiplier 1 --ppo.iterations 50 2>&1 | tail -8 | tee "$OUT/simple.log"
   record ;;
-hyper)  # AntMaze UMaze rollouts on the GPU (random-action demos: the rates do not depend on the data)
+hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/mbirl_antmaze.sh throughput) as it is
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
-  python3 -c "
-import sys, numpy as np; sys.argv = ['x']; import mbirl_antmaze as m
-class R:
-    rng = np.random.default_rng(0)
-    def reset(self, maze, obs): pass
-    def __call__(self, obs): return self.rng.uniform(-1, 1, 8)
-np.savez('/tmp/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
-  python3 benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label mbirl-antmaze-rollout-gpu \
-    --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds 240 -- \
-    python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path /tmp/random_ant.npz \
-    --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
-    --eval.log-frequency 20 2>&1 | tail -6 | tee "$OUT/hyper.log"
+  PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
 *) echo "usage: $0 wheels|ga3c|simple|hyper" >&2; exit 2 ;;
 esac

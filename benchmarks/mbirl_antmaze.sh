@@ -36,17 +36,18 @@ fi
 #    (re)training capped at 5 epochs. Main tag: hyper/rollout_sps (simulated transitions per second of rollout time)
 #    against the harness's raw AntMaze steps/s; also the loop's real steps/s and actor updates/s. Nothing else may
 #    run (the harness records the load average).
-if [ "${1:-}" = throughput ]; then
-  python -c "
+if [ "${1:-}" = throughput ]; then  # PYTHON / LABEL_SUFFIX: benchmarks/gpu.sh runs it with python3 and "-gpu"
+  PY=${PYTHON:-python}
+  $PY -c "
 import sys, numpy as np; sys.argv = ['x']; import mbirl_antmaze as m
 class R:
     rng = np.random.default_rng(0)
     def reset(self, maze, obs): pass
     def __call__(self, obs): return self.rng.uniform(-1, 1, 8)
 np.savez('$OUT/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
-  python benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label mbirl-antmaze-rollout \
+  $PY benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label "mbirl-antmaze-rollout${LABEL_SUFFIX:-}" \
     --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds 240 -- \
-    python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path $OUT/random_ant.npz \
+    $PY mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path $OUT/random_ant.npz \
     --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
     --eval.log-frequency 20
 fi
