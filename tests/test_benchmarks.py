@@ -113,3 +113,12 @@ def test_harness_runs_a_baseline_without_run_dir_inside_the_temp_dir(tmp_path, m
 
 def test_harness_without_a_command_exits_2(capsys):
     assert throughput.main(["atari", "--env-id", "BreakoutNoFrameskip-v4"]) == 2
+
+
+def test_gpu_runbook_parses_and_refuses_an_unknown_step(tmp_path):
+    import subprocess
+
+    script = REPO_ROOT / "benchmarks" / "gpu.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    proc = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, env={"OUT": str(tmp_path)})
+    assert proc.returncode == 2 and "usage" in proc.stderr
