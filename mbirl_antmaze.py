@@ -224,8 +224,11 @@ class ReacherArgs:
     """farthest goal (m); the controller sees goal offsets clipped to this length"""
     episode_steps: int = 1000
     """steps before an episode is cut (bootstrapped); a fall (torso height outside [0.2, 1]) ends it"""
+    progress_scale: float = 10.0
+    """reward = progress_scale * progress toward the goal (m/s) + 1 while upright - ctrl_cost * |a|^2; 10 as the
+    controller behind Minari's antmaze data (turning makes the Ant slower than Ant-v5's forward run)"""
     ctrl_cost: float = 0.5
-    """reward = progress toward the goal (m/s) + 1 while upright - ctrl_cost * |a|^2 (Ant-v5's weights)"""
+    """weight of the control cost (Ant-v5's)"""
     eval_episodes: int = 10
     """deterministic evaluation episodes (reset seeds 10000, ...) every eval.frequency steps and at the end"""
 
@@ -1043,8 +1046,8 @@ def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: flo
 class GoalReachAnt:
     """num_envs Ant-v5 bodies (the MJCF AntMaze adds its walls to) on an open plane, each walking to a goal
     U(goal_min, goal_max) m away in a uniform direction; a goal reached (within 0.45 m) is replaced by a new one.
-    Reward: progress toward the goal in m/s + 1 while upright - ctrl_cost |a|^2. A fall (torso height outside
-    [0.2, 1]) ends the episode; resets face a random heading."""
+    Reward: progress_scale x progress toward the goal in m/s + 1 while upright - ctrl_cost |a|^2. A fall (torso
+    height outside [0.2, 1]) ends the episode; resets face a random heading."""
 
     def __init__(self, r: ReacherArgs, seed: int, num_envs: int | None = None):
         from gymnasium.envs.mujoco.ant_v5 import AntEnv
@@ -1084,7 +1087,8 @@ class GoalReachAnt:
             before = np.linalg.norm(self.goal[i] - self.state[i, :2])
             state, _, term[i], _, _ = env.step(actions[i])
             after = np.linalg.norm(self.goal[i] - state[:2])
-            out[1][i] = (before - after) / env.dt + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
+            progress = self.r.progress_scale * (before - after) / env.dt
+            out[1][i] = progress + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
             out[0][i] = reacher_obs(state[2:], state[:2], self.goal[i], self.r.goal_max)
             self.state[i], self.t[i] = state, self.t[i] + 1
             trunc[i] = self.t[i] >= self.r.episode_steps
@@ -1875,6 +1879,7 @@ def check_numbers(args: Args) -> None:
             "goal_min": (0.46, 100),
             "goal_max": (0.46, 100),
             "episode_steps": (1, 1e7),
+            "progress_scale": (1e-6, 1000),
             "ctrl_cost": (0, 100),
             "eval_episodes": (1, 1e4),
         },

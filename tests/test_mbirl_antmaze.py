@@ -569,7 +569,7 @@ def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
     action = np.full((1, 8), 0.5, np.float32)
     next_obs, reward, term, trunc = envs.step(action)
     after = np.linalg.norm(xy + [3.0, 0.0] - envs.state[0, :2])
-    assert np.isclose(reward[0], (3.0 - after) / 0.05 + 1.0 - 0.5 * 8 * 0.25, atol=1e-4) and not term[0]
+    assert np.isclose(reward[0], 10 * (3.0 - after) / 0.05 + 1.0 - 0.5 * 8 * 0.25, atol=1e-3) and not term[0]
     assert np.allclose(next_obs[0, :27], envs.state[0, 2:]) and next_obs.dtype == np.float32
     envs.goal[0] = envs.state[0, :2] + [0.05, 0.0]  # within 0.45 m after the next step: a new goal 1-6 m away
     envs.step(np.zeros((1, 8), np.float32))
