@@ -200,8 +200,8 @@ class ReacherArgs:
     """Phase 0 - the Ant goal-reaching controller that makes AntMaze expert data (trained by --train-goal-reacher)."""
 
     path: str = "controllers/ant_goal_reacher.pt"
-    """the controller (relative paths start at this script's folder): read to make AntMaze expert data, written by
-    --train-goal-reacher"""
+    """the controller (relative paths start at this script's folder): read to make AntMaze expert data; written by
+    --train-goal-reacher at every evaluation that beats the best so far"""
     total_timesteps: int = 1_000_000
     """Ant steps of SAC training on the open plane"""
     num_envs: int = 4
@@ -230,7 +230,7 @@ class ReacherArgs:
     ctrl_cost: float = 0.5
     """weight of the control cost (Ant-v5's)"""
     eval_episodes: int = 10
-    """deterministic evaluation episodes (reset seeds 10000, ...) every eval.frequency steps and at the end"""
+    """deterministic evaluation episodes (reset seeds seed + 10000 + i) every eval.frequency steps and at the end"""
 
 
 @dataclass
@@ -1081,15 +1081,16 @@ class GoalReachAnt:
     def step(self, actions: np.ndarray):
         """-> next observations (toward the goals the actions were taken for), rewards, terminated, truncated. Ended
         envs are reset and reached goals replaced afterwards, so obs() is the next input."""
-        out = [np.zeros((len(self.envs), REACHER_OBS), np.float32), np.zeros(len(self.envs), np.float32)]
-        term, trunc = np.zeros(len(self.envs), bool), np.zeros(len(self.envs), bool)
+        n = len(self.envs)
+        next_obs, reward = np.zeros((n, REACHER_OBS), np.float32), np.zeros(n, np.float32)
+        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
         for i, env in enumerate(self.envs):
             before = np.linalg.norm(self.goal[i] - self.state[i, :2])
             state, _, term[i], _, _ = env.step(actions[i])
             after = np.linalg.norm(self.goal[i] - state[:2])
             progress = self.r.progress_scale * (before - after) / env.dt
-            out[1][i] = progress + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
-            out[0][i] = reacher_obs(state[2:], state[:2], self.goal[i], self.r.goal_max)
+            reward[i] = progress + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
+            next_obs[i] = reacher_obs(state[2:], state[:2], self.goal[i], self.r.goal_max)
             self.state[i], self.t[i] = state, self.t[i] + 1
             trunc[i] = self.t[i] >= self.r.episode_steps
             if after <= GOAL_RADIUS:
@@ -1100,7 +1101,7 @@ class GoalReachAnt:
                     {"env": i, "goals": int(self.reached[i]), "length": int(self.t[i]), "fell": bool(term[i])}
                 )
                 self.reset(i)
-        return out[0], out[1], term, trunc
+        return next_obs, reward, term, trunc
 
 
 def evaluate_reacher(actor: "GaussianActor", r: ReacherArgs, episodes: int, seed: int) -> dict:
