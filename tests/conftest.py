@@ -496,3 +496,17 @@ def assert_exit_2_naming_the_file_or_a_clean_redo(outcomes, redone) -> None:
             assert len(err.strip().splitlines()) == 1 and name.name in err, (name, how, err)
         else:
             assert redone(run_dir), (name, how, err[-1500:])
+
+
+def check_irl_run_files_corrupted(main, source: Path, demos: Path, tmp_path: Path) -> None:
+    """FILTER/HyPE: every file of a finished run dir corrupted in turn, the command re-run on the same expert file:
+    exit 2 naming the file or a clean redo of the 120-step run; args.json and the IRL checkpoint always exit 2."""
+    outcomes = rerun_with_each_file_corrupted(
+        source, tmp_path, lambda run_dir: main(["--run-dir", str(run_dir), "--expert.path", str(demos)])
+    )
+    files = {name for name, *_ in outcomes}
+    assert {Path("args.json"), Path("checkpoints/irl.pt"), Path("policy.pt"), Path("results.json")} <= files
+    assert_exit_2_naming_the_file_or_a_clean_redo(
+        outcomes, lambda run_dir: json.loads((run_dir / "results.json").read_text())["policy_env_steps"] == 120
+    )
+    assert {(name, rc) for name, _, rc, *_ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}

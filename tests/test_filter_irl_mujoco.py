@@ -22,12 +22,12 @@ from conftest import (
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
-    assert_exit_2_naming_the_file_or_a_clean_redo,
     assert_mujoco_irl_artifacts,
     assert_run_dir_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
     check_help_groups,
+    check_irl_run_files_corrupted,
     check_numeric_flag_cases,
     eval_only_twice,
     file_bytes,
@@ -38,7 +38,6 @@ from conftest import (
     numeric_flag_cases,
     one_line_exit_2,
     quiet_main,
-    rerun_with_each_file_corrupted,
     run_contract_snippet,
     run_script_subprocess,
     write_minari_dataset,
@@ -620,15 +619,7 @@ def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finish
     (results.json removed so that the resume path reads the artifacts): exit 2 with one line naming the file, or a
     clean redo that finishes (exit 0); never a traceback."""
     source, demos, _ = finished_run
-    outcomes = rerun_with_each_file_corrupted(
-        source, tmp_path, lambda run_dir: fi.main(["--run-dir", str(run_dir), "--expert.path", str(demos)])
-    )
-    files = {name for name, *_ in outcomes}
-    assert {Path("args.json"), Path("checkpoints/irl.pt"), Path("policy.pt"), Path("results.json")} <= files
-    assert_exit_2_naming_the_file_or_a_clean_redo(
-        outcomes, lambda run_dir: json.loads((run_dir / "results.json").read_text())["policy_env_steps"] == 120
-    )
-    assert {(name, rc) for name, _, rc, *_ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
+    check_irl_run_files_corrupted(fi.main, source, demos, tmp_path)
 
 
 def test_help_is_grouped_by_phase():
