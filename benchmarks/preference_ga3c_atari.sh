@@ -114,8 +114,23 @@ PY
         python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
         --reward.pretrain-epochs 1 --reward.labels-per-step "${RATE:-0.003}" \
         --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate" ;;
+  throughput-window)  # one quiet window after the byte-mask dropout / NHWC GA3C net change: the baseline, GA3C on
+    # the true reward, the synthetic labeller at two training rates (label samples trained per agent step)
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy \
+        --train-seconds 120 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+        --reward-model runs/trex_quick/reward_model.pt
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --label "ga3c-rl${TAG:-}" \
+        --train-seconds 120 -- python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl
+    for rate in ${RATES:-0.003 0.02}; do
+      rm -rf runs/preference_store_bench_precision
+      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+          --label "ga3c-synthetic-rate$rate${TAG:-}" --train-seconds 180 --counter-tag reward/updates -- \
+          python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+          --reward.pretrain-epochs 1 --reward.labels-per-step "$rate" \
+          --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate"
+    done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision|throughput-rate|reward-precision"
+  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
      exit 2 ;;
 esac

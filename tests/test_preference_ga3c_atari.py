@@ -103,6 +103,31 @@ def test_synthetic_labeller_treats_ties_as_indifference():
     assert pref.synthetic_answer(0.0, 0.0) == "equal"
 
 
+@pytest.mark.parametrize("p", [0.5, 0.25])
+def test_byte_dropout_keeps_1_minus_p_and_preserves_the_mean(p):
+    torch.manual_seed(0)
+    drop = pref.ByteDropout(p).train()
+    x = torch.ones(200_003, dtype=torch.bfloat16)  # not a multiple of 8: the last 64-bit draw is cut
+    out = drop(x)
+    kept = (out != 0).float().mean().item()
+    assert kept == pytest.approx(1 - p, abs=0.005)  # 200k Bernoulli draws: std ~0.001
+    assert out.float().mean().item() == pytest.approx(1.0, abs=0.01)  # kept values scaled by 1 / (1 - p)
+    assert out.unique().tolist() == [0.0, pytest.approx(1 / (1 - p), rel=1e-2)]
+    assert not torch.equal(drop(x), out)  # a fresh mask every call
+    x = torch.randn(64, 16, 5, 5, requires_grad=True)  # gradients flow through the kept units only
+    y = drop(x)
+    y.sum().backward()
+    assert torch.equal(x.grad != 0, y != 0)
+    assert torch.equal(drop.eval()(x), x)  # eval: identity
+
+
+def test_gumbel_max_sampler_draws_from_the_softmax():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).expand(60_000, 3)
+    counts = torch.bincount(pref.sample_actions(logits), minlength=3).float() / 60_000
+    np.testing.assert_allclose(counts.numpy(), [0.1, 0.2, 0.7], atol=0.01)
+
+
 def test_reward_net_ignores_the_masked_score_rows():
     torch.manual_seed(0)
     net = pref.RewardNet(4, (10, 5), dropout=0.0).eval()
