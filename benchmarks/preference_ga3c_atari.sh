@@ -30,6 +30,10 @@ case $step in
     nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback sort-tree \
         --exp-name ev2_tree --run-dir runs/pref_evidence2_tree > runs/pref_evidence2_tree.log 2>&1 &
     wait ;;
+  evidence-long-rl)  # the true-reward baseline at a budget where GA3C should learn Pong (10M agent steps = 40M frames),
+    # sharing the 2-core CPU with one other 1-thread job; resumable: re-run the same line after an interruption
+    python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler rl --seed 1 --exp-name pong_rl_long \
+        --run-dir runs/pref_pong_rl_long --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 ;;
   curves)  # the three evidence runs' training-game scores and labels in one figure for the docs
     python - <<'PY'
 import glob
@@ -131,6 +135,6 @@ PY
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  *) echo "usage: $0 evidence|evidence-preferences|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
      exit 2 ;;
 esac
