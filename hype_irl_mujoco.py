@@ -12,7 +12,7 @@ Usage:
     python hype_irl_mujoco.py --env-id InvertedPendulum-v5 --expert.timesteps 10000 --irl.total-timesteps 10000
     python hype_irl_mujoco.py --run-dir runs/X                          # resume; --eval-only runs/X evaluates
 
-Defaults, deliberate differences, the expert-data format and the run directory: docs/hype_irl_mujoco.md.
+Mazes (PointMaze/AntMaze on mbirl_antmaze.py's demos), defaults, the data format, the run dir: docs/hype_irl_mujoco.md.
 """
 
 import contextlib
@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -42,7 +42,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
+try:
+    with contextlib.redirect_stderr(io.StringIO()):  # its import prints an Adroit notice that would break error lines
+        import gymnasium_robotics
+    gym.register_envs(gymnasium_robotics)
+except ImportError:  # only the mazes need gymnasium-robotics
+    gymnasium_robotics = None
+
 SCRIPT = "hype_irl_mujoco.py"
+MAZE_VERSIONS = {"PointMaze_": ("v3",), "AntMaze_": ("v4", "v5")}  # the maze ids mbirl_antmaze.py makes data for
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
 # demos.npz, key: (dtype, shape) in N transitions, E episodes and the env's sizes (obs, act, MuJoCo's nq and nv)
@@ -54,10 +62,16 @@ DEMO_FORMAT = {
     "qpos": (np.float64, ("N", "nq")), "qvel": (np.float64, ("N", "nv")), "qacc_warmstart": (np.float64, ("N", "nv")),
 }  # fmt: skip
 OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
+MAZE_DEMO_FORMAT = {**DEMO_FORMAT, "goal": (np.float64, ("N", 2))}  # mbirl_antmaze.py's files: each step's goal
+MAZE_DEMO_KEYS = ("qpos", "qvel", "goal")  # required on mazes
 # Piecewise-linear rho schedules of the reference ([start, end, until_step] segments, in learner env steps).
 # HalfCheetah is not in the reference; it gets the Ant/Walker2d schedule (our choice). Any other env: Hopper's.
 RHO_SCHEDULES = dict.fromkeys(("Hopper", "Humanoid"), "0.2,0.1,200000;0.1,0.01,1000000")
 RHO_SCHEDULES.update(dict.fromkeys(("Ant", "Walker2d", "HalfCheetah"), "0.2,0.2,300000;0.2,0.1,1000000"))
+
+
+Terminal = Optional[Literal["min", "none"]]
+ExpertPath = Annotated[Optional[str], tyro.conf.arg(aliases=("--expert.expert-path",))]  # mbirl_antmaze.py's name
 
 
 def ranged(default, interval: str):
@@ -68,7 +82,7 @@ def ranged(default, interval: str):
 @dataclass
 class ExpertArgs:  # the comment after each field is its --help line
     experts_dir: str = "experts"  # cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with FILTER)
-    path: Optional[str] = None  # your own demos.npz, or minari:DATASET_ID (no MuJoCo states), instead of the cache
+    path: ExpertPath = None  # your own demos.npz (or minari:DATASET_ID, no MuJoCo states) instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # SAC expert training steps on the true reward (no cached demos)
     num_demos: int = ranged(64, "[1, 1e5]")  # deterministic complete expert episodes rolled out (reset seeds 0, 1, ...)
 
@@ -105,7 +119,7 @@ class IRLArgs:
     rho_schedule: Optional[str] = None  # expert fraction: 'start,end,until;...' in learner steps, a number, or per env
     reset_prob: float = ranged(0.0, "[0, 1]")  # probability an episode starts at an expert state: >0 is HyPE+FILTER
     p_tremble: float = ranged(0.01, "[0, 1]")  # probability of a uniform random action (training and evaluation)
-    terminal_reward: Literal["min", "none"] = "min"  # min: absorbing state earning the batch's lowest reward; none: end
+    terminal_reward: Terminal = None  # min: absorbing, lowest batch reward; none: end (unset: mazes none, others min)
 
 
 @dataclass
@@ -126,7 +140,7 @@ class Args:
     capture_video: bool = False  # record an evaluation episode as VP9 WebM in {run_dir}/videos/ (also --eval-only)
     save_model: bool = True  # save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)
     run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
-    env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
+    env_id: str = "Hopper-v5"  # MuJoCo v5 env id (Hopper, Walker2d, Ant, ...), PointMaze_*-v3 or AntMaze_*-v4/v5
     max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")  # episode horizon (default: the env's, 1000 for MuJoCo)
     torch_threads: int = ranged(0, "[0, 1024]")  # CPU threads for torch (0 = torch's default; 1 on a shared CPU)
     log_frequency: int = ranged(1000, "[1, 1e9]")  # TensorBoard scalars (losses, SPS, rho) every this many env steps
@@ -160,33 +174,87 @@ class Interrupted(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------- Environments
+def is_maze(env_id: str) -> bool:
+    return env_id.startswith(tuple(MAZE_VERSIONS))
+
+
+class FlatMazeObs(gym.ObservationWrapper):
+    """A maze's dict observation -> the flat one of mbirl_antmaze.py's data, (x, y) first and the goal last:
+    PointMaze [x, y, vx, vy, gx, gy] (6-D); AntMaze [x, y, qpos[2:15], qvel, gx, gy] (31-D)."""
+
+    def __init__(self, env: gym.Env, prepend_xy: bool):
+        super().__init__(env)
+        self.prepend_xy = prepend_xy
+        dim = env.observation_space["observation"].shape[0] + 2 + 2 * prepend_xy
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float64)
+
+    def observation(self, obs: dict) -> np.ndarray:
+        parts = [obs["achieved_goal"]] if self.prepend_xy else []
+        return np.concatenate(parts + [obs["observation"], obs["desired_goal"]])
+
+
+def make_gym_env(env_id: str, **kwargs) -> gym.Env:
+    """gym.make (with its TimeLimit); a maze as mbirl_antmaze.py makes it: it ends at the goal (within 0.45), the
+    goal stays put, AntMaze v5 has no contact forces, and the maze XML it writes to the temp dir is removed."""
+    if not is_maze(env_id):
+        return gym.make(env_id, disable_env_checker=True, **kwargs)
+    kwargs.update(continuing_task=False, reset_target=False)
+    if env_id.startswith("AntMaze_") and not env_id.endswith("-v4"):
+        kwargs["include_cfrc_ext_in_observation"] = False
+    env = gym.make(env_id, disable_env_checker=True, **kwargs)
+    xml = getattr(env.unwrapped, "tmp_xml_file_path", None)
+    if xml and os.path.exists(xml):  # loaded already
+        os.remove(xml)
+    return env
+
+
+def flat_obs(env_id: str, env: gym.Env) -> gym.Env:
+    return FlatMazeObs(env, prepend_xy=env_id.startswith("AntMaze_")) if is_maze(env_id) else env
+
+
 def make_env(env_id: str, max_episode_steps: Optional[int] = None, render: bool = False) -> tuple[gym.Env, int]:
     """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time themselves, so that an episode
-    restored to expert time t runs for exactly horizon - t more steps."""
+    restored to expert time t runs for exactly horizon - t more steps. Mazes: the flat observation."""
     size = {"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {}
-    env = gym.make(env_id, disable_env_checker=True, **size)
+    env = make_gym_env(env_id, **size)
     horizon = max_episode_steps or env.spec.max_episode_steps or 1000
-    return (env.env if isinstance(env, gym.wrappers.TimeLimit) else env), horizon
+    return flat_obs(env_id, env.env if isinstance(env, gym.wrappers.TimeLimit) else env), horizon
 
 
-def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray) -> np.ndarray:
-    """Exact restore: the expert's next states replay bit for bit (warm start included). Returns the recomputed
-    observation, equal to the recorded one except, on Ant/Humanoid, for the contact/actuator-force entries
-    (gymnasium computes those from the last substep's solver state): the learner's reset uses the recorded one."""
+def simulator(env: gym.Env):
+    """The MuJoCo env holding model and data: the maze's inner point/ant env, else the env itself."""
     u = env.unwrapped
-    u.data.qpos[:], u.data.qvel[:], u.data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
-    if u.model.na:
-        u.data.act[:] = 0.0
-    mujoco.mj_forward(u.model, u.data)
-    return u._get_obs()
+    return getattr(u, "point_env", None) or getattr(u, "ant_env", None) or u
+
+
+def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, goal=None) -> np.ndarray:
+    """Exact restore: the expert's next states replay bit for bit (warm start included); on a maze the goal (and its
+    target marker) too. Returns the recomputed observation, equal to the recorded one except, on Ant/Humanoid, for
+    the contact/actuator-force entries (gymnasium computes those from the last substep's solver state): the
+    learner's reset uses the recorded one."""
+    u, sim = env.unwrapped, simulator(env)
+    if goal is not None:
+        u.goal = np.array(goal, dtype=np.float64)
+        if hasattr(u, "update_target_site_pos"):
+            u.update_target_site_pos()
+    sim.data.qpos[:], sim.data.qvel[:], sim.data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
+    if sim.model.na:
+        sim.data.act[:] = 0.0
+    mujoco.mj_forward(sim.model, sim.data)
+    if sim is u:
+        return u._get_obs()
+    inner = sim._get_obs()  # the point env's is (obs, info)
+    return env.observation(u._get_obs(inner[0] if isinstance(inner, tuple) else inner))
 
 
 def start_episode(env: gym.Env, seed: int, demos: Optional[dict], reset_prob: float, rng) -> tuple[np.ndarray, int]:
-    """Reset; with probability reset_prob restore a uniformly drawn expert state. Returns (observation, time index)."""
+    """Reset; with probability reset_prob restore a uniformly drawn expert state (and its goal on a maze). Returns
+    (observation, time index)."""
     obs, _ = env.reset(seed=seed)
     if reset_prob > 0 and rng.random() < reset_prob:
         i = int(rng.integers(len(demos["observations"])))
-        restore_state(env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i])
+        goal = demos["goal"][i] if "goal" in demos else None
+        restore_state(env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i], goal)
         return demos["observations"][i].astype(np.float64), int(demos["timesteps"][i])
     return obs, 0
 
@@ -284,6 +352,11 @@ def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
     if any(until <= previous for previous, until in zip(ends, ends[1:])):
         raise ValueError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
     return segments
+
+
+def terminal_reward(args: Args) -> str:
+    """min on MuJoCo (termination = a fall, the worst outcome); none on mazes, whose episodes end AT the goal."""
+    return args.irl.terminal_reward or ("none" if is_maze(args.env_id) else "min")
 
 
 def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
@@ -464,25 +537,27 @@ class Storage:
 
 # ---------------------------------------------------------------------------------------------------- Phases
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, max_episode_steps=None, video=None):
-    """True returns of deterministic actions, trembling as in training (reference); `video`: the first episode's."""
-    rng, returns, frames = np.random.default_rng(seed), [], []
+    """True returns of deterministic actions, trembling as in training (reference); `video`: the first episode's.
+    Returns (returns, successes): on a maze whether each episode reached its goal (within 0.45), else None."""
+    rng, returns, successes, frames = np.random.default_rng(seed), [], [], []
     for ep in range(episodes):
         env, horizon = make_env(env_id, max_episode_steps, render=video is not None and ep == 0)
         obs, _ = env.reset(seed=seed + ep)
-        ret = 0.0
+        ret, success = 0.0, False
         for _ in range(horizon):
             action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
-            obs, reward, terminated, _, _ = env.step(action)
-            ret += float(reward)
+            obs, reward, terminated, _, info = env.step(action)
+            ret, success = ret + float(reward), success or bool(info.get("success", False))
             if env.render_mode:
                 frames.append(env.render())
             if terminated:
                 break
         returns.append(ret)
+        successes.append(success or terminated)  # a maze terminates only at its goal
         env.close()
     if video is not None:
         write_video(video, frames, fps=env.metadata.get("render_fps", 30))
-    return returns
+    return returns, (successes if is_maze(env_id) else None)
 
 
 def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
@@ -593,11 +668,16 @@ def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg
 def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: float) -> float:
     """Evaluate, append to the history, log, and redraw the learning curve; returns the mean return."""
     seed, step = args.seed + 10_000, progress["step"]
-    returns = evaluate(sac.actor, args.env_id, args.eval.episodes, seed, args.irl.p_tremble, args.max_episode_steps)
+    returns, successes = evaluate(
+        sac.actor, args.env_id, args.eval.episodes, seed, args.irl.p_tremble, args.max_episode_steps
+    )
     mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
+    success_rate = float(np.mean(successes)) if successes is not None else None
     progress["history"].append(dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns))))
-    progress["history"][-1]["returns"] = returns
+    progress["history"][-1].update(returns=returns, success_rate=success_rate)
     run.writer.add_scalar("eval/episodic_return", mean, step)
+    if success_rate is not None:
+        run.writer.add_scalar("eval/success_rate", success_rate, step)
     if math.isfinite(expert_return) and expert_return != 0:
         run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
@@ -625,7 +705,7 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     if ckpt:
         progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
         progress["resumed_from_step"] = progress["step"]
-    ckpt_path, meter, absorbing = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.terminal_reward == "min"
+    ckpt_path, meter, absorbing = run.dir / "checkpoints" / "irl.pt", SPSMeter(), terminal_reward(args) == "min"
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
     progress["episodes"] += 1
     ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
@@ -664,7 +744,9 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
             if step >= next_eval:
                 next_eval += args.eval.frequency
                 mean = meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
-                bar.write(f"[irl] step {step}: eval return {mean:.1f} (expert {expert_return:.1f})")
+                success = progress["history"][-1]["success_rate"]
+                reached = f", success rate {success:.2f}" if success is not None else ""
+                bar.write(f"[irl] step {step}: eval return {mean:.1f} (expert {expert_return:.1f}){reached}")
             if step % args.checkpoint_frequency == 0:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
             bar.update(1)
@@ -701,9 +783,10 @@ def load_policy(path, device="cpu") -> Actor:
 
 
 def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit)."""
+    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit; mazes flat)."""
     limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
-    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id, **limit) for _ in range(num_envs)])
+    env_id = policy.env_id
+    return gym.vector.SyncVectorEnv([lambda: flat_obs(env_id, make_gym_env(env_id, **limit)) for _ in range(num_envs)])
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -736,7 +819,8 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
             evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
         atomic_save(run.dir / "results.json", results)
         mean, std, expert_return = results["eval_mean"], results["eval_std"], results["expert_return"]
-        print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f})")
+        success = f", success rate {results['success_rate']:.2f}" if results["success_rate"] is not None else ""
+        print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f}){success}")
     except NonFiniteLoss as e:
         finish_run(run, f"error: {e}; lower the learning rates or check the expert data (last checkpoint kept)")
         raise SystemExit(3)
@@ -837,12 +921,14 @@ def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall
     results.update(eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
     results.update(eval_episodes=args.eval.episodes, expert_return=expert_return, num_demos=len(demos["returns"]))
     results["normalized_return"] = final["mean"] / expert_return if expert_return else float("nan")
+    results["success_rate"] = final["success_rate"]  # mazes: the share of evaluation episodes reaching the goal
     results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
     results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule)
     results.update(final_rho=progress["final_rho"], reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble)
-    results.update(terminal_reward=args.irl.terminal_reward, resumed_from_step=progress["resumed_from_step"])
+    results.update(terminal_reward=terminal_reward(args), resumed_from_step=progress["resumed_from_step"])
     results.update(wall_time_s=wall_time, device=str(device), date=dt.datetime.now(dt.timezone.utc).isoformat())
-    results["history"] = [{k: h[k] for k in ("step", "total_env_steps", "mean", "std")} for h in progress["history"]]
+    keys = ("step", "total_env_steps", "mean", "std", "success_rate")
+    results["history"] = [{k: h.get(k) for k in keys} for h in progress["history"]]
     return results
 
 
@@ -909,11 +995,17 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
 
     fig = Figure(figsize=(11, 4), dpi=90)
     ax_e, ax_i = fig.subplots(1, 2)
-    if len(expert_curve):
-        ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
-    if math.isfinite(expert_return):
-        ax_e.axhline(expert_return, color="k", ls=":", label="demos' mean return")
-    ax_e.set(title="expert phase", xlabel="env steps", ylabel="true return")
+    if is_maze(args.env_id):  # no expert phase: the left panel shows how often the learner reaches the goal
+        steps, rates = [h["step"] for h in history], [h["success_rate"] for h in history]
+        ax_e.plot(steps, rates, marker="o", label="learner (policy env steps)")
+        ax_e.plot([h["total_env_steps"] for h in history], rates, ls="--", alpha=0.6, label="incl. discriminator steps")
+        ax_e.set(title="IRL phase: success rate (goal within 0.45)", xlabel="env steps", ylim=(-0.05, 1.05))
+    else:
+        if len(expert_curve):
+            ax_e.plot(*zip(*expert_curve), lw=0.8, label="SAC on the true reward (episodes)")
+        if math.isfinite(expert_return):
+            ax_e.axhline(expert_return, color="k", ls=":", label="demos' mean return")
+        ax_e.set(title="expert phase", xlabel="env steps", ylabel="true return")
     if history:
         steps, means = [h["step"] for h in history], [h["mean"] for h in history]
         ax_i.plot(steps, means, marker="o", label="learner (policy env steps)")
@@ -963,12 +1055,14 @@ def evaluate_saved_policy(args: Args) -> None:
     number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
     video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
     seed, episodes, p_tremble = args.seed + 20_000, args.eval.episodes, args.irl.p_tremble
-    rets = evaluate(policy, policy.env_id, episodes, seed, p_tremble, policy.max_episode_steps, video)
+    rets, successes = evaluate(policy, policy.env_id, episodes, seed, p_tremble, policy.max_episode_steps, video)
     record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
+    record["success_rate"] = float(np.mean(successes)) if successes is not None else None
     record.update(episodes=episodes, seed=seed, p_tremble=p_tremble)
     out = run_dir / "evaluations" / f"eval_{number:03d}.json"
     atomic_save(out, record)
-    print(f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes -> {out}")
+    success = f", success rate {record['success_rate']:.2f}" if successes is not None else ""
+    print(f"eval return {record['mean']:.1f} +- {record['std']:.1f}{success} over {len(rets)} episodes -> {out}")
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
@@ -1042,11 +1136,17 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
     missing = [k for k in list(DEMO_FORMAT) + ["env_id"] if k not in demos and k not in OPTIONAL_DEMO_KEYS]
     if missing:
         raise UsageError(f"{path} lacks keys {', '.join(missing)}; see the expert-data format in docs/{SCRIPT[:-3]}.md")
+    lacking = [k for k in MAZE_DEMO_KEYS if k not in demos] if is_maze(env_id) else []
+    if lacking:
+        raise UsageError(
+            f"{path} lacks keys {', '.join(lacking)}, which maze demos need (mbirl_antmaze.py writes them)"
+        )
     if demos["env_id"].shape != () or demos["env_id"].dtype.kind != "U":
         raise UsageError(f"{path}: key env_id must be a 0-d string array naming the env")
     if str(demos["env_id"]) != env_id:
         raise UsageError(f"{path} holds demos of {demos['env_id']} (key env_id), not {env_id}; pass matching demos")
-    per_row = [k for k, (_, shape) in DEMO_FORMAT.items() if k in demos and shape[0] == "N"]
+    demo_format = MAZE_DEMO_FORMAT if is_maze(env_id) else DEMO_FORMAT
+    per_row = [k for k, (_, shape) in demo_format.items() if k in demos and shape[0] == "N"]
     lengths = [len(demos[k]) if demos[k].ndim else -1 for k in per_row]
     n = max(set(lengths), key=lengths.count)  # the length most keys agree on: the odd key out is named
     ids = demos["episode_ids"]
@@ -1054,10 +1154,10 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
     if n < 1 or episodes < 1:
         raise UsageError(f"{path} holds no complete expert episode; record at least one episode")
     dims = {"N": n, "E": episodes, **sizes}
-    for key, (dtype, shape) in DEMO_FORMAT.items():
+    for key, (dtype, shape) in demo_format.items():
         if key not in demos:
             continue
-        a, expected, kind = demos[key], tuple(dims[d] for d in shape), np.dtype(dtype).kind
+        a, expected, kind = demos[key], tuple(dims.get(d, d) for d in shape), np.dtype(dtype).kind
         if a.dtype.kind not in {"f": "fiu", "i": "iu", "b": "biu"}[kind] or (
             kind == "b" and a.dtype.kind in "iu" and not np.isin(a, (0, 1)).all()
         ):
@@ -1083,6 +1183,11 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
         "terminals": (not stray_terminal, "marks a step that does not end its episode"),
         "returns": (np.allclose(sums, demos["returns"], rtol=1e-4, atol=1e-2), "must be the episodes' reward sums"),
     }
+    if "goal" in demos and is_maze(env_id):
+        rules["goal"] = (
+            np.allclose(demos["goal"], demos["observations"][:, -2:], atol=1e-5),
+            "must end every observation",
+        )
     for key, (holds, message) in rules.items():
         if not holds:
             raise UsageError(f"{path}: key {key} {message}")
@@ -1122,27 +1227,44 @@ def check_args(args: Args) -> None:
         raise UsageError("--capture-video needs opencv-python: pip install opencv-python")
 
 
+def check_maze_id(env_id: str) -> None:
+    """PointMaze_*-v3 or AntMaze_*-v4/v5 of gymnasium-robotics (near misses get a suggestion)."""
+    if gymnasium_robotics is None:
+        raise UsageError(f"{env_id} needs gymnasium-robotics: pip install gymnasium-robotics")
+    prefix = next(p for p in MAZE_VERSIONS if env_id.startswith(p))
+    mazes = [k for k in gym.registry if k.startswith(prefix) and k.rsplit("-", 1)[-1] in MAZE_VERSIONS[prefix]]
+    if env_id not in mazes:
+        guess = ", ".join(difflib.get_close_matches(env_id, mazes, n=3, cutoff=0.6)) or mazes[0]
+        versions = "/".join(MAZE_VERSIONS[prefix])
+        raise UsageError(
+            f"unknown maze id {env_id!r} ({prefix}* ids are -{versions}); did you mean {guess}? (--env-id)"
+        )
+
+
 def check_env_id(env_id: str) -> tuple[EnvInfo, dict]:
-    """A MuJoCo v5 env id (other families, retired versions, near misses get a suggestion) -> the env's sizes."""
-    if env_id.startswith("ALE/") or "NoFrameskip" in env_id:
-        raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
+    """A MuJoCo v5 env id or a maze id (other families, retired versions, near misses get a suggestion) -> the env's
+    sizes (a maze's: its flat observation's and its inner MuJoCo env's)."""
     mujoco_ids = [k for k, s in gym.registry.items() if "mujoco" in str(s.entry_point)]
     current = [k for k in mujoco_ids if k.endswith("-v5")]
-    if env_id not in gym.registry:
+    if is_maze(env_id):
+        check_maze_id(env_id)
+    elif env_id.startswith("ALE/") or "NoFrameskip" in env_id:
+        raise UsageError(f"{env_id} is an Atari env; this script takes MuJoCo envs such as Hopper-v5 (--env-id)")
+    elif env_id not in gym.registry:
         lower = {k.lower(): k for k in current}
         close = difflib.get_close_matches(env_id.lower(), list(lower), n=3, cutoff=0.6)
         guess = ", ".join(lower[c] for c in close) or "Hopper-v5"
         raise UsageError(f"unknown env id {env_id!r}; did you mean {guess}? (--env-id)")
-    if env_id not in mujoco_ids:
+    elif env_id not in mujoco_ids:
         raise UsageError(f"{env_id} is not a MuJoCo env; pass a MuJoCo v5 env such as Hopper-v5 (--env-id)")
-    if env_id not in current:
+    elif env_id not in current:
         newer = env_id.rsplit("-v", 1)[0] + "-v5"
         raise UsageError(f"{env_id} is a retired version; use {newer if newer in current else 'a -v5 env'} (--env-id)")
     try:
-        env = gym.make(env_id)
+        env, _ = make_env(env_id)
     except Exception as e:  # e.g. a broken MuJoCo install
         raise UsageError(f"cannot create {env_id} ({type(e).__name__}: {e}); check the gymnasium[mujoco] install")
-    space, model = env.action_space, env.unwrapped.model
+    space, model = env.action_space, simulator(env).model
     info = EnvInfo(env.observation_space.shape[0], space.shape[0], space.low, space.high)
     env.close()
     return info, {"obs": info.obs_dim, "act": info.act_dim, "nq": model.nq, "nv": model.nv, "env": env_id}
@@ -1152,7 +1274,7 @@ def check_rendering(env_id: str) -> None:
     """--capture-video: MuJoCo must be able to render off-screen (EGL unless MUJOCO_GL says otherwise)."""
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
-        env = gym.make(env_id, render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE)
+        env, _ = make_env(env_id, render=True)
         env.reset(seed=0)
         env.render()
         env.close()
@@ -1276,6 +1398,9 @@ def validate(args: Args) -> Run:
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
         raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
     path = path or (cache if cache.exists() else None)
+    if path is None and is_maze(args.env_id):  # a sparse maze has no SAC expert phase
+        make = f"python mbirl_antmaze.py --env-id {args.env_id}"
+        raise UsageError(f"no maze demos at {cache}: make them with `{make}` or pass --expert.expert-path FILE")
     demos = load_demos(path, args.env_id, sizes, args.irl.reset_prob) if path else None
     checkpoints = {}
     if demos is None:

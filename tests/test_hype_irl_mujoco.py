@@ -623,3 +623,126 @@ def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finishe
     assert code == 3 and len(errors) == 1, err[-2000:]
     assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
     assert not (tmp_path / "nan" / "results.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ mazes (HyPER's data)
+MAZE = "PointMaze_UMaze-v3"
+MAZE_TINY = ["--irl.total-timesteps", 300, "--irl.train-every", 150, "--sac.learning-starts", 100]
+MAZE_TINY += ["--eval.frequency", 150, "--eval.episodes", 2, "--disc.trajectories", 1, "--torch-threads", 1]
+MAZE_TINY += ["--sac.hidden-dim", 32, "--sac.batch-size", 32, "--disc.batch-size", 64]
+
+
+@pytest.fixture(scope="module")
+def maze_demos() -> dict:
+    """mbirl_antmaze.py's planner expert on PointMaze UMaze: 3 episodes in the shared layout, each ending at its goal"""
+    import mbirl_antmaze as mb
+
+    return mb.make_expert_data(MAZE, mb.ExpertArgs(num_demos=3), 0, None)
+
+
+def test_maze_env_is_flat_and_an_expert_reset_restores_state_and_goal(maze_demos):
+    d = maze_demos
+    env, horizon = hy.make_env(MAZE)
+    assert horizon == 300 and env.observation_space.shape == (6,)  # the env's own time limit, [x, y, vx, vy, goal]
+    sim = env.unwrapped.point_env
+    ends = np.flatnonzero(d["terminals"])
+    for i in (2, 30, *ends):  # mid-episode steps and the steps that reach the goal
+        env.reset(seed=99)  # another start and another goal
+        assert not np.allclose(env.unwrapped.goal, d["goal"][i])
+        obs = hy.restore_state(env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["goal"][i])
+        np.testing.assert_allclose(obs, d["observations"][i], atol=1e-6)
+        np.testing.assert_allclose(sim.model.site_pos[env.unwrapped.target_site_id][:2], d["goal"][i])  # the marker
+        next_obs, _, terminated, _, _ = env.step(d["actions"][i])
+        np.testing.assert_allclose(next_obs, d["next_observations"][i], atol=1e-5)
+        assert terminated == d["terminals"][i]
+    rng = np.random.default_rng(0)
+    obs, t = hy.start_episode(env, 5, d, reset_prob=1.0, rng=rng)  # the learner's reset: the recorded state and time
+    i = int(np.flatnonzero((d["observations"] == obs.astype(np.float32)).all(1))[0])
+    assert t == d["timesteps"][i] and np.allclose(env.unwrapped.goal, d["goal"][i])
+    env.close()
+
+
+def test_terminal_reward_defaults_to_none_on_mazes_and_min_elsewhere_unless_set():
+    assert hy.terminal_reward(hy.Args(env_id=MAZE)) == "none" and hy.terminal_reward(hy.Args()) == "min"
+    assert hy.terminal_reward(hy.Args(env_id=MAZE, irl=hy.IRLArgs(terminal_reward="min"))) == "min"
+
+
+class ReplayActor:
+    """Open-loop: the actions of one recorded episode, then zeros (evaluate's `actor.act` interface)."""
+
+    def __init__(self, actions: np.ndarray):
+        self.actions, self.t = actions, 0
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        action = self.actions[self.t] if self.t < len(self.actions) else np.zeros(2, np.float32)
+        self.t += 1
+        return action[None]
+
+
+def test_maze_evaluation_counts_an_episode_that_reaches_the_goal_as_a_success(maze_demos):
+    d = maze_demos
+    first = d["actions"][d["episode_ids"] == 0]  # recorded from reset seed 0: replaying it reaches the goal
+    returns, successes = hy.evaluate(ReplayActor(first), MAZE, 1, seed=0, p_tremble=0.0)
+    assert successes == [True] and returns == [1.0]
+    returns, successes = hy.evaluate(ReplayActor(first[:0]), MAZE, 1, seed=0, p_tremble=0.0, max_episode_steps=20)
+    assert successes == [False] and returns == [0.0]  # standing still for the whole horizon
+    assert hy.evaluate(ReplayActor(np.zeros((5, 1))), PENDULUM, 1, 0, 0.0, max_episode_steps=5)[1] is None
+
+
+def test_maze_smoke_run_on_mbirl_data_writes_success_rates(run_script, run_dir, tmp_path, maze_demos):
+    demos = save_npz(tmp_path / "maze_demos.npz", maze_demos)
+    flags = ["--env-id", MAZE, "--expert.expert-path", demos, "--run-dir", run_dir, "--irl.reset-prob", 0.5]
+    rc, out, err = run_script(SCRIPT, *flags, *MAZE_TINY, timeout=240)
+    assert rc == 0, err[-2000:]
+    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["method"] == "HyPE+FILTER" and res["terminal_reward"] == "none" and res["expert_return"] == 1.0
+    assert res["success_rate"] in (0.0, 0.5, 1.0) and [h["step"] for h in res["history"]] == [150, 300]
+    assert all(h["success_rate"] in (0.0, 0.5, 1.0) for h in res["history"])
+    assert (run_dir / "learning_curve.png").stat().st_size > 1000 and (run_dir / "policy.pt").is_file()
+    assert not (run_dir / "checkpoints" / "expert.pt").exists()  # no expert phase on a maze
+    saved = json.loads((run_dir / "args.json").read_text())
+    assert saved["env_id"] == MAZE and saved["args"]["expert"]["path"] == str(demos)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir))
+    ea.Reload()
+    assert [e.value for e in ea.Scalars("eval/success_rate")] == [h["success_rate"] for h in res["history"]]
+    policy, envs, actions = run_contract_snippet(hy, run_dir / "policy.pt")
+    assert policy.env_id == MAZE and envs.observation_space.shape == (1, 6) and actions.shape == (1, 2)
+    code, _ = quiet_main(lambda: hy.main(["--eval-only", str(run_dir), "--eval.episodes", "2"]))
+    record = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
+    assert code == 0 and record["success_rate"] in (0.0, 0.5, 1.0)
+
+
+def _maze_file(tmp_path: Path, demos: dict, **changes) -> str:
+    drop = changes.pop("drop", ())
+    return str(save_npz(tmp_path / "m.npz", {**{k: v for k, v in demos.items() if k not in drop}, **changes}))
+
+
+MAZE_BAD_INPUTS = {  # case: (flags after --env-id, what the one line must say)
+    "no demos": (lambda t, d: [], "python mbirl_antmaze.py --env-id PointMaze_UMaze-v3"),
+    "another maze's demos": (
+        lambda t, d: ["--env-id", "PointMaze_Medium-v3", "--expert.expert-path", _maze_file(t, d)],
+        "holds demos of PointMaze_UMaze-v3",
+    ),
+    "no goal": (lambda t, d: ["--expert.expert-path", _maze_file(t, d, drop=("goal",))], "lacks keys goal"),
+    "goal not in obs": (
+        lambda t, d: ["--expert.expert-path", _maze_file(t, d, goal=d["goal"] + 1.0)],
+        "key goal must end every observation",
+    ),
+    "retired maze": (lambda t, d: ["--env-id", "PointMaze_UMaze-v2"], "did you mean PointMaze_UMaze-v3"),
+}
+
+
+@pytest.mark.parametrize("case", list(MAZE_BAD_INPUTS))
+def test_maze_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, maze_demos, case):
+    make_args, message = MAZE_BAD_INPUTS[case]
+    args = ["--env-id", MAZE, "--expert.experts-dir", tmp_path / "empty", "--run-dir", tmp_path / "new"]
+    args = [str(a) for a in args + make_args(tmp_path, maze_demos)]
+    before = sorted(tmp_path.rglob("*"))
+    line = one_line_exit_2(lambda: hy.main(args))
+    assert message in line, line
+    if case == "no demos":
+        assert "--expert.expert-path" in line, line
+    assert sorted(tmp_path.rglob("*")) == before
