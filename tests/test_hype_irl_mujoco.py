@@ -746,3 +746,39 @@ def test_maze_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, maze
     if case == "no demos":
         assert "--expert.expert-path" in line, line
     assert sorted(tmp_path.rglob("*")) == before
+
+
+class RandomAnt:
+    """Stand-in for mbirl_antmaze.py's Ant controller (none ships yet): uniform random actions, for the 31-D layout."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, maze, obs):
+        pass
+
+    def __call__(self, obs):
+        return self.rng.uniform(-1, 1, 8)
+
+
+def test_antmaze_layout_expert_reset_and_a_tiny_run(tmp_path):
+    import mbirl_antmaze as mb
+
+    ant = "AntMaze_UMaze-v5"
+    d = mb.record_episodes(ant, RandomAnt(0), 1)
+    env, horizon = hy.make_env(ant)
+    assert horizon == 700 and env.observation_space.shape == (31,) and d["observations"].shape == (700, 31)
+    assert not Path(env.unwrapped.tmp_xml_file_path).exists()  # the maze XML written to the temp dir is removed
+    for i in (0, 350, 698):
+        env.reset(seed=7)
+        obs = hy.restore_state(env, d["qpos"][i], d["qvel"][i], d["qacc_warmstart"][i], d["goal"][i])
+        np.testing.assert_allclose(obs, d["observations"][i], atol=1e-5)
+        np.testing.assert_allclose(env.step(d["actions"][i])[0], d["next_observations"][i], atol=1e-5)
+    env.close()
+    demos = save_npz(tmp_path / "ant.npz", d)
+    argv = ["--env-id", ant, "--expert.expert-path", demos, "--run-dir", tmp_path / "run", "--irl.reset-prob", 0.5]
+    argv += [*MAZE_TINY, "--irl.total-timesteps", 150, "--eval.episodes", 1, "--max-episode-steps", 40]
+    code, err = quiet_main(lambda: hy.main([str(a) for a in argv]))
+    assert code == 0, err[-2000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["env_id"] == ant and res["success_rate"] in (0.0, 1.0) and res["policy_env_steps"] == 150
