@@ -29,6 +29,18 @@ if [ "${1:-}" = pointmaze_large ]; then
     > $OUT/pointmaze_large.log 2>&1
 fi
 
+# 2b. HyPE (hype_irl_mujoco.py, model-free) on the same PointMaze Medium expert data as run 1, for the comparison at
+#    equal real env steps (issue 14). No behaviour cloning first (HyPE has none); discriminator every 1,000 learner
+#    steps with 4 fresh trajectories (counted); 25 evaluation episodes every 5,000 learner steps. Shared CPU (a GA3C
+#    and an Ant SAC run beside it), no nice. Result (commit c447171): success 0.08 / 0.16 / 0.36 / 0.20 / 0.32 / 0.04
+#    at 16.6k / 32.6k / 47.5k / 62.1k / 77.7k / 92.6k real steps including the discriminator's.
+if [ "${1:-}" = hype_pointmaze ]; then
+  python hype_irl_mujoco.py --env-id PointMaze_Medium-v3 --seed 1 --torch-threads 1 \
+    --expert.expert-path $OUT/experts/PointMaze_Medium-v3/demos.npz --run-dir runs/hype_pointmaze_medium \
+    --irl.total-timesteps 30000 --irl.train-every 1000 --eval.frequency 5000 --eval.episodes 25 \
+    > $OUT/hype_pointmaze_medium.log 2>&1
+fi
+
 # 3. Throughput (issue 14: model rollouts >= 5x the real env's steps/s on the 2-core CPU, >= 100x on an H100/H200).
 #    AntMaze UMaze with 20 episodes of random-action demos ($OUT/random_ant.npz): the rates do not depend on what
 #    the data show. Maze defaults (7 x 4 x 200 ensemble, 50,000 rollout starts, 20 actor updates per real step), the
