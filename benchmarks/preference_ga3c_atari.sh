@@ -34,6 +34,31 @@ case $step in
     # sharing the 2-core CPU with one other 1-thread job; resumable: re-run the same line after an interruption
     python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler rl --seed 1 --exp-name pong_rl_long \
         --run-dir runs/pref_pong_rl_long --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 ;;
+  curves-long)  # the long true-reward run's training-game scores and policy entropy (docs figure)
+    python - <<'PY'
+import glob
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(glob.glob("runs/pref_pong_rl_long/events*")[0], size_guidance={"scalars": 0})
+acc.Reload()
+games = acc.Scalars("charts/episodic_return")
+steps, scores = np.array([g.step for g in games]) * 4, np.array([g.value for g in games])
+entropy = acc.Scalars("losses/entropy")
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+top.plot(steps[99:], np.convolve(scores, np.ones(100) / 100, "valid"), color="C0")
+top.set_ylabel("score, mean of 100 games")
+bottom.plot([e.step * 4 for e in entropy], [e.value for e in entropy], color="C1")
+bottom.axhline(np.log(6), color="grey", lw=0.8, ls="--")
+bottom.set_ylabel("entropy (ln 6 dashed)")
+bottom.set_xlabel("frames")
+fig.suptitle(f"PongNoFrameskip-v4, GA3C --labeler rl, seed 1, {steps[-1] / 1e6:.1f}M frames (2-core CPU)")
+fig.tight_layout()
+fig.savefig("docs/assets/preference_ga3c_atari/pong_rl_long.png", dpi=90)
+PY
+    ;;
   curves)  # the three evidence runs' training-game scores and labels in one figure for the docs
     python - <<'PY'
 import glob
@@ -135,6 +160,6 @@ PY
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
      exit 2 ;;
 esac
