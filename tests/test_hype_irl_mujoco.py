@@ -575,13 +575,18 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, pendulum_demos, case):
     """In-process (fast): the same `main` as the command line."""
-    make_args, message = BAD_INPUTS[case]
-    args = ["--env-id", PENDULUM, "--expert.experts-dir", tmp_path / "empty", "--run-dir", tmp_path / "new"]
-    args = [str(a) for a in args + make_args(tmp_path, pendulum_demos)]
+    bad_input_line(tmp_path, PENDULUM, pendulum_demos, *BAD_INPUTS[case])
+
+
+def bad_input_line(tmp_path, env_id, demos, make_args, message) -> str:
+    """Runs `main` with the case's flags: exit 2, one line naming `message`, nothing created; returns the line."""
+    args = ["--env-id", env_id, "--expert.experts-dir", tmp_path / "empty", "--run-dir", tmp_path / "new"]
+    args = [str(a) for a in args + make_args(tmp_path, demos)]
     before = sorted(tmp_path.rglob("*"))
     line = one_line_exit_2(lambda: hy.main(args))
     assert message in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing created
+    return line
 
 
 def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir):
@@ -737,15 +742,9 @@ MAZE_BAD_INPUTS = {  # case: (flags after --env-id, what the one line must say)
 
 @pytest.mark.parametrize("case", list(MAZE_BAD_INPUTS))
 def test_maze_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, maze_demos, case):
-    make_args, message = MAZE_BAD_INPUTS[case]
-    args = ["--env-id", MAZE, "--expert.experts-dir", tmp_path / "empty", "--run-dir", tmp_path / "new"]
-    args = [str(a) for a in args + make_args(tmp_path, maze_demos)]
-    before = sorted(tmp_path.rglob("*"))
-    line = one_line_exit_2(lambda: hy.main(args))
-    assert message in line, line
+    line = bad_input_line(tmp_path, MAZE, maze_demos, *MAZE_BAD_INPUTS[case])
     if case == "no demos":
         assert "--expert.expert-path" in line, line
-    assert sorted(tmp_path.rglob("*")) == before
 
 
 class RandomAnt:
