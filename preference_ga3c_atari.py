@@ -1103,7 +1103,7 @@ class ByteDropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
-        self.p, self.threshold = p, round(p * 256)
+        self.p, self.threshold = p, min(round(p * 256), 255)  # p near 1 keeps at least 1 in 256
 
     def forward(self, x):
         if not self.training or self.threshold == 0:
