@@ -1006,8 +1006,8 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         if answered >= args.labels.pretrain:
             shared.hold.set()
             updates = math.ceil(args.reward.pretrain_epochs * teacher.num_examples() / args.reward.batch_size)
-            log.status(f"pretraining the reward model on {answered} labels", answered, force=True)
             for done in range(0, updates, 5):  # small chunks: a SIGINT/SIGTERM is answered within seconds
+                log.status(f"pretraining the reward model on {answered} labels, update {done}/{updates}", answered)
                 log.scalars(teacher.train(min(5, updates - done)), shared.steps)
                 if log.should_stop():
                     break
@@ -1245,10 +1245,11 @@ class RunLog:
         for key, value in stats.items():
             self.writer.add_scalar(key, value, step)
 
-    def status(self, doing: str, answered: int, force: bool = False):
-        if self.teacher is None or (time.time() - self.last_status < 1.0 and not force):
+    def status(self, doing: str, answered: int):
+        if self.teacher is None or time.time() - self.last_status < 1.0:
             return
         self.last_status = time.time()
+        self.bar.set_description_str(doing.partition(", step")[0])  # the bar counts the steps itself
         self.teacher.store.set_status(
             self.args.exp_name,
             {"labels": answered, "budget": self.args.labels.budget, "agent": doing, "feedback": self.args.feedback},

@@ -34,7 +34,18 @@ case $step in
     # sharing the 2-core CPU with one other 1-thread job; resumable: re-run the same line after an interruption
     python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler rl --seed 1 --exp-name pong_rl_long \
         --run-dir runs/pref_pong_rl_long --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 ;;
-  curves-long)  # the long true-reward run's training-game scores and policy entropy (docs figure)
+  evidence-long-preferences)  # the synthetic labeller at the long run's frames, pairwise and sort-tree side by side
+    # (one torch + one emulator thread each, the 2-core CPU shared by the two). Changed from the defaults to what the
+    # CPU carries: 20 pretraining epochs (paper: 200), 0.01 label samples trained per agent step (paper: ~0.1).
+    # Resumable: re-run the same line after an interruption.
+    for feedback in pairwise sort-tree; do
+      python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
+          --exp-name "pong_${feedback}_long" --run-dir "runs/pref_pong_${feedback}_long" --torch-threads 1 \
+          --ga3c.env-threads 1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
+          --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
+    done
+    wait ;;
+  curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy
     python - <<'PY'
 import glob
 import matplotlib
@@ -42,21 +53,40 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-acc = EventAccumulator(glob.glob("runs/pref_pong_rl_long/events*")[0], size_guidance={"scalars": 0})
-acc.Reload()
-games = acc.Scalars("charts/episodic_return")
-steps, scores = np.array([g.step for g in games]) * 4, np.array([g.value for g in games])
-entropy = acc.Scalars("losses/entropy")
-fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
-top.plot(steps[99:], np.convolve(scores, np.ones(100) / 100, "valid"), color="C0")
-top.set_ylabel("score, mean of 100 games")
-bottom.plot([e.step * 4 for e in entropy], [e.value for e in entropy], color="C1")
+
+def scalars(run, tag):  # every event file of the run (one per resume), in step order
+    points = {}
+    for path in sorted(glob.glob(run + "/events*")):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            points.update({(e.step, e.wall_time): e.value for e in acc.Scalars(tag)})
+    keys = sorted(points)
+    return np.array([k[0] for k in keys]) * 4, np.array([points[k] for k in keys])  # frames, values
+
+runs = {"rl (true reward)": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
+        "synthetic, sort-tree": "runs/pref_pong_sort-tree_long"}
+fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
+for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
+    if not glob.glob(run + "/events*"):
+        continue
+    frames, scores = scalars(run, "charts/episodic_return")
+    if len(scores) >= 100:
+        top.plot(frames[99:], np.convolve(scores, np.ones(100) / 100, "valid"), color=color, label=name)
+    frames, labels = scalars(run, "labels/answered")
+    if len(labels):
+        middle.plot(frames, labels, color=color, label=name)
+    frames, entropy = scalars(run, "losses/entropy")
+    bottom.plot(frames, entropy, color=color, lw=0.8, label=name)
+top.set_ylabel("true score, mean of 100 games")
+top.legend(fontsize=8)
+middle.set_ylabel("labels answered")
 bottom.axhline(np.log(6), color="grey", lw=0.8, ls="--")
-bottom.set_ylabel("entropy (ln 6 dashed)")
+bottom.set_ylabel("policy entropy (ln 6 dashed)")
 bottom.set_xlabel("frames")
-fig.suptitle(f"PongNoFrameskip-v4, GA3C --labeler rl, seed 1, {steps[-1] / 1e6:.1f}M frames (2-core CPU)")
+fig.suptitle("PongNoFrameskip-v4, GA3C, seed 1, 2-core CPU")
 fig.tight_layout()
-fig.savefig("docs/assets/preference_ga3c_atari/pong_rl_long.png", dpi=90)
+fig.savefig("docs/assets/preference_ga3c_atari/pong_long.png", dpi=90)
 PY
     ;;
   curves)  # the three evidence runs' training-game scores and labels in one figure for the docs
@@ -160,6 +190,6 @@ PY
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
      exit 2 ;;
 esac
