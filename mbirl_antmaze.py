@@ -80,6 +80,9 @@ class ExpertArgs:
     """intermediate waypoints move by U(-j, j) x maze scaling in x and y"""
     action_noise: float = 0.1
     """std of Gaussian noise added to the expert's actions (executed and stored); 0 = none"""
+    reacher_reach: float = 1.0
+    """AntMaze: the waypoint offset handed to the Ant controller is clipped to this many m (it was trained on goals
+    up to 6 m away; a nearer target makes it walk slower and fall less, see docs/mbirl_antmaze.md)"""
 
 
 @dataclass
@@ -434,7 +437,7 @@ class PlannerAnt(PlannerPD):
         self.reacher = reacher
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        x = reacher_obs(obs[2:29], obs[:2], self.waypoint(obs), self.reacher.max_dist)
+        x = reacher_obs(obs[2:29], obs[:2], self.waypoint(obs), min(self.e.reacher_reach, self.reacher.max_dist))
         action = self.reacher.act(x[None])[0]
         return np.clip(action + self.e.action_noise * self.rng.standard_normal(action.shape), -1, 1)
 
@@ -1818,6 +1821,7 @@ def check_numbers(args: Args) -> None:
             "kd": (0, 1e4),
             "waypoint_jitter": (0, 0.5),
             "action_noise": (0, 1),
+            "reacher_reach": (0.01, 100),
         },
         "model": {
             "ensemble_size": (1, 64),

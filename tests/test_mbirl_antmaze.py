@@ -594,8 +594,9 @@ def test_planner_ant_hands_the_current_waypoint_to_the_controller_in_its_frame()
     action = planner(obs)
     env.close()
     assert np.all(action == 1.0)
-    expected = mb.reacher_obs(obs[2:29], obs[:2], planner.waypoints[planner.k], 6.0)
+    expected = mb.reacher_obs(obs[2:29], obs[:2], planner.waypoints[planner.k], 1.0)  # ExpertArgs.reacher_reach
     assert np.allclose(Recorder.inputs[0], expected)
+    assert np.linalg.norm(Recorder.inputs[0][-2:]) == pytest.approx(1.0)  # the waypoint is farther: clipped
 
 
 @pytest.mark.slow
