@@ -71,3 +71,22 @@ if [ "${1:-}" = reacher ]; then
   python mbirl_antmaze.py --train-goal-reacher --seed 4 --torch-threads 1 --run-dir runs/ant_goal_reacher_s4 \
     --reacher.path controllers/ant_goal_reacher_s4.pt
 fi
+
+# How often the planner driving an Ant controller reaches the goal: N episodes (reset seeds 0..N-1) of ENV with the
+# controller CTRL, the waypoint offset clipped to REACH m. A fall = the torso height left [0.2, 1] (the controller's
+# training termination); AntMaze itself never ends an episode on a fall, it runs to the time limit.
+#   CTRL=controllers/ant_goal_reacher.pt ENV=AntMaze_UMaze-v5 N=50 REACH=1.0 bash benchmarks/mbirl_antmaze.sh expert-rate
+if [ "${1:-}" = expert-rate ]; then
+  python - <<PY
+import numpy as np, mbirl_antmaze as m
+e = m.ExpertArgs(num_demos=${N:-50}, reacher_reach=${REACH:-1.0})
+d = m.make_expert_data("${ENV:-AntMaze_UMaze-v5}", e, seed=1, reacher=m.load_policy(m.reacher_file("${CTRL:-controllers/ant_goal_reacher.pt}")))
+ep = d["episode_ids"]
+success = np.array([d["terminals"][ep == i].any() for i in range(e.num_demos)])
+fell = np.array([((d["qpos"][ep == i, 2] < 0.2) | (d["qpos"][ep == i, 2] > 1.0)).any() for i in range(e.num_demos)])
+lengths = np.bincount(ep)
+print(f"${ENV:-AntMaze_UMaze-v5} ${CTRL:-controllers/ant_goal_reacher.pt} reach ${REACH:-1.0}: {success.sum()}/{e.num_demos} "
+      f"reach the goal, {(fell & ~success).sum()} failures after a fall, {(~fell & ~success).sum()} time-outs upright; "
+      f"mean length {lengths.mean():.0f}, mean return {d['returns'].mean():.3f}")
+PY
+fi

@@ -37,46 +37,63 @@ case $step in
   evidence-long-preferences)  # the synthetic labeller at the long run's frames, pairwise and sort-tree side by side
     # (one torch + one emulator thread each, the 2-core CPU shared by the two). Changed from the defaults to what the
     # CPU carries: 20 pretraining epochs (paper: 200), 0.01 label samples trained per agent step (paper: ~0.1).
-    # Resumable: re-run the same line after an interruption.
-    for feedback in pairwise sort-tree; do
+    # Resumable: re-run the same line after an interruption. FEEDBACK="pairwise" runs one of the two.
+    for feedback in ${FEEDBACK:-pairwise sort-tree}; do
       python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
           --exp-name "pong_${feedback}_long" --run-dir "runs/pref_pong_${feedback}_long" --torch-threads 1 \
           --ga3c.env-threads 1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
           --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
     done
     wait ;;
-  curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy
+  curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
+    # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
+    # can be replaced between sessions): a run dir that is gone is drawn from its saved curves.
     python - <<'PY'
 import glob
+import os
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-def scalars(run, tag):  # every event file of the run (one per resume), in step order
-    points = {}
+TAGS = ("charts/episodic_return", "labels/answered", "losses/entropy")
+
+def curves(run):  # every event file of the run (one per resume), in step order -> {tag: (frames, values)}
+    saved = f"benchmarks/results/pong_long/{os.path.basename(run)}.csv.gz"
+    if not glob.glob(run + "/events*"):
+        if not os.path.exists(saved):
+            return {}
+        rows = np.loadtxt(saved, delimiter=",", skiprows=1)
+        return {tag: (rows[rows[:, 0] == i, 1], rows[rows[:, 0] == i, 2]) for i, tag in enumerate(TAGS)}
+    points = {tag: {} for tag in TAGS}
     for path in sorted(glob.glob(run + "/events*")):
         acc = EventAccumulator(path, size_guidance={"scalars": 0})
         acc.Reload()
-        if tag in acc.Tags()["scalars"]:
-            points.update({(e.step, e.wall_time): e.value for e in acc.Scalars(tag)})
-    keys = sorted(points)
-    return np.array([k[0] for k in keys]) * 4, np.array([points[k] for k in keys])  # frames, values
+        for tag in TAGS:
+            if tag in acc.Tags()["scalars"]:
+                points[tag].update({(e.step, e.wall_time): e.value for e in acc.Scalars(tag)})
+    out = {tag: (np.array([k[0] for k in sorted(p)]) * 4, np.array([p[k] for k in sorted(p)])) for tag, p in points.items()}
+    os.makedirs(os.path.dirname(saved), exist_ok=True)
+    rows = [np.column_stack([np.full(len(f), i), f, v]) for i, (f, v) in enumerate(out.values())]
+    np.savetxt(saved, np.concatenate(rows), delimiter=",", fmt=["%d", "%d", "%.6g"], header="tag,frames,value",
+               comments="")
+    return out
 
 runs = {"rl (true reward)": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
         "synthetic, sort-tree": "runs/pref_pong_sort-tree_long"}
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
 for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
-    if not glob.glob(run + "/events*"):
+    c = curves(run)
+    if not c:
         continue
-    frames, scores = scalars(run, "charts/episodic_return")
+    frames, scores = c["charts/episodic_return"]
     if len(scores) >= 100:
         top.plot(frames[99:], np.convolve(scores, np.ones(100) / 100, "valid"), color=color, label=name)
-    frames, labels = scalars(run, "labels/answered")
+    frames, labels = c["labels/answered"]
     if len(labels):
         middle.plot(frames, labels, color=color, label=name)
-    frames, entropy = scalars(run, "losses/entropy")
+    frames, entropy = c["losses/entropy"]
     bottom.plot(frames, entropy, color=color, lw=0.8, label=name)
 top.set_ylabel("true score, mean of 100 games")
 top.legend(fontsize=8)
