@@ -1221,7 +1221,7 @@ class RunLog:
         self.args, self.run_dir, self.shared, self.teacher, self.progress = args, run_dir, shared, teacher, progress
         self.writer = SummaryWriter(str(run_dir))
         self.interrupted = False
-        self.t0 = self.last_log = self.last_ckpt = self.last_status = time.time()
+        self.t0 = self.last_log = self.last_ckpt = self.last_status = self.last_shown = time.time()
         self.steps0 = self.last_steps = shared.steps
         self.last_predictions = self.last_segments = 0
         self.bar = tqdm(
@@ -1229,7 +1229,7 @@ class RunLog:
             initial=shared.steps,
             unit="step",
             dynamic_ncols=True,
-            disable=not sys.stderr.isatty(),
+            mininterval=1.0 if sys.stderr.isatty() else 60.0,  # a log file gets a line a minute
         )
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
@@ -1246,10 +1246,13 @@ class RunLog:
             self.writer.add_scalar(key, value, step)
 
     def status(self, doing: str, answered: int):
-        if self.teacher is None or time.time() - self.last_status < 1.0:
+        now = time.time()
+        if self.teacher is None or now - self.last_status < 1.0:
             return
-        self.last_status = time.time()
-        self.bar.set_description_str(doing.partition(", step")[0])  # the bar counts the steps itself
+        self.last_status = now
+        shown = sys.stderr.isatty() or now - self.last_shown >= 60.0  # a log file gets a line a minute
+        self.bar.set_description_str(doing.partition(", step")[0], refresh=shown)  # the bar counts the steps itself
+        self.last_shown = now if shown else self.last_shown
         self.teacher.store.set_status(
             self.args.exp_name,
             {"labels": answered, "budget": self.args.labels.budget, "agent": doing, "feedback": self.args.feedback},
@@ -1291,7 +1294,9 @@ class RunLog:
             self.last_predictions, self.last_segments = shared.predictions, shared.trained_segments
             recent = [score for _, score in self.progress["curve"][-20:]]
             self.bar.set_postfix(
-                sps=round(stats["charts/SPS"]), score=round(float(np.mean(recent)), 1) if recent else None
+                sps=round(stats["charts/SPS"]),
+                score=round(float(np.mean(recent)), 1) if recent else None,
+                refresh=False,
             )
         if now - self.last_ckpt >= self.args.checkpoint_every_s:
             self.checkpoint(net, optimizer)
@@ -1371,7 +1376,8 @@ def plot_progress(progress: dict, final_eval: Optional[float], path: Path, env_i
         last = progress["curve"][-1][0] * 4 if progress["curve"] else 0
         top.plot([last], [final_eval], "r*", markersize=14, label="final evaluation")
     top.set_ylabel("true game score")
-    top.legend(loc="best", fontsize=8)
+    if top.lines:  # (no game has ended yet at the first checkpoints of a run)
+        top.legend(loc="best", fontsize=8)
     if progress["labels_curve"]:
         steps, labels = np.array(progress["labels_curve"]).T
         bottom.plot(steps * 4, labels)
