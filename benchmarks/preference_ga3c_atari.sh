@@ -57,7 +57,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-TAGS = ("charts/episodic_return", "labels/answered", "losses/entropy")
+TAGS = ("charts/episodic_return", "labels/answered", "losses/entropy", "charts/SPS", "ga3c/policy_lag",
+        "reward/label_accuracy")
 
 def curves(run):  # every event file of the run (one per resume), in step order -> {tag: (frames, values)}
     saved = f"benchmarks/results/pong_long/{os.path.basename(run)}.csv.gz"
@@ -87,6 +88,19 @@ for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
     c = curves(run)
     if not c:
         continue
+    frames, scores = c["charts/episodic_return"]  # the docs' table: mean score per 0.5M agent steps (2M frames)
+    print(f"{name}: {len(scores)} games to {frames.max() / 4 / 1e6:.2f}M steps; median SPS "
+          f"{np.median(c['charts/SPS'][1]):.0f}, policy lag {np.median(c['ga3c/policy_lag'][1]):.1f}; last 100 games "
+          f"{scores[-100:].mean():+.1f} (best {scores.max():+.0f})")
+    for lo in np.arange(0, frames.max(), 2e6):
+        window = (frames >= lo) & (frames < lo + 2e6)
+        f_labels, labels = c["labels/answered"]
+        f_acc, acc = c["reward/label_accuracy"]
+        had = labels[f_labels < lo + 2e6]
+        recent = acc[(f_acc >= lo) & (f_acc < lo + 2e6)]
+        print(f"  {lo / 4e6:.1f}-{(lo + 2e6) / 4e6:.1f}M steps: {scores[window].mean():+.1f} ({window.sum()} games)"
+              + (f", labels {had[-1]:.0f}" if len(had) else "")
+              + (f", label accuracy {recent.mean():.2f}" if len(recent) else ""))
     frames, scores = c["charts/episodic_return"]
     if len(scores) >= 100:
         top.plot(frames[99:], np.convolve(scores, np.ones(100) / 100, "valid"), color=color, label=name)
@@ -207,6 +221,9 @@ PY
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision"
+  reward-diagnostic)  # what the long pairwise run's learned reward pays for: its agent vs a random policy
+    python benchmarks/preference_reward_diagnostic.py runs/pref_pong_pairwise_long
+    python benchmarks/preference_reward_diagnostic.py runs/pref_pong_pairwise_long --random ;;
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac
