@@ -86,7 +86,7 @@ runs = {"rl (true reward)": "runs/pref_pong_rl_long", "synthetic, pairwise": "ru
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
 for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
     c = curves(run)
-    if not c:
+    if not c or not len(c["charts/episodic_return"][1]):  # gone with no saved curves, or no game finished yet
         continue
     frames, scores = c["charts/episodic_return"]  # the docs' table: mean score per 0.5M agent steps (2M frames)
     print(f"{name}: {len(scores)} games to {frames.max() / 4 / 1e6:.2f}M steps; median SPS "
