@@ -642,6 +642,25 @@ def test_goal_reacher_training_writes_the_controller_resumes_and_drives_the_antm
     assert meta["controller"] == "BFS planner + goal-reaching Ant controller reacher.pt" and meta["num_demos"] == 1
 
 
+# The shipped controller (seed 4, 250k steps) reached the goal in 5 of these 8 episodes when it was committed (27/50
+# over reset seeds 0-49); 3 leaves room for float differences between machines, and a random controller reaches 0.
+SHIPPED_MIN_GOALS = 3
+
+
+@pytest.mark.slow
+def test_shipped_controller_makes_expert_data_that_reach_the_goal_on_antmaze_umaze():
+    """The controller in the repository (how it was made: its .json) drives the planner's Ant to the goal: 8 UMaze
+    episodes, reset seeds 0-7. A random controller reaches none; docs/mbirl_antmaze.md has its rate over 50."""
+    shipped = mb.reacher_file(mb.ReacherArgs().path)
+    meta = json.loads(shipped.with_suffix(".json").read_text())
+    assert "--train-goal-reacher" in meta["made_by"][0] and shipped.stat().st_size < 5e6
+    d = mb.make_expert_data("AntMaze_UMaze-v5", mb.ExpertArgs(num_demos=8), seed=1, reacher=mb.load_policy(shipped))
+    ends = np.flatnonzero(d["terminals"] | d["timeouts"])
+    reached = mb.goal_reached(d["next_observations"][ends, :2], d["goal"][ends])
+    assert len(ends) == 8 and (reached == d["terminals"][ends]).all()  # an episode ends early exactly at the goal
+    assert reached.sum() >= SHIPPED_MIN_GOALS, f"{reached.sum()}/8 episodes reached the goal"
+
+
 def test_goal_reacher_bad_input(tmp_path):
     with pytest.raises(mb.UsageError, match="goal-min"):
         _validate(tmp_path, train_goal_reacher=True, reacher=mb.ReacherArgs(goal_min=7.0, goal_max=6.0))
