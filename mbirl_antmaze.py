@@ -12,7 +12,7 @@ siblings' expert cache; ALL real steps are counted).
         --hyper.freq-train-model 1000 --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2   # minutes on a CPU
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --run-dir runs/x  # same --run-dir again: resumes
     python mbirl_antmaze.py --eval-only runs/x                            # writes runs/x/evaluations/eval_NNN.json
-    python mbirl_antmaze.py --train-goal-reacher --run-dir runs/r         # phase 0 -> controllers/ant_goal_reacher.pt
+    python mbirl_antmaze.py --train-goal-reacher --run-dir runs/r --reacher.path controllers/mine.pt  # phase 0
 Run dir: args.json, events, checkpoints/hyper.pt, model_pretrained.pt, policy.pt, results.json, learning_curve.png,
 maze.png. Expert cache: {experts_dir}/{env_id}/demos.npz (format: docs/mbirl_antmaze.md) + expert_meta.json."""
 
@@ -204,7 +204,7 @@ class ReacherArgs:
 
     path: str = "controllers/ant_goal_reacher.pt"
     """the controller (relative paths start at this script's folder): read to make AntMaze expert data; written by
-    --train-goal-reacher at every evaluation that beats the best so far"""
+    --train-goal-reacher at every evaluation that beats the best so far (never by a new run over an existing file)"""
     total_timesteps: int = 1_000_000
     """Ant steps of SAC training on the open plane"""
     num_envs: int = 4
@@ -1419,6 +1419,8 @@ class RunContext:
             self.run_dir = Path(args.run_dir or f"runs/ant_goal_reacher__{args.seed}__{int(time.time())}")
             self.check_run_dir()
             out = reacher_file(args.reacher.path)
+            if out.exists() and not (self.run_dir / "args.json").exists():  # a new run never replaces a controller
+                raise UsageError(f"{out} already holds a controller (the shipped one?); pass another --reacher.path")
             parent = next((p for p in out.parents if p.exists()), Path("/"))
             if not os.access(parent, os.W_OK):
                 raise UsageError(f"cannot write {out} ({parent} is not writable); pass another --reacher.path")

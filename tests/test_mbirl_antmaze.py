@@ -679,6 +679,8 @@ def test_goal_reacher_bad_input(tmp_path):
     with pytest.raises(mb.UsageError, match="not mbirl_antmaze.py on --train-goal-reacher"):
         _validate(tmp_path, train_goal_reacher=True)
     assert not (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises(mb.UsageError, match="already holds a controller.*reacher.path"):  # the shipped one is kept
+        _validate(tmp_path / "new", train_goal_reacher=True)
 
 
 # --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
