@@ -221,9 +221,11 @@ PY
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
-  reward-diagnostic)  # what the long pairwise run's learned reward pays for: its agent vs a random policy
-    python benchmarks/preference_reward_diagnostic.py runs/pref_pong_pairwise_long
-    python benchmarks/preference_reward_diagnostic.py runs/pref_pong_pairwise_long --random ;;
+  reward-diagnostic)  # what each long synthetic run's learned reward pays for: its agent vs a random policy
+    for run in runs/pref_pong_pairwise_long runs/pref_pong_sort-tree_long; do
+      python benchmarks/preference_reward_diagnostic.py $run
+      python benchmarks/preference_reward_diagnostic.py $run --random
+    done ;;
   *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac
