@@ -67,7 +67,7 @@ fi
 # Phase 0: the goal-reaching Ant controller that makes the AntMaze expert data (seed 4, progress x10, one torch
 # thread; ~80 Ant steps/s on a shared 2-core CPU, ~46 beside a GA3C run). Resumable: re-run the same line. The best
 # so far is controllers/ant_goal_reacher_s4.pt (+ .json); the shipped controllers/ant_goal_reacher.pt is a copy of
-# it (2026-11-24: the 250k-step one, UMaze 27/50 and Large-Diverse 3/30 by expert-rate below).
+# it (2026-11-24: the 460k-step one, UMaze 42/50 and Large-Diverse 12/30 by expert-rate below).
 if [ "${1:-}" = reacher ]; then
   python mbirl_antmaze.py --train-goal-reacher --seed 4 --torch-threads 1 --run-dir runs/ant_goal_reacher_s4 \
     --reacher.path controllers/ant_goal_reacher_s4.pt
