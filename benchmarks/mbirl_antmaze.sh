@@ -41,6 +41,44 @@ if [ "${1:-}" = hype_pointmaze ]; then
     > $OUT/hype_pointmaze_medium.log 2>&1
 fi
 
+# 2c. AntMaze UMaze, the first AntMaze learning run (2026-11-25): the shipped controller's default expert data (64
+#    episodes, seed 1, 81 % reach the goal; written to $OUT/experts/AntMaze_UMaze-v5/), 10,000 real learner steps of
+#    which 1,000 exploration, 10,000 BC updates first, model retrained every 1,000 steps (at most 25 epochs), 10,000
+#    rollout starts per refill, rollout length 1 -> 10 over epochs 1-5, 5 actor updates per real step (the
+#    reference: 20), the discriminator every 500 learner steps (the maze default 100 would spend ~28x the learner's
+#    steps on its fresh trajectories), 25 evaluation episodes every 1,000 steps. ~45 min on one core beside other jobs.
+if [ "${1:-}" = antmaze ]; then
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
+    --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_umaze \
+    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
+    --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
+    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --eval.frequency 1000 --eval.episodes 25 \
+    > $OUT/antmaze_umaze.log 2>&1
+fi
+
+# 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
+#    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
+#    25 evaluation episodes every 4,000 steps. ~9 min on one core.
+if [ "${1:-}" = hype_antmaze ]; then
+  python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
+    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze \
+    --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
+    > $OUT/hype_antmaze_umaze.log 2>&1
+fi
+
+# 2e. Hopper-v5 (2026-11-25): HyPER on the demos of the 100k-step SAC expert that FILTER/HyPE's evidence run 2 used
+#    (`bash benchmarks/filter_irl_mujoco.sh expert2` writes runs/filter_evidence2/experts/Hopper-v5/), at HyPE's
+#    budget there (20,000 real learner steps; HyPE's run: `EVIDENCE2=1 bash benchmarks/hype_irl_mujoco.sh`, beside
+#    it). Hopper defaults (SAC actor, model 4 x 400, discriminator ensemble of 7 every 1,000 steps on 4 fresh
+#    trajectories, trembling hand 0.01) except: 5 actor updates per real step (the reference: 30), the model retrained
+#    every 1,000 steps (the reference: 125) with at most 25 epochs; 5 evaluation episodes every 2,500 steps (HyPE's).
+if [ "${1:-}" = hopper ]; then
+  nice -n 5 python mbirl_antmaze.py --env-id Hopper-v5 --seed 1 --torch-threads 1 \
+    --expert.experts-dir runs/filter_evidence2/experts --run-dir $OUT/hopper \
+    --hyper.total-timesteps 20000 --hyper.updates-per-step 5 --hyper.freq-train-model 1000 --model.max-epochs 25 \
+    --eval.frequency 2500 --eval.episodes 5 > $OUT/hopper.log 2>&1
+fi
+
 # 3. Throughput (issue 14: model rollouts >= 5x the real env's steps/s on the 2-core CPU, >= 100x on an H100/H200).
 #    AntMaze UMaze with 20 episodes of random-action demos ($OUT/random_ant.npz): the rates do not depend on what
 #    the data show. Maze defaults (7 x 4 x 200 ensemble, 50,000 rollout starts, 20 actor updates per real step), the
