@@ -2150,6 +2150,8 @@ def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert: f
     pre = (pretrain or {}).get("history", [])
     if pre:
         a0.semilogy([p["epoch"] for p in pre], [p["val_mse"] for p in pre])
+    else:  # MuJoCo: the model is first trained when exploration ends (the reference's setting), not pretrained
+        a0.text(0.5, 0.5, "no pretraining: the model is first\ntrained when exploration ends", ha="center")
     a0.set(title="model pretraining", xlabel="epoch", ylabel="validation MSE (mean of members)")
     steps = [h["step"] for h in history]
     a1.plot(steps, [h["score"] for h in history], "o-", label="HyPER (real learner steps)")
@@ -2162,7 +2164,7 @@ def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert: f
     )
     a1.axhline(expert, color="k", ls=":", label="expert data")
     if history:
-        a1.annotate(f"final {history[-1]['score']:.2f}", (steps[-1], history[-1]["score"]))
+        a1.annotate(f"last {history[-1]['score']:.2f}", (steps[-1], history[-1]["score"]))  # redrawn each eval
     a1.set(title="HyPER loop", xlabel="env steps", ylabel=metric.replace("_", " "))
     if metric == "success_rate":
         a1.set_ylim(-0.05, 1.05)
