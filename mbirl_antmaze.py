@@ -109,6 +109,8 @@ class ModelArgs:
     """epochs without a 1 % validation improvement of any member before training stops"""
     max_epochs: int = 0
     """cap on epochs per (re)training; 0 = no cap (train until patience, as the reference)"""
+    pretrain_max_epochs: int | None = None
+    """cap on the pretraining's epochs alone (default: --model.max-epochs; 0 = to patience)"""
     pretrain_bins: int = 50
     """bins per axis of the (x, y) histogram of the pretraining split"""
     pretrain: bool | None = None
@@ -1215,6 +1217,8 @@ def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device
     }
     inputs, targets = model_io(t["observations"], t["actions"], t["next_observations"], goal)
     train_idx, val_idx = density_binned_split(demos["observations"][:, :2], m.pretrain_bins, m.val_ratio, rng)
+    if m.pretrain_max_epochs is not None:  # pretraining from scratch may need more epochs than a warm retraining
+        m = dataclasses.replace(m, max_epochs=m.pretrain_max_epochs)
     elites, info = train_ensemble(
         model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator
     )
@@ -1836,6 +1840,7 @@ def check_numbers(args: Args) -> None:
             "val_ratio": (1e-6, 0.9),
             "patience": (1, 1e6),
             "max_epochs": (0, 1e9),
+            "pretrain_max_epochs": (0, 1e9),
             "pretrain_bins": (1, 10_000),
         },
         "hyper": {
@@ -1900,6 +1905,8 @@ def check_numbers(args: Args) -> None:
     for group, fields in ranges.items():
         for name, (lo, hi) in fields.items():
             v = getattr(getattr(args, group), name)
+            if v is None:  # an unset optional: its documented default applies
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 raise UsageError(f"--{group}.{name.replace('_', '-')} must lie in [{lo:g}, {hi:g}], not {v}")
     if args.reacher.goal_min > args.reacher.goal_max:

@@ -56,6 +56,18 @@ if [ "${1:-}" = antmaze ]; then
     > $OUT/antmaze_umaze.log 2>&1
 fi
 
+# 2c'. The same run as 2c (same seed, data and flags) except the pretraining runs to patience 10 as the reference
+#    does (--model.pretrain-max-epochs 0; 2c stopped it at 25 epochs with the validation MSE still falling); the
+#    loop's retrainings keep the 25-epoch cap. The one change, so the two runs read as an ablation.
+if [ "${1:-}" = antmaze_patience ]; then
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
+    --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_umaze_patience \
+    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
+    --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
+    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --model.pretrain-max-epochs 0 \
+    --eval.frequency 1000 --eval.episodes 25 > $OUT/antmaze_umaze_patience.log 2>&1
+fi
+
 # 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
 #    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
 #    25 evaluation episodes every 4,000 steps. ~9 min on one core.

@@ -401,6 +401,7 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
         "action_noise",
         "weight_decay",
         "max_epochs",
+        "pretrain_max_epochs",
         "exploration_steps",
         "bc_init_steps",
         "updates_per_step",
@@ -462,6 +463,15 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
 def test_unsupported_env_ids(tmp_path, env_id, match):
     with pytest.raises(mb.UsageError, match=match):
         _validate(tmp_path, env_id=env_id)
+
+
+def test_pretraining_has_its_own_epoch_cap(umaze_demos):
+    """--model.pretrain-max-epochs caps pretraining alone (the loop's retrainings keep --model.max-epochs)."""
+    d = umaze_demos
+    obs_dim, act_dim = d["observations"].shape[1], d["actions"].shape[1]
+    m = mb.ModelArgs(ensemble_size=2, num_elites=1, hidden=8, layers=1, patience=10**6, max_epochs=1, pretrain_max_epochs=3)
+    _, _, info = mb.pretrain_model(d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0))
+    assert info["epochs"] == 3
 
 
 def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run_dir, tmp_path, umaze_demos):
