@@ -1219,8 +1219,12 @@ def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device
     train_idx, val_idx = density_binned_split(demos["observations"][:, :2], m.pretrain_bins, m.val_ratio, rng)
     if m.pretrain_max_epochs is not None:  # pretraining from scratch may need more epochs than a warm retraining
         m = dataclasses.replace(m, max_epochs=m.pretrain_max_epochs)
+    def log(h):  # to patience this can take many minutes: show it is moving
+        if h["epoch"] % 10 == 0:
+            print(f"[model] pretraining epoch {h['epoch']}: val MSE {h['val_mse']:.3e}", flush=True)
+
     elites, info = train_ensemble(
-        model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator
+        model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator, log
     )
     print(
         f"[model] pretrained {info['epochs']} epochs, {len(train_idx)} train / {len(val_idx)} val (density-binned), "
