@@ -811,9 +811,12 @@ def model_io(obs, act, next_obs, goal: int = 2) -> tuple[torch.Tensor, torch.Ten
     return torch.cat([obs, act], -1), next_obs[:, :d] - obs[:, :d]
 
 
-def train_ensemble(model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None):
+def train_ensemble(
+    model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None, stop=None
+):
     """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by 1 % for
-    `patience` epochs (or max_epochs); every member keeps its best weights; elites = lowest validation MSE."""
+    `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best weights; elites =
+    lowest validation MSE."""
     model.set_normaliser(inputs[train_idx])
     opt = torch.optim.Adam(model.parameters(), lr=m.lr, weight_decay=m.weight_decay)
     if len(val_idx) == 0:  # too few points to hold any out: score on the training split
@@ -823,7 +826,7 @@ def train_ensemble(model: GaussianEnsemble, inputs, targets, train_idx, val_idx,
     best = torch.full((E,), float("inf"))
     best_params = [p.detach().clone() for p in model.parameters()]
     epoch, since_improved, history = 0, 0, []
-    while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs):
+    while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs) and not (stop and stop()):
         boot = train_idx[torch.randint(n, (E, n), generator=generator)]
         for start in range(0, n, m.batch_size):
             idx = boot[:, start : start + m.batch_size]
@@ -851,7 +854,9 @@ def train_ensemble(model: GaussianEnsemble, inputs, targets, train_idx, val_idx,
         for p, saved in zip(model.parameters(), best_params):
             p.copy_(saved)
     elites = select_elites(best, m.num_elites)
-    return elites, {"epochs": epoch, "val_mse": best.tolist(), "elites": elites.tolist(), "history": history}
+    stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)  # so by stop()
+    info = {"epochs": epoch, "val_mse": best.tolist(), "elites": elites.tolist(), "history": history, "stopped": stopped}
+    return elites, info
 
 
 @torch.no_grad()
@@ -1208,7 +1213,9 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     }
 
 
-def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng, goal: int = 2):
+def pretrain_model(
+    demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng, goal: int = 2, stop=None
+):
     """The ensemble on the expert data with the density-binned split over (x, y) and patience as intended (10)."""
     model = GaussianEnsemble(obs_dim + act_dim, obs_dim - goal, m.ensemble_size, m.hidden, m.layers).to(device)
     t = {
@@ -1224,11 +1231,12 @@ def pretrain_model(demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device
             print(f"[model] pretraining epoch {h['epoch']}: val MSE {h['val_mse']:.3e}", flush=True)
 
     elites, info = train_ensemble(
-        model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator, log
+        model, inputs, targets, torch.as_tensor(train_idx), torch.as_tensor(val_idx), m, generator, log, stop
     )
     print(
         f"[model] pretrained {info['epochs']} epochs, {len(train_idx)} train / {len(val_idx)} val (density-binned), "
-        f"val MSE of elites {np.mean([info['val_mse'][i] for i in info['elites']]):.2e}",
+        f"val MSE of elites {np.mean([info['val_mse'][i] for i in info['elites']]):.2e}"
+        + (" (stopped early by a signal: the best weights so far are kept and used)" if info["stopped"] else ""),
         flush=True,
     )
     return model, elites, info
@@ -1308,7 +1316,9 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
             inputs, targets = model_io(o, a, no, goal)
             perm = torch.randperm(len(inputs), generator=gen)
             n_val = int(args.model.val_ratio * len(inputs))
-            elites, info = train_ensemble(model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen)
+            elites, info = train_ensemble(
+                model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=run.stop_requested
+            )
             c["model_trainings"] += 1
             if maze:
                 lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
@@ -1392,7 +1402,8 @@ def main(args: Args) -> None:
         model, elites = run.load_pretrained()
         if model is None:
             model, elites, info = pretrain_model(
-                demos, run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng, goal_dims(args.env_id)
+                demos, run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng,
+                goal_dims(args.env_id), stop=run.stop_requested,
             )
             run.save_pretrained(model, elites, info)
         out = train_hyper(args, run, demos, model, elites)
@@ -1808,6 +1819,7 @@ class RunContext:
             "disc_updates": c["disc_updates"],
             "model_trainings": c["model_trainings"],
             "pretrain_epochs": (self.pretrain_info or {}).get("epochs", 0),
+            "pretrain_stopped_by_signal": (self.pretrain_info or {}).get("stopped", False),
             "wall_time_s": time.time() - self.t0,
             "device": str(self.device),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -64,7 +64,7 @@ if [ "${1:-}" = antmaze_patience ]; then
     --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_umaze_patience \
     --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
-    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --model.pretrain-max-epochs 0 \
+    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --model.pretrain-max-epochs 300 \
     --eval.frequency 1000 --eval.episodes 25 > $OUT/antmaze_umaze_patience.log 2>&1
 fi
 

@@ -115,7 +115,12 @@ def interrupt_when_exists(cmd: list[str], path: Path, wait_s: float = 180.0, exi
     while not path.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=exit_s)
+    try:
+        out, err = proc.communicate(timeout=exit_s)
+    except subprocess.TimeoutExpired:  # it ignored the signal: kill it, so no orphan eats CI's cores
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not exit within {exit_s:.0f}s of SIGTERM\n{err[-2000:]}")
     return proc.returncode, out, err
 
 

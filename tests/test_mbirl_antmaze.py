@@ -371,6 +371,25 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     assert res["real_steps"] == 800 and res["history"][0]["step"] == 0
 
 
+def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_resumes(run_dir, experts_dir):
+    """Pretraining to patience can take an hour on a CPU: SIGTERM must end it (best weights kept, saved as such),
+    and the re-run goes on to the loop with that model. Patience here never ends it, so without the signal
+    check this test hangs and fails."""
+    cmd = [sys.executable, str(REPO_ROOT / "mbirl_antmaze.py"), "--run-dir", str(run_dir)]
+    cmd += ["--expert.experts-dir", str(experts_dir), *TINY]
+    cmd += ["--model.pretrain-max-epochs", "0", "--model.patience", "1000000"]
+    rc, out, err = interrupt_when_exists(cmd, run_dir / "args.json", wait_s=120)
+    assert rc == 130, err[-2000:]
+    saved = torch.load(run_dir / "model_pretrained.pt", weights_only=False)["info"]
+    assert saved["stopped"] and saved["epochs"] == len(saved["history"])
+    from conftest import run_script_subprocess
+
+    rc, out, err = run_script_subprocess("mbirl_antmaze.py", "--run-dir", run_dir, timeout=240)
+    assert rc == 0, err[-2000:]
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["pretrain_stopped_by_signal"] and res["pretrain_epochs"] == saved["epochs"] and res["real_steps"] == 600
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 def _validate(tmp_path, **overrides):
     args = mb.Args(run_dir=str(tmp_path / "run"), **overrides)
@@ -471,7 +490,12 @@ def test_pretraining_has_its_own_epoch_cap(umaze_demos):
     obs_dim, act_dim = d["observations"].shape[1], d["actions"].shape[1]
     m = mb.ModelArgs(ensemble_size=2, num_elites=1, hidden=8, layers=1, patience=10**6, max_epochs=1, pretrain_max_epochs=3)
     _, _, info = mb.pretrain_model(d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0))
-    assert info["epochs"] == 3
+    assert info["epochs"] == 3 and not info["stopped"]
+    calls = iter(range(100))
+    _, _, info = mb.pretrain_model(
+        d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0), stop=lambda: next(calls) >= 2
+    )
+    assert info["epochs"] == 2 and info["stopped"]  # stop() is asked before each epoch
 
 
 def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run_dir, tmp_path, umaze_demos):
