@@ -47,27 +47,22 @@ fi
 #    rollout starts per refill, rollout length 1 -> 10 over epochs 1-5, 5 actor updates per real step (the
 #    reference: 20), the discriminator every 500 learner steps (the maze default 100 would spend ~28x the learner's
 #    steps on its fresh trajectories), 25 evaluation episodes every 1,000 steps. ~45 min on one core beside other jobs.
-if [ "${1:-}" = antmaze ]; then
+antmaze_umaze() {  # run dir name, then any extra flags
+  local name=$1; shift
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
-    --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_umaze \
+    --expert.experts-dir $OUT/experts --run-dir $OUT/$name \
     --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
     --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --eval.frequency 1000 --eval.episodes 25 \
-    > $OUT/antmaze_umaze.log 2>&1
-fi
+    "$@" > $OUT/$name.log 2>&1
+}
+if [ "${1:-}" = antmaze ]; then antmaze_umaze antmaze_umaze; fi
 
 # 2c'. The same run as 2c (same seed, data and flags) except a 12x longer pretraining: 300 epochs instead of 25 (2c
 #    stopped at 25 with the validation MSE still falling steeply). To patience 10 as the reference it was still going
 #    at epoch 863 after 37 min on one shared core, so 300 (~15 min) is the CPU budget's compromise; the loop's
 #    retrainings keep the 25-epoch cap. The one change, so the two runs read as an ablation.
-if [ "${1:-}" = antmaze_patience ]; then
-  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
-    --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_umaze_patience \
-    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
-    --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
-    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --model.pretrain-max-epochs 300 \
-    --eval.frequency 1000 --eval.episodes 25 > $OUT/antmaze_umaze_patience.log 2>&1
-fi
+if [ "${1:-}" = antmaze_patience ]; then antmaze_umaze antmaze_umaze_patience --model.pretrain-max-epochs 300; fi
 
 # 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
 #    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
