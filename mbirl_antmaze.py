@@ -855,7 +855,13 @@ def train_ensemble(
             p.copy_(saved)
     elites = select_elites(best, m.num_elites)
     stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)  # so by stop()
-    info = {"epochs": epoch, "val_mse": best.tolist(), "elites": elites.tolist(), "history": history, "stopped": stopped}
+    info = {
+        "epochs": epoch,
+        "val_mse": best.tolist(),
+        "elites": elites.tolist(),
+        "history": history,
+        "stopped": stopped,
+    }
     return elites, info
 
 
@@ -1226,6 +1232,7 @@ def pretrain_model(
     train_idx, val_idx = density_binned_split(demos["observations"][:, :2], m.pretrain_bins, m.val_ratio, rng)
     if m.pretrain_max_epochs is not None:  # pretraining from scratch may need more epochs than a warm retraining
         m = dataclasses.replace(m, max_epochs=m.pretrain_max_epochs)
+
     def log(h):  # to patience this can take many minutes: show it is moving
         if h["epoch"] % 10 == 0:
             print(f"[model] pretraining epoch {h['epoch']}: val MSE {h['val_mse']:.3e}", flush=True)
@@ -1311,7 +1318,7 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
 
         # 2. Every freq_train_model steps: retrain the model on the hybrid buffer, refill the model rollouts from
         #    expert states in the sliding backward window (mazes) or from expert OR policy states (MuJoCo coin flip).
-        if step % h.freq_train_model == 0 or learner.size == 0:
+        if (step % h.freq_train_model == 0 and step < h.total_timesteps) or learner.size == 0:  # none for the last step
             o, a, no, _ = hybrid.all()
             inputs, targets = model_io(o, a, no, goal)
             perm = torch.randperm(len(inputs), generator=gen)
@@ -1402,8 +1409,15 @@ def main(args: Args) -> None:
         model, elites = run.load_pretrained()
         if model is None:
             model, elites, info = pretrain_model(
-                demos, run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng,
-                goal_dims(args.env_id), stop=run.stop_requested,
+                demos,
+                run.obs_dim,
+                run.act_dim,
+                args.model,
+                run.device,
+                run.generator,
+                run.rng,
+                goal_dims(args.env_id),
+                stop=run.stop_requested,
             )
             run.save_pretrained(model, elites, info)
         out = train_hyper(args, run, demos, model, elites)

@@ -488,12 +488,23 @@ def test_pretraining_has_its_own_epoch_cap(umaze_demos):
     """--model.pretrain-max-epochs caps pretraining alone (the loop's retrainings keep --model.max-epochs)."""
     d = umaze_demos
     obs_dim, act_dim = d["observations"].shape[1], d["actions"].shape[1]
-    m = mb.ModelArgs(ensemble_size=2, num_elites=1, hidden=8, layers=1, patience=10**6, max_epochs=1, pretrain_max_epochs=3)
-    _, _, info = mb.pretrain_model(d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0))
+    m = mb.ModelArgs(
+        ensemble_size=2, num_elites=1, hidden=8, layers=1, patience=10**6, max_epochs=1, pretrain_max_epochs=3
+    )
+    _, _, info = mb.pretrain_model(
+        d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0)
+    )
     assert info["epochs"] == 3 and not info["stopped"]
     calls = iter(range(100))
     _, _, info = mb.pretrain_model(
-        d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0), stop=lambda: next(calls) >= 2
+        d,
+        obs_dim,
+        act_dim,
+        m,
+        "cpu",
+        torch.Generator().manual_seed(0),
+        np.random.default_rng(0),
+        stop=lambda: next(calls) >= 2,
     )
     assert info["epochs"] == 2 and info["stopped"]  # stop() is asked before each epoch
 
@@ -797,8 +808,8 @@ def test_hopper_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_
     res = json.loads((run_dir / "results.json").read_text())
     assert res["actor"] == "SAC" and res["metric"] == "mean_return" and res["success_rate"] is None
     assert (
-        res["real_steps"] == 300 and res["disc_updates"] == 2 and res["model_trainings"] == 4
-    )  # steps 51 (first), 100, 200, 300
+        res["real_steps"] == 300 and res["disc_updates"] == 2 and res["model_trainings"] == 3
+    )  # steps 51 (first), 100, 200; none at 300, the last step
     assert math.isfinite(res["mean_return"]) and res["expert_score"] == pytest.approx(np.mean(hopper_demos["returns"]))
     assert not (run_dir / "maze.png").exists() and (run_dir / "learning_curve.png").is_file()
     policy = mb.load_policy(str(run_dir / "policy.pt"))
