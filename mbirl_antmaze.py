@@ -855,14 +855,7 @@ def train_ensemble(
             p.copy_(saved)
     elites = select_elites(best, m.num_elites)
     stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)  # so by stop()
-    info = {
-        "epochs": epoch,
-        "val_mse": best.tolist(),
-        "elites": elites.tolist(),
-        "history": history,
-        "stopped": stopped,
-    }
-    return elites, info
+    return elites, dict(epochs=epoch, val_mse=best.tolist(), elites=elites.tolist(), history=history, stopped=stopped)
 
 
 @torch.no_grad()
@@ -1408,17 +1401,8 @@ def main(args: Args) -> None:
         )
         model, elites = run.load_pretrained()
         if model is None:
-            model, elites, info = pretrain_model(
-                demos,
-                run.obs_dim,
-                run.act_dim,
-                args.model,
-                run.device,
-                run.generator,
-                run.rng,
-                goal_dims(args.env_id),
-                stop=run.stop_requested,
-            )
+            setup = (run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng, goal_dims(args.env_id))
+            model, elites, info = pretrain_model(demos, *setup, stop=run.stop_requested)
             run.save_pretrained(model, elites, info)
         out = train_hyper(args, run, demos, model, elites)
     except NonFiniteLoss as e:
@@ -1535,7 +1519,17 @@ class RunContext:
 
     def start(self) -> None:
         args = self.args
+        import signal
+
         from torch.utils.tensorboard import SummaryWriter
+
+        self.stop = False
+
+        def handler(signum, frame):  # noqa: ARG001 - first, so a signal during set-up is not a kill
+            self.stop = True
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
 
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
@@ -1564,14 +1558,6 @@ class RunContext:
                 save_code=True,
             )
         self.writer = SummaryWriter(str(self.run_dir))
-        self.stop = False
-        import signal
-
-        def handler(signum, frame):  # noqa: ARG001
-            self.stop = True
-
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
         self.t0, self.pretrain_info = time.time(), None
 
     def stop_requested(self) -> bool:

@@ -491,21 +491,16 @@ def test_pretraining_has_its_own_epoch_cap(umaze_demos):
     m = mb.ModelArgs(
         ensemble_size=2, num_elites=1, hidden=8, layers=1, patience=10**6, max_epochs=1, pretrain_max_epochs=3
     )
-    _, _, info = mb.pretrain_model(
-        d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0)
-    )
+
+    def pretrain(stop=None):
+        return mb.pretrain_model(
+            d, obs_dim, act_dim, m, "cpu", torch.Generator().manual_seed(0), np.random.default_rng(0), stop=stop
+        )[2]
+
+    info = pretrain()
     assert info["epochs"] == 3 and not info["stopped"]
     calls = iter(range(100))
-    _, _, info = mb.pretrain_model(
-        d,
-        obs_dim,
-        act_dim,
-        m,
-        "cpu",
-        torch.Generator().manual_seed(0),
-        np.random.default_rng(0),
-        stop=lambda: next(calls) >= 2,
-    )
+    info = pretrain(stop=lambda: next(calls) >= 2)
     assert info["epochs"] == 2 and info["stopped"]  # stop() is asked before each epoch
 
 
