@@ -125,6 +125,9 @@ class LabelArgs:
     """pairwise: candidate pairs scored per pair asked"""
     rate_scale: float = 5e6
     """label rate decays like rate_scale / (step + rate_scale)"""
+    life_penalty: float = -1.0
+    """synthetic labeller: points a lost life costs a clip (the paper replaces episode ends by a penalty in all games
+    but Pong, size not given); -1 = 1 point (one clipped reward) on every game but Pong, 0 on Pong"""
     store_dir: str = "runs/preference_store"
     """SQLite label store and clips, shared by every experiment of an env"""
     host: str = "127.0.0.1"
@@ -582,27 +585,29 @@ class ClipRecorder:
         self.length, self.stack, self.slots, self.num_envs, self.rng = length, stack, slots, num_envs, rng
         self.active: dict[int, dict] = {}
 
-    def observe(self, env_ids, obs, actions, rewards, game_over, source: str) -> list[dict]:
+    def observe(self, env_ids, obs, actions, rewards, game_over, life_lost, source: str) -> list[dict]:
         while len(self.active) < self.slots:
             free = [e for e in range(self.num_envs) if e not in self.active]
-            self.active[int(self.rng.choice(free))] = {"frames": [], "actions": [], "rewards": []}
+            self.active[int(self.rng.choice(free))] = {"frames": [], "actions": [], "rewards": [], "lives_lost": 0}
         finished = []
         for j, env in enumerate(env_ids.tolist()):
             clip = self.active.get(env)
             if clip is None:
                 continue
             if game_over[j]:  # the stack restarts at a new game: start the clip again
-                self.active[env] = {"frames": [], "actions": [], "rewards": []}
+                self.active[env] = {"frames": [], "actions": [], "rewards": [], "lives_lost": 0}
                 continue
             clip["frames"] += list(obs[j]) if not clip["frames"] else [obs[j, -1]]
             clip["actions"].append(int(actions[j]))
             clip["rewards"].append(float(rewards[j]))
+            clip["lives_lost"] += int(life_lost[j])
             if len(clip["actions"]) == self.length:
                 finished.append(
                     {
                         "frames": np.stack(clip["frames"]),
                         "actions": np.array(clip["actions"]),
                         "true_rewards": np.array(clip["rewards"], np.float32),
+                        "lives_lost": clip["lives_lost"],
                         "source": source,
                     }
                 )
@@ -621,7 +626,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
     seg_act, seg_rew = np.zeros((n, t_max), np.int64), np.zeros((n, t_max), np.float32)
     seg_ver, pos = np.zeros((n, t_max), np.int64), np.zeros(n, np.int64)
     acted, last_action = np.zeros(n, bool), np.zeros(n, np.int64)
-    game_return, game_length = np.zeros(n), np.zeros(n, np.int64)
+    game_return, game_length, lives = np.zeros(n), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    lives[info["env_id"]] = info["lives"]
     rng = np.random.default_rng(seed)
     while not shared.stop.is_set():
         if shared.random_actions and (shared.hold.is_set() or shared.clips.qsize() >= 32):
@@ -644,6 +650,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
         stepped = acted[ids]  # an env's first observation (its reset) is no transition
         ids_s, reward_s = ids[stepped], reward[stepped]
         over = (terminated | truncated)[stepped]
+        life_lost = (info["lives"][stepped] < lives[ids_s]) & ~over  # hidden from the agent, told to the labeller
+        lives[ids] = info["lives"]
         shared.steps += len(ids_s)
         seg_rew[ids_s, pos[ids_s]] = reward_s
         pos[ids_s] += 1
@@ -665,7 +673,7 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
                         pass
             pos[env] = 0
         source = "random" if shared.random_actions else f"policy@{shared.steps}"
-        for clip in recorder.observe(ids_s, obs[stepped], last_action[ids_s], reward_s, over, source):
+        for clip in recorder.observe(ids_s, obs[stepped], last_action[ids_s], reward_s, over, life_lost, source):
             try:
                 shared.clips.put_nowait(clip)
             except queue.Full:
@@ -716,15 +724,19 @@ def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
         }
 
 
-def run_synthetic_labeller(store, experiment: str, stop: threading.Event):
-    """Answers pending queries from the clips' true game scores, through the same queue a person uses."""
+def run_synthetic_labeller(store, experiment: str, stop: threading.Event, life_penalty: float):
+    """Answers pending queries from the clips' true game scores, less `life_penalty` per life lost in a clip (the
+    paper's penalty for the episode ends the agent never sees), through the same queue a person uses."""
+
+    def score(clip_id: int) -> float:
+        clip = store.clip_info(clip_id)
+        return clip["true_return"] - life_penalty * clip["lives_lost"]
+
     while not stop.wait(0.02):
         for query in store.pending_queries(experiment):
-            left, right = store.clip_info(query["left"]), store.clip_info(query["right"])
+            answer = synthetic_answer(score(query["left"]), score(query["right"]))
             try:
-                store.answer(
-                    experiment, query["id"], synthetic_answer(left["true_return"], right["true_return"]), "synthetic"
-                )
+                store.answer(experiment, query["id"], answer, "synthetic")
             except (StaleQuery, UnknownQuery):  # answered or cancelled meanwhile: nothing to do
                 pass
 
@@ -802,7 +814,7 @@ class Teacher:
     def store_clip(self, clip: dict) -> int:
         if "id" not in clip:
             clip["id"] = self.store.add_clip(
-                clip["frames"], clip["actions"], clip["true_rewards"], self.stack, clip["source"]
+                clip["frames"], clip["actions"], clip["true_rewards"], self.stack, clip["source"], clip["lives_lost"]
             )
         return clip["id"]
 
@@ -976,7 +988,7 @@ def train(args: Args, ctx: dict) -> dict:
     recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, args.ga3c.workers, rng)
     start_thread(shared, run_predictor, envs, net, shared, args.ga3c.t_max, num_actions, recorder, args.seed)
     if args.labeler == "synthetic":
-        start_thread(shared, run_synthetic_labeller, ctx["store"], args.exp_name, shared.stop)
+        start_thread(shared, run_synthetic_labeller, ctx["store"], args.exp_name, shared.stop, ctx["life_penalty"])
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:
         learn(args, shared, net, optimizer, teacher, reward_fn, log)
@@ -1545,6 +1557,12 @@ def check_numbers(args: Args):
         ("labels.clip-length", lab.clip_length, 1 <= lab.clip_length <= 1000, "1 to 1000"),
         ("labels.candidates", lab.candidates, 1 <= lab.candidates <= 1000, "1 to 1000"),
         ("labels.rate-scale", lab.rate_scale, 0 < lab.rate_scale < math.inf, "> 0"),
+        (
+            "labels.life-penalty",
+            lab.life_penalty,
+            lab.life_penalty == -1 or 0 <= lab.life_penalty <= 1e6,
+            "-1 or 0..1e6",
+        ),
         ("labels.port", lab.port, 0 <= lab.port <= 65535, "0 to 65535"),
         ("eval.episodes", args.eval.episodes, 1 <= args.eval.episodes <= 256, "1 to 256"),
     ]
@@ -1592,6 +1610,7 @@ def validate(args: Args) -> dict:
         "mask": mask,
         "stack": args.env.stacked_frames,
         "sticky": sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions,
+        "life_penalty": (0.0 if rom == "pong" else 1.0) if args.labels.life_penalty < 0 else args.labels.life_penalty,
         "noop_max": args.env.noop_max,
         "max_episode_frames": args.env.max_episode_frames,
     }
@@ -1799,7 +1818,8 @@ class LabelStore:
             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
             CREATE TABLE IF NOT EXISTS clips (
                 id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, length INTEGER NOT NULL,
-                stack INTEGER NOT NULL, true_return REAL NOT NULL, source TEXT NOT NULL, created REAL NOT NULL);
+                stack INTEGER NOT NULL, true_return REAL NOT NULL, source TEXT NOT NULL, created REAL NOT NULL,
+                lives_lost INTEGER NOT NULL DEFAULT 0);
             CREATE TABLE IF NOT EXISTS queries (
                 id INTEGER PRIMARY KEY AUTOINCREMENT, experiment TEXT NOT NULL, kind TEXT NOT NULL,
                 left_clip INTEGER NOT NULL REFERENCES clips(id), right_clip INTEGER NOT NULL REFERENCES clips(id),
@@ -1810,6 +1830,8 @@ class LabelStore:
             CREATE TABLE IF NOT EXISTS experiments (name TEXT PRIMARY KEY, status TEXT, tree TEXT);
             """
         )
+        if "lives_lost" not in [row[1] for row in self._db.execute("PRAGMA table_info(clips)")]:  # an older store
+            self._db.execute("ALTER TABLE clips ADD COLUMN lives_lost INTEGER NOT NULL DEFAULT 0")
 
     @contextmanager
     def _write(self):
@@ -1839,12 +1861,13 @@ class LabelStore:
 
     # ---- clips ----
     def add_clip(
-        self, frames: np.ndarray, actions: np.ndarray, true_rewards: np.ndarray, stack: int, source: str
+        self, frames: np.ndarray, actions: np.ndarray, true_rewards: np.ndarray, stack: int, source: str, lives_lost=0
     ) -> int:
         """Save a clip's arrays and its rendered GIF, then record it; returns the clip id.
 
         frames: uint8 (T + stack - 1, H, W) single grey frames (step t sees frames[t:t+stack]); actions (T,);
-        true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1).
+        true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1);
+        lives_lost: lives the player lost during the clip (the synthetic labeller's penalty).
         """
         frames = np.asarray(frames)
         actions = np.asarray(actions)
@@ -1878,8 +1901,9 @@ class LabelStore:
         true_return = float(true_rewards.astype(np.float64).sum())
         with self._write() as db:
             cur = db.execute(
-                "INSERT INTO clips(name, length, stack, true_return, source, created) VALUES (?, ?, ?, ?, ?, ?)",
-                (name, t, stack, true_return, str(source), time.time()),
+                "INSERT INTO clips(name, length, stack, true_return, source, created, lives_lost) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, t, stack, true_return, str(source), time.time(), int(lives_lost)),
             )
             return int(cur.lastrowid)
 
@@ -1900,12 +1924,20 @@ class LabelStore:
             }
 
     def clip_info(self, clip_id: int) -> dict:
-        """{"id", "length", "true_return", "source", "media"}; media is the GIF's file name in clips_dir."""
-        rows = self._read("SELECT id, length, true_return, source, name FROM clips WHERE id=?", (int(clip_id),))
+        """{"id", "length", "true_return", "lives_lost", "source", "media"}; media: the GIF's file name in clips_dir."""
+        sql = "SELECT id, length, true_return, lives_lost, source, name FROM clips WHERE id=?"
+        rows = self._read(sql, (int(clip_id),))
         if not rows:
             raise KeyError(f"no clip {clip_id} in {self.path}")
-        i, length, ret, source, name = rows[0]
-        return {"id": i, "length": length, "true_return": ret, "source": source, "media": f"{name}.gif"}
+        i, length, ret, lost, source, name = rows[0]
+        return {
+            "id": i,
+            "length": length,
+            "true_return": ret,
+            "lives_lost": lost,
+            "source": source,
+            "media": f"{name}.gif",
+        }
 
     def clip_ids(self) -> list[int]:
         return [r[0] for r in self._read("SELECT id FROM clips ORDER BY id")]

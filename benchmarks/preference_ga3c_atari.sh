@@ -45,6 +45,17 @@ case $step in
           --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
     done
     wait ;;
+  evidence-breakout)  # Breakout: the true reward and synthetic sort-tree labels side by side at equal frames, the Pong long
+    # runs' flags (one torch + one emulator thread each); the synthetic labeller charges 1 point per lost life (the
+    # paper's penalty for the episode ends the agent never sees). Resumable: re-run the same line.
+    python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl --seed 1 --exp-name breakout_rl \
+        --run-dir runs/pref_breakout_rl --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 \
+        > runs/pref_breakout_rl.log 2>&1 &
+    python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback sort-tree --seed 1 \
+        --exp-name breakout_sort-tree --run-dir runs/pref_breakout_sort-tree --torch-threads 1 --ga3c.env-threads 1 \
+        --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
+        --labels.store-dir runs/preference_store_long > runs/pref_breakout_sort-tree.log 2>&1 &
+    wait ;;
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
     # can be replaced between sessions): a run dir that is gone is drawn from its saved curves.
@@ -226,6 +237,6 @@ PY
       python benchmarks/preference_reward_diagnostic.py $run
       python benchmarks/preference_reward_diagnostic.py $run --random
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision|reward-diagnostic"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac

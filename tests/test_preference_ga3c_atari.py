@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -275,7 +276,7 @@ class ToyVectorEnv:
         ids = np.array(self.order[: self.batch_size])
         self.order = self.order[self.batch_size :] + list(ids)
         self.pending = ids
-        return self.frames(ids), {"env_id": ids}
+        return self.frames(ids), {"env_id": ids, "lives": np.ones(len(ids), np.int64)}
 
     def send(self, actions):
         reward = (actions == self.state[self.pending]).astype(np.float32)
@@ -289,7 +290,7 @@ class ToyVectorEnv:
         reward = np.array([self.last.get(int(e), 0.0) for e in ids], np.float32)
         self.pending = ids
         none = np.zeros(len(ids), bool)
-        return self.frames(ids), reward, none, none, {"env_id": ids}
+        return self.frames(ids), reward, none, none, {"env_id": ids, "lives": np.ones(len(ids), np.int64)}
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -331,15 +332,16 @@ def test_clip_recorder_cuts_clips_and_restarts_at_a_new_game():
     for t in range(3):
         obs = np.full((1, 2, 84, 84), t, np.uint8)
         obs[0, -1] = t + 10
-        out += rec.observe(ids, obs, np.array([t]), np.array([float(t)]), over, "test")
+        out += rec.observe(ids, obs, np.array([t]), np.array([float(t)]), over, np.array([t > 0]), "test")
     assert len(out) == 1
     clip = out[0]
     assert clip["frames"].shape == (4, 84, 84)  # T + S - 1
     assert clip["frames"][:, 0, 0].tolist() == [0, 10, 11, 12]
     assert clip["actions"].tolist() == [0, 1, 2] and clip["true_rewards"].tolist() == [0.0, 1.0, 2.0]
-    obs = np.zeros((1, 2, 84, 84), np.uint8)
-    rec.observe(ids, obs, np.array([0]), np.array([0.0]), over, "test")
-    assert rec.observe(ids, obs, np.array([0]), np.array([0.0]), np.array([True]), "test") == []
+    assert clip["lives_lost"] == 2  # counted for the synthetic labeller's penalty
+    obs, no = np.zeros((1, 2, 84, 84), np.uint8), np.array([False])
+    rec.observe(ids, obs, np.array([0]), np.array([0.0]), over, no, "test")
+    assert rec.observe(ids, obs, np.array([0]), np.array([0.0]), np.array([True]), no, "test") == []
     assert rec.active[0]["actions"] == []  # a new game restarts the clip
 
 
@@ -370,6 +372,43 @@ def answer_synthetically(store, experiment):
     for query in store.pending_queries(experiment):
         left, right = store.clip_info(query["left"]), store.clip_info(query["right"])
         store.answer(experiment, query["id"], pref.synthetic_answer(left["true_return"], right["true_return"]), "t")
+
+
+def test_the_synthetic_labeller_charges_a_lost_life_only_where_the_penalty_applies(tmp_path):
+    """Equal game scores, one clip lost a life: with the penalty the other clip wins, without it they are equal."""
+    from preference_ga3c_atari import LabelStore
+
+    store = LabelStore(tmp_path / "store", "ALE/Breakout-v5")
+    frames, actions = np.zeros((6, 84, 84), np.uint8), np.zeros(6)
+    rewards = np.array([0, 0, 1, 0, 0, 0], np.float32)
+    kept, lost = (store.add_clip(frames, actions, rewards, 1, "t", lives_lost=n) for n in (0, 1))
+    scored = store.add_clip(frames, actions, rewards * 3, 1, "t", lives_lost=1)  # 3 points, less 1 = 2 > 1
+    answers = {}
+    for penalty in (1.0, 0.0):
+        experiment = f"penalty{penalty}"
+        store.add_query(experiment, "pair", kept, lost)
+        store.add_query(experiment, "pair", scored, kept)
+        stop = threading.Event()
+        thread = threading.Thread(target=pref.run_synthetic_labeller, args=(store, experiment, stop, penalty))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while store.count_answers(experiment) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stop.set()
+        thread.join()
+        answers[penalty] = [a["answer"] for a in sorted(store.answers_after(experiment, -1), key=lambda a: a["id"])]
+    store.close()
+    assert answers == {1.0: ["left", "left"], 0.0: ["equal", "left"]}
+
+
+@pytest.mark.parametrize(
+    ("env_id", "flag", "penalty"),
+    [("PongNoFrameskip-v4", -1, 0.0), ("ALE/Breakout-v5", -1, 1.0), ("PongNoFrameskip-v4", 2.5, 2.5)],
+)
+def test_the_life_penalty_defaults_to_the_papers_rule(tmp_path, env_id, flag, penalty):
+    args = pref.Args(env_id=env_id, run_dir=str(tmp_path / "run"))
+    args.labels.life_penalty, args.labels.store_dir = flag, str(tmp_path / "store")
+    assert pref.validate(args)["life_penalty"] == penalty
 
 
 def spearman(a, b) -> float:
@@ -613,6 +652,8 @@ VALID = {
     ("eval.seed", -1),
     ("eval.seed", 10**12),
     ("labels.rate_scale", 10**12),
+    ("labels.life_penalty", 0),
+    ("labels.life_penalty", -1),
     ("total_timesteps", 10**12),
     ("checkpoint_every_s", 10**12),
     ("env.max_episode_frames", 10**12),

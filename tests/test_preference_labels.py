@@ -43,13 +43,37 @@ def store(tmp_path):
 
 
 # ---- the store ----
+def test_a_store_from_before_lives_lost_is_upgraded_in_place(tmp_path):
+    import sqlite3
+
+    old = labels.LabelStore(tmp_path / "labels", ENV)
+    cid = add_clip(old, ret=2.0)
+    old.close()
+    with sqlite3.connect(old.path) as db:  # the clips table as it was
+        db.execute("ALTER TABLE clips DROP COLUMN lives_lost")
+    again = labels.LabelStore(tmp_path / "labels", ENV)
+    try:
+        assert again.clip_info(cid)["lives_lost"] == 0 and again.clip_info(cid)["true_return"] == 2.0
+        new = again.add_clip(make_frames(6, 2), np.zeros(6), np.zeros(6, np.float32), 2, "x", lives_lost=3)
+        assert again.clip_info(new)["lives_lost"] == 3
+    finally:
+        again.close()
+
+
 def test_add_clip_saves_arrays_and_renders_the_clip_once(store):
     frames = make_frames(5, 4)
     actions = np.array([0, 1, 2, 3, 1])
     rewards = np.array([0, 1, 0, -1, 1], np.float32)
     cid = store.add_clip(frames, actions, rewards, 4, "random")
     info = store.clip_info(cid)
-    assert info == {"id": cid, "length": 5, "true_return": 1.0, "source": "random", "media": info["media"]}
+    assert info == {
+        "id": cid,
+        "length": 5,
+        "true_return": 1.0,
+        "lives_lost": 0,
+        "source": "random",
+        "media": info["media"],
+    }
     arrays = store.clip_arrays(cid)
     np.testing.assert_array_equal(arrays["frames"], frames)
     np.testing.assert_array_equal(arrays["actions"], actions)
