@@ -293,6 +293,36 @@ class ToyVectorEnv:
         return self.frames(ids), reward, none, none, {"env_id": ids, "lives": np.ones(len(ids), np.int64)}
 
 
+class LifeLosingToyEnv(ToyVectorEnv):
+    """One emulator playing six-step games with three lives: lives are lost at steps 2 and 3 of each game and step 6
+    ends it (same-step reset, so the step's lives are the new game's)."""
+
+    def __init__(self):
+        super().__init__(1, 1)
+        self.count = 0
+
+    def recv(self):
+        obs, reward, _, truncated, info = super().recv()
+        self.count += 1
+        c = self.count % 6
+        info["lives"] = np.array([3 if c in (0, 1) else 2 if c == 2 else 1])
+        return obs, reward, np.array([c == 0]), truncated, info
+
+
+def test_the_predictor_counts_the_lives_each_clip_loses():
+    envs, shared = LifeLosingToyEnv(), pref.Shared(100)
+    recorder = pref.ClipRecorder(3, 1, 1, 1, np.random.default_rng(0))
+    pref.start_thread(shared, pref.run_predictor, envs, pref.GA3CNet(1, 2, False), shared, 5, 2, recorder, 0)
+    deadline = time.time() + 30
+    while shared.clips.qsize() < 4 and time.time() < deadline and shared.error is None:
+        time.sleep(0.01)
+    shared.stop.set()
+    pref.join_threads(shared)
+    assert shared.error is None
+    # steps 1-3 of each game make a clip (2 lives lost); steps 4-5 are cut off by the game's end, never charged
+    assert [shared.clips.get_nowait()["lives_lost"] for _ in range(4)] == [2, 2, 2, 2]
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward(bf16):
     torch.manual_seed(0)
