@@ -58,8 +58,9 @@ case $step in
     wait ;;
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
-    # can be replaced between sessions): a run dir that is gone is drawn from its saved curves.
-    python - <<'PY'
+    # can be replaced between sessions): a run dir that is gone is drawn from its saved curves. GAME=breakout draws
+    # the evidence-breakout runs instead (saved under benchmarks/results/breakout/).
+    GAME=${GAME:-pong} python - <<'PY'
 import glob
 import os
 import matplotlib
@@ -71,8 +72,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 TAGS = ("charts/episodic_return", "labels/answered", "losses/entropy", "charts/SPS", "ga3c/policy_lag",
         "reward/label_accuracy")
 
+GAME = os.environ["GAME"]
+SAVED = {"pong": "pong_long", "breakout": "breakout"}[GAME]
+
+
 def curves(run):  # every event file of the run (one per resume), in step order -> {tag: (frames, values)}
-    saved = f"benchmarks/results/pong_long/{os.path.basename(run)}.csv.gz"
+    saved = f"benchmarks/results/{SAVED}/{os.path.basename(run)}.csv.gz"
     if not glob.glob(run + "/events*"):
         if not os.path.exists(saved):
             return {}
@@ -94,6 +99,9 @@ def curves(run):  # every event file of the run (one per resume), in step order 
 
 runs = {"rl (true reward)": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
         "synthetic, sort-tree": "runs/pref_pong_sort-tree_long"}
+if GAME == "breakout":
+    runs = {"rl (true reward)": "runs/pref_breakout_rl", "synthetic, sort-tree": "runs/pref_breakout_sort-tree"}
+actions = {"pong": 6, "breakout": 4}[GAME]
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
 for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
     c = curves(run)
@@ -123,12 +131,12 @@ for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
 top.set_ylabel("true score, mean of 100 games")
 top.legend(fontsize=8)
 middle.set_ylabel("labels answered")
-bottom.axhline(np.log(6), color="grey", lw=0.8, ls="--")
-bottom.set_ylabel("policy entropy (ln 6 dashed)")
+bottom.axhline(np.log(actions), color="grey", lw=0.8, ls="--")
+bottom.set_ylabel(f"policy entropy (ln {actions} dashed)")
 bottom.set_xlabel("frames")
-fig.suptitle("PongNoFrameskip-v4, GA3C, seed 1, 2-core CPU")
+fig.suptitle(f"{GAME.capitalize()}NoFrameskip-v4, GA3C, seed 1, 2-core CPU")
 fig.tight_layout()
-fig.savefig("docs/assets/preference_ga3c_atari/pong_long.png", dpi=90)
+fig.savefig(f"docs/assets/preference_ga3c_atari/{SAVED}.png", dpi=90)
 PY
     ;;
   curves)  # the three evidence runs' training-game scores and labels in one figure for the docs
