@@ -5,8 +5,9 @@ A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the rewar
 started from expert states in a window sliding from the end of the demonstrations back to their start.
 Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
 configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze expert = the planner +
-a goal-reaching Ant controller trained here by --train-goal-reacher (phase 0, SAC); Hopper/Walker2d: SAC on the
-siblings' expert cache; ALL real steps are counted).
+a goal-reaching Ant controller trained here by --train-goal-reacher (phase 0, SAC); Hopper/Walker2d/Ant/Humanoid:
+SAC on the siblings' expert cache, Ant and Humanoid with the reference's truncated observations; ALL real steps are
+counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.exploration-steps 500 \
         --hyper.freq-train-model 1000 --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2   # minutes on a CPU
@@ -43,21 +44,40 @@ gym.register_envs(gymnasium_robotics)
 SCRIPT = "mbirl_antmaze.py"
 GOAL_RADIUS = 0.45  # Gymnasium-Robotics' success test (D4RL used 0.5)
 MAZE_FAMILIES = {"PointMaze_": "pointmaze", "AntMaze_": "antmaze"}
-MUJOCO_IDS = ("Hopper-v5", "Walker2d-v5")  # the locomotion ids with a termination function below
+MUJOCO_IDS = ("Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")  # the locomotion ids with a termination function
+# Ant and Humanoid observe what the reference's model-based runs do: qpos[2:] and qvel, no contact forces or inertias
+# (27-D and 45-D, the first entries of gymnasium's full observation, so the shared cache's demos are cut to them).
+TRUNCATED_OBS = {
+    "Ant-v5": {"include_cfrc_ext_in_observation": False},
+    "Humanoid-v5": dict.fromkeys(("include_cinert_in_observation", "include_cvel_in_observation",
+                                  "include_qfrc_actuator_in_observation", "include_cfrc_ext_in_observation"), False),
+}  # fmt: skip
 # Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
 FAMILY_DEFAULTS = {
     "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
+             "hyper.rollout_schedule": "20,100,1,25",
              "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2, "hyper.updates_per_step": 20,
              "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4, "disc.every": 100, "disc.lr": 8e-3,
              "disc.ensemble": 1, "eval.episodes": 25},
     "Hopper": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
+               "hyper.rollout_schedule": "20,100,1,25",
                "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 30,
                "hyper.p_tremble": 0.01, "actor.hidden": 512, "actor.lr": 3e-4, "disc.every": 1000, "disc.lr": 8e-4,
                "disc.ensemble": 7, "eval.episodes": 10},
     "Walker2d": {"model.hidden": 200, "model.pretrain": False, "hyper.exploration_steps": 1000,
+                 "hyper.rollout_schedule": "20,100,1,25",
                  "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 10,
                  "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4, "disc.every": 1000,
                  "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10},
+    "Ant": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
+            "hyper.rollout_schedule": "20,100,1,25",
+            "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 30,
+            "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4, "disc.every": 200, "disc.lr": 8e-4,
+            "disc.ensemble": 7, "eval.episodes": 10},
+    "Humanoid": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
+                 "hyper.rollout_schedule": "20,300,1,25", "hyper.freq_train_model": 125, "hyper.retain_epochs": 1,
+                 "hyper.updates_per_step": 10, "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4,
+                 "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10},
 }  # fmt: skip
 
 
@@ -94,7 +114,7 @@ class ModelArgs:
     num_elites: int = 5
     """members with the lowest validation MSE, used for rollouts"""
     hidden: int | None = None
-    """width of each member's hidden layers (default: mazes 200, Hopper 400, Walker2d 200)"""
+    """width of each member's hidden layers (default: mazes 200, Walker2d 200, Hopper/Ant/Humanoid 400)"""
     layers: int = 4
     """hidden layers per member"""
     lr: float = 3e-4
@@ -133,8 +153,9 @@ class HyperArgs:
     mazes 2,000, MuJoCo 125)"""
     rollout_batch_size: int = 50_000
     """start states per rollout refill (reference antmaze: 800,000)"""
-    rollout_schedule: str = "20,100,1,25"
-    """rollout length: 'e0,e1,l0,l1' goes from l0 at epoch e0 to l1 at epoch e1 (epochs of epoch_length steps)"""
+    rollout_schedule: str | None = None
+    """rollout length: 'e0,e1,l0,l1' goes from l0 at epoch e0 to l1 at epoch e1 (epochs of epoch_length steps;
+    default: 20,100,1,25, Humanoid 20,300,1,25)"""
     epoch_length: int = 1000
     """real steps per epoch of the rollout schedule"""
     retain_epochs: int | None = None
@@ -142,7 +163,7 @@ class HyperArgs:
     window: float = 0.1
     """width of the sliding backward window over expert time, as a fraction of the demo horizon"""
     updates_per_step: int | None = None
-    """actor updates per real step (default: mazes 20, Hopper 30, Walker2d 10); 0 = none"""
+    """actor updates per real step (default: mazes 20, Hopper/Ant 30, Walker2d/Humanoid 10); 0 = none"""
     p_tremble: float | None = None
     """trembling hand: probability of a uniform random action in real steps, discriminator rollouts and evaluation
     (default: mazes 0, MuJoCo 0.01)"""
@@ -150,12 +171,12 @@ class HyperArgs:
 
 @dataclass
 class ActorArgs:
-    """Phase 3 - the actor: TD3+BC hybrid on mazes, SAC on Hopper/Walker2d."""
+    """Phase 3 - the actor: TD3+BC hybrid on mazes, SAC on the MuJoCo locomotion ids."""
 
     hidden: int | None = None
-    """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, Walker2d 1024)"""
+    """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, others 1024)"""
     lr: float | None = None
-    """actor and critic learning rate (default: 3e-4; Walker2d 1e-4)"""
+    """actor and critic learning rate (default: 3e-4; Walker2d/Ant/Humanoid 1e-4)"""
     weight_decay: float = 1e-4
     """actor and critic weight decay"""
     gamma: float = 0.99
@@ -183,7 +204,7 @@ class DiscArgs:
     """Phase 3 - the discriminator f(s, a); the policy's reward is -f."""
 
     every: int | None = None
-    """real learner steps between discriminator updates (default: mazes 100, MuJoCo 1,000)"""
+    """real learner steps between discriminator updates (default: mazes 100, Ant 200, other MuJoCo 1,000)"""
     lr: float | None = None
     """lr0; update k uses lr0 / k with a fresh Adam (default: mazes 8e-3, MuJoCo 8e-4)"""
     batch_size: int = 4096
@@ -275,7 +296,7 @@ class Args:
     """write policy.pt at the end"""
     env_id: str = "PointMaze_UMaze-v3"
     """PointMaze_*, AntMaze_* (expert data from the Ant controller of --reacher.path, or --expert.expert-path),
-    Hopper-v5 or Walker2d-v5"""
+    Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5 (these on the siblings' SAC expert cache)"""
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
     train_goal_reacher: bool = False
@@ -345,7 +366,10 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed goal; AntMaze
     v5 without the 78 contact forces (27-D ant observation, as the D4RL/Minari data)."""
     if env_family(env_id) == "mujoco":
-        return gym.make(env_id, render_mode=render_mode)
+        env = gym.make(env_id, render_mode=render_mode, **TRUNCATED_OBS.get(env_id, {}))
+        bounded = np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
+        unit = np.ones(env.action_space.shape, np.float32)
+        return env if bounded else gym.wrappers.RescaleAction(env, -unit, unit)  # Humanoid's +-0.4
     kwargs = {"continuing_task": False, "reset_target": False, "render_mode": render_mode}
     ant = env_family(env_id) == "antmaze"
     if ant and not env_id.endswith("-v4"):
@@ -703,9 +727,22 @@ def walker2d_termination(next_obs: torch.Tensor) -> torch.Tensor:
     return ~(healthy & torch.isfinite(next_obs).all(-1))
 
 
+def ant_termination(next_obs: torch.Tensor) -> torch.Tensor:
+    """Ant-v5 unhealthy: torso height (obs[0] = qpos[2]) outside [0.2, 1.0], or a non-finite state."""
+    healthy = (next_obs[:, 0] >= 0.2) & (next_obs[:, 0] <= 1.0)
+    return ~(healthy & torch.isfinite(next_obs).all(-1))
+
+
+def humanoid_termination(next_obs: torch.Tensor) -> torch.Tensor:
+    """Humanoid-v5 unhealthy: torso height (obs[0] = qpos[2]) outside (1.0, 2.0) (or a non-finite prediction)."""
+    healthy = (next_obs[:, 0] > 1.0) & (next_obs[:, 0] < 2.0)
+    return ~(healthy & torch.isfinite(next_obs).all(-1))
+
+
 def termination_fn(env_id: str):
     """The hand-written done function model rollouts use (the reference's termination_fns)."""
-    return {"Hopper-v5": hopper_termination, "Walker2d-v5": walker2d_termination}.get(env_id, no_termination)
+    fns = {"Hopper-v5": hopper_termination, "Walker2d-v5": walker2d_termination, "Ant-v5": ant_termination}
+    return {**fns, "Humanoid-v5": humanoid_termination}.get(env_id, no_termination)
 
 
 def goal_reached(xy: np.ndarray, goal: np.ndarray, radius: float = GOAL_RADIUS) -> np.ndarray:
@@ -2040,7 +2077,25 @@ def load_demos(path, env_id: str, obs_dim: int, act_dim: int, nq: int, nv: int) 
         raise UsageError(
             f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another file"
         ) from None
-    return check_demos(demos, path, env_id, obs_dim, act_dim, nq, nv)
+    return check_demos(to_truncated_layout(demos, env_id), path, env_id, obs_dim, act_dim, nq, nv)
+
+
+def to_truncated_layout(demos: dict, env_id: str) -> dict:
+    """The shared format (the SAC cache of Ant/Humanoid) holds gymnasium's full observation and actions in the env's
+    units; cut the observations to their first entries (qpos[2:], qvel: TRUNCATED_OBS), scale actions to [-1, 1]."""
+    if env_id not in TRUNCATED_OBS or "observations" not in demos or "actions" not in demos:
+        return demos
+    full, cut = gym.make(env_id), make_env(env_id)
+    width, short = full.observation_space.shape[0], cut.observation_space.shape[0]
+    low, high = full.action_space.low, full.action_space.high
+    full.close(), cut.close()
+    out = dict(demos)
+    for key in ("observations", "next_observations"):
+        if key in demos and demos[key].ndim == 2 and demos[key].shape[1] == width:
+            out[key] = demos[key][:, :short]
+    if demos["actions"].ndim == 2 and demos["actions"].shape[1] == len(low):
+        out["actions"] = ((demos["actions"] - low) / (high - low) * 2 - 1).astype(demos["actions"].dtype)
+    return out
 
 
 def check_demos(demos: dict, path, env_id: str, obs_dim: int, act_dim: int, nq: int, nv: int) -> dict[str, np.ndarray]:

@@ -208,6 +208,13 @@ def test_termination_functions():
     w[:, 0] = torch.tensor([1.2, 0.5, 1.2])
     w[:, 1] = torch.tensor([0.0, 0.0, 1.5])
     assert mb.walker2d_termination(w).tolist() == [False, True, True]
+    ant = torch.zeros(6, 27)
+    ant[:, 0] = torch.tensor([0.55, 0.2, 1.0, 0.19, 1.01, 0.55])  # torso height: healthy in [0.2, 1.0]
+    ant[5, 20] = float("nan")
+    assert mb.ant_termination(ant).tolist() == [False, False, False, True, True, True]
+    hum = torch.zeros(4, 45)
+    hum[:, 0] = torch.tensor([1.4, 1.0, 2.0, 0.9])  # healthy in (1.0, 2.0), open
+    assert mb.humanoid_termination(hum).tolist() == [False, True, True, True]
     assert not mb.no_termination(torch.randn(5, 6)).any()
     assert mb.goal_reached(np.array([[0.0, 0.0], [0.5, 0.0]]), np.zeros(2)).tolist() == [True, False]
 
@@ -475,7 +482,7 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
     "env_id, match",
     [
         ("PointMaze_Umaze-v3", "unknown env id.*PointMaze_UMaze-v3"),
-        ("Ant-v5", "not supported"),
+        ("HalfCheetah-v5", "not supported"),  # no termination function and no reference settings
         ("CartPole-v1", "not supported"),
     ],
 )
@@ -748,6 +755,14 @@ def test_family_defaults_follow_the_reference_and_keep_explicit_values():
         mb.termination_fn("Hopper-v5") is mb.hopper_termination
         and mb.termination_fn("PointMaze_UMaze-v3") is mb.no_termination
     )
+    ant, hum = mb.Args(env_id="Ant-v5"), mb.Args(env_id="Humanoid-v5")
+    mb.resolve_defaults(ant), mb.resolve_defaults(hum)
+    assert (ant.hyper.updates_per_step, ant.disc.every, ant.actor.hidden, ant.hyper.rollout_schedule) == (
+        30, 200, 1024, "20,100,1,25")  # fmt: skip
+    assert (hum.hyper.updates_per_step, hum.disc.every, hum.actor.lr, hum.hyper.rollout_schedule) == (
+        10, 1000, 1e-4, "20,300,1,25")  # fmt: skip
+    assert mb.termination_fn("Ant-v5") is mb.ant_termination
+    assert mb.termination_fn("Humanoid-v5") is mb.humanoid_termination
 
 
 def test_discriminator_ensemble_is_the_minimum_of_its_members():
@@ -777,6 +792,45 @@ def hopper_demos():
     return {k: v for k, v in demos.items() if k != "goal"}
 
 
+@pytest.fixture(scope="module")
+def humanoid_cache_demos():
+    """Humanoid demos as the siblings' SAC cache holds them: gymnasium's full 348-D observation, actions in the env's
+    units (+-0.4), recorded from RandomController(0, 17)'s actions scaled to them."""
+    import gymnasium as gym
+
+    class Scaled(RandomController):
+        def __call__(self, obs):
+            return 0.4 * super().__call__(obs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mb, "make_env", lambda env_id, render_mode=None: gym.make(env_id))
+        demos = mb.record_episodes("Humanoid-v5", Scaled(0, 17), 3)
+    return {k: v for k, v in demos.items() if k != "goal"}
+
+
+def test_ant_and_humanoid_observe_the_references_truncated_state_with_actions_in_unit_range():
+    for env_id, obs_dim, act_dim in (("Ant-v5", 27, 8), ("Humanoid-v5", 45, 17)):
+        env = mb.make_env(env_id)
+        obs, _ = env.reset(seed=0)
+        data = mb.mujoco_data(env)
+        assert obs.shape == (obs_dim,) and np.allclose(obs, np.concatenate([data.qpos[2:], data.qvel]))
+        assert env.action_space.shape == (act_dim,) and env.action_space.high.tolist() == [1.0] * act_dim
+        env.step(np.ones(act_dim, np.float32))
+        assert np.allclose(data.ctrl, env.unwrapped.action_space.high)  # +1 is the env's largest action
+        env.close()
+
+
+def test_the_shared_humanoid_cache_is_cut_to_the_truncated_layout(tmp_path, humanoid_cache_demos):
+    cache = tmp_path / "experts" / "Humanoid-v5"
+    cache.mkdir(parents=True)
+    np.savez(cache / "demos.npz", **humanoid_cache_demos)
+    ctx = _validate(tmp_path, env_id="Humanoid-v5", expert=mb.ExpertArgs(experts_dir=str(tmp_path / "experts")))
+    mine = mb.record_episodes("Humanoid-v5", RandomController(0, 17), 3)  # the same actions through make_env
+    assert humanoid_cache_demos["observations"].shape[1] == 348 and ctx.obs_dim == 45
+    for key in ("observations", "next_observations", "actions"):
+        np.testing.assert_allclose(ctx.demos[key], mine[key], atol=1e-5, err_msg=key)
+
+
 def test_hopper_needs_the_shared_expert_cache(tmp_path, umaze_demos):
     with pytest.raises(mb.UsageError, match="hype_irl_mujoco.py"):
         _validate(tmp_path, env_id="Hopper-v5", expert=mb.ExpertArgs(experts_dir=str(tmp_path / "none")))
@@ -787,12 +841,15 @@ def test_hopper_needs_the_shared_expert_cache(tmp_path, umaze_demos):
 
 
 @pytest.mark.slow
-def test_hopper_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_path, hopper_demos):
-    cache = tmp_path / "experts" / "Hopper-v5"
+@pytest.mark.parametrize(("env_id", "demos", "dims"), [("Hopper-v5", "hopper_demos", (11, 3)),
+                                                       ("Humanoid-v5", "humanoid_cache_demos", (45, 17))])  # fmt: skip
+def test_mujoco_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_path, request, env_id, demos, dims):
+    demos = request.getfixturevalue(demos)  # Humanoid's in the cache's full layout: cut to 45-D when loaded
+    cache = tmp_path / "experts" / env_id
     cache.mkdir(parents=True)
-    np.savez_compressed(cache / "demos.npz", **hopper_demos)
+    np.savez_compressed(cache / "demos.npz", **demos)
     rc, out, err = run_script(
-        "mbirl_antmaze.py", "--env-id", "Hopper-v5", "--run-dir", run_dir, "--expert.experts-dir", tmp_path / "experts",
+        "mbirl_antmaze.py", "--env-id", env_id, "--run-dir", run_dir, "--expert.experts-dir", tmp_path / "experts",
         "--hyper.total-timesteps", "300", "--hyper.exploration-steps", "50", "--hyper.freq-train-model", "100",
         "--hyper.rollout-batch-size", "200", "--hyper.updates-per-step", "1", "--disc.every", "150",
         "--disc.trajectories", "1", "--disc.batch-size", "128", "--disc.ensemble", "2", "--eval.frequency", "300",
@@ -805,10 +862,10 @@ def test_hopper_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_
     assert (
         res["real_steps"] == 300 and res["disc_updates"] == 2 and res["model_trainings"] == 3
     )  # steps 51 (first), 100, 200; none at 300, the last step
-    assert math.isfinite(res["mean_return"]) and res["expert_score"] == pytest.approx(np.mean(hopper_demos["returns"]))
+    assert math.isfinite(res["mean_return"]) and res["expert_score"] == pytest.approx(np.mean(demos["returns"]))
     assert not (run_dir / "maze.png").exists() and (run_dir / "learning_curve.png").is_file()
     policy = mb.load_policy(str(run_dir / "policy.pt"))
-    assert isinstance(policy, mb.GaussianActor) and policy.act(np.zeros((1, 11), np.float32)).shape == (1, 3)
+    assert isinstance(policy, mb.GaussianActor) and policy.act(np.zeros((1, dims[0]), np.float32)).shape == (1, dims[1])
 
 
 def _write_minari_maze(demos: dict, dataset_id: str, ant: bool) -> None:
