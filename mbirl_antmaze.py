@@ -53,31 +53,18 @@ TRUNCATED_OBS = {
                                   "include_qfrc_actuator_in_observation", "include_cfrc_ext_in_observation"), False),
 }  # fmt: skip
 # Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
+_MUJOCO = {"model.pretrain": False, "hyper.exploration_steps": 1000, "hyper.rollout_schedule": "20,100,1,25",
+           "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.p_tremble": 0.01, "actor.hidden": 1024,
+           "actor.lr": 1e-4, "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10}  # fmt: skip
 FAMILY_DEFAULTS = {
     "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
-             "hyper.rollout_schedule": "20,100,1,25",
-             "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2, "hyper.updates_per_step": 20,
-             "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4, "disc.every": 100, "disc.lr": 8e-3,
-             "disc.ensemble": 1, "eval.episodes": 25},
-    "Hopper": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
-               "hyper.rollout_schedule": "20,100,1,25",
-               "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 30,
-               "hyper.p_tremble": 0.01, "actor.hidden": 512, "actor.lr": 3e-4, "disc.every": 1000, "disc.lr": 8e-4,
-               "disc.ensemble": 7, "eval.episodes": 10},
-    "Walker2d": {"model.hidden": 200, "model.pretrain": False, "hyper.exploration_steps": 1000,
-                 "hyper.rollout_schedule": "20,100,1,25",
-                 "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 10,
-                 "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4, "disc.every": 1000,
-                 "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10},
-    "Ant": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
-            "hyper.rollout_schedule": "20,100,1,25",
-            "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.updates_per_step": 30,
-            "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4, "disc.every": 200, "disc.lr": 8e-4,
-            "disc.ensemble": 7, "eval.episodes": 10},
-    "Humanoid": {"model.hidden": 400, "model.pretrain": False, "hyper.exploration_steps": 1000,
-                 "hyper.rollout_schedule": "20,300,1,25", "hyper.freq_train_model": 125, "hyper.retain_epochs": 1,
-                 "hyper.updates_per_step": 10, "hyper.p_tremble": 0.01, "actor.hidden": 1024, "actor.lr": 1e-4,
-                 "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10},
+             "hyper.rollout_schedule": "20,100,1,25", "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2,
+             "hyper.updates_per_step": 20, "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4,
+             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25},
+    "Hopper": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
+    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10},
+    "Ant": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "disc.every": 200},
+    "Humanoid": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 10, "hyper.rollout_schedule": "20,300,1,25"},
 }  # fmt: skip
 
 
