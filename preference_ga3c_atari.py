@@ -814,7 +814,12 @@ class Teacher:
     def store_clip(self, clip: dict) -> int:
         if "id" not in clip:
             clip["id"] = self.store.add_clip(
-                clip["frames"], clip["actions"], clip["true_rewards"], self.stack, clip["source"], clip["lives_lost"]
+                clip["frames"],
+                clip["actions"],
+                clip["true_rewards"],
+                self.stack,
+                clip["source"],
+                clip.get("lives_lost", 0),
             )
         return clip["id"]
 
