@@ -95,6 +95,9 @@ class RewardArgs:
     """train on the most recent labels only"""
     labels_per_step: float = 0.1
     """label samples trained on per agent step, asynchronously (the paper: about 1 per 10 steps)"""
+    keep_pace: bool = False
+    """hold the agents while the reward model's training is behind labels-per-step, so a slow machine still trains it
+    at that rate per step (the agent waits); off: the agents never wait and the teacher catches up when it can"""
     pretrain_epochs: int = 200
     """passes over the pretraining labels before RL starts (the paper's 200)"""
     dropout: float = 0.5
@@ -571,7 +574,7 @@ class Shared:
         self.stop, self.hold = threading.Event(), threading.Event()
         self.random_actions = True  # pretraining clips come from a random policy
         self.steps = self.updates = self.predictions = self.trained_segments = 0
-        self.lag, self.losses = 0.0, {}
+        self.lag, self.losses, self.held_s = 0.0, {}, 0.0  # held_s: time the agents waited (--reward.keep-pace)
         self.update_lock = threading.Lock()
         self.reward_net: Optional[nn.Module] = None  # the teacher's latest reward model, published for the trainer
         self.error: Optional[BaseException] = None
@@ -630,8 +633,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
     lives[info["env_id"]] = info["lives"]
     rng = np.random.default_rng(seed)
     while not shared.stop.is_set():
-        if shared.random_actions and (shared.hold.is_set() or shared.clips.qsize() >= 32):
-            time.sleep(0.01)  # random play only runs while clips are wanted: its steps count in the budget
+        if shared.hold.is_set() or (shared.random_actions and shared.clips.qsize() >= 32):
+            time.sleep(0.01)  # random play only runs while clips are wanted (its steps count in the budget)
             continue
         ids = info["env_id"]
         if shared.random_actions:
@@ -1039,9 +1042,14 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
 
     # 2. GA3C on the learned (or true) reward while the teacher keeps asking and training, asynchronously.
     start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
-    trained_until = shared.steps
-    while shared.steps < args.total_timesteps and not log.should_stop():
+    trained_until, rate = shared.steps, args.reward.labels_per_step / args.reward.batch_size  # rate: updates per step
+    log.rl_start = (shared.steps, teacher.updates if teacher is not None else 0)
+    behind = False  # --reward.keep-pace: the teacher owes updates, so the agents wait (and the run ends after them)
+    while (shared.steps < args.total_timesteps or behind) and not log.should_stop():
+        pass_start, held = time.time(), shared.hold.is_set()
         time.sleep(0.1)
+        if shared.steps >= args.total_timesteps:
+            shared.hold.set()  # the budget is spent: no more agent steps while the teacher settles what it owes
         if teacher is not None:
             teacher.add_clips(drain(shared.clips))
             teacher.absorb_answers()
@@ -1052,13 +1060,16 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             if args.labeler == "human":  # keep a few queries waiting so a person never waits for one
                 wanted = max(wanted, min(args.labels.budget, answered + 3))
             teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
-            due = int((shared.steps - trained_until) * args.reward.labels_per_step / args.reward.batch_size)
+            due = int((shared.steps - trained_until) * rate)
             if due > 0:  # a few updates per pass keep queries and logging flowing; the rest is caught up later
                 updates = min(due, 4)
                 log.scalars(teacher.train(updates), shared.steps)
-                trained_until += updates * args.reward.batch_size / args.reward.labels_per_step
+                trained_until += updates / rate
                 teacher.normalise(shared)
+            behind = args.reward.keep_pace and (shared.steps - trained_until) * rate >= 1  # steps made while training
+            (shared.hold.set if behind or shared.steps >= args.total_timesteps else shared.hold.clear)()
             log.status(f"training the agent, step {shared.steps:,}", answered)
+        shared.held_s += (time.time() - pass_start) if held else 0.0
         log.tick(net, optimizer)
 
 
@@ -1240,6 +1251,7 @@ class RunLog:
         self.interrupted = False
         self.t0 = self.last_log = self.last_ckpt = self.last_status = self.last_shown = time.time()
         self.steps0 = self.last_steps = shared.steps
+        self.rl_start: Optional[tuple[int, int]] = None  # (agent steps, reward updates) when GA3C began this session
         self.last_predictions = self.last_segments = 0
         self.bar = tqdm(
             total=args.total_timesteps,
@@ -1300,6 +1312,7 @@ class RunLog:
                 self.progress["labels_curve"].append((step, answered))
                 stats |= {
                     "reward/updates": self.teacher.updates,  # with labels/answered: the training rate achieved
+                    "reward/agents_held_s": shared.held_s,
                     "labels/answered": answered,
                     "labels/pending": pending,
                     "labels/clips": len(self.teacher.frames),
@@ -1367,6 +1380,15 @@ class RunLog:
             "seed": self.args.seed,
             "training_games": len(self.progress["curve"]),
         }
+        if self.teacher is not None and self.rl_start is not None:  # this session's RL phase: the rate achieved
+            steps, updates = self.shared.steps - self.rl_start[0], self.teacher.updates - self.rl_start[1]
+            batch = self.args.reward.batch_size
+            results["reward"] = {
+                "updates": self.teacher.updates,
+                "samples_per_step": updates * batch / max(steps, 1),
+                "samples_per_step_requested": self.args.reward.labels_per_step,
+                "agents_held_s": self.shared.held_s,
+            }
         self.writer.add_scalar("eval/mean_return", results["eval"]["mean"], self.shared.steps)
         self.writer.close()
         plot_progress(self.progress, results["eval"]["mean"], self.run_dir / "learning_curve.png", self.args.env_id)

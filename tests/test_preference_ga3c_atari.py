@@ -501,13 +501,17 @@ def store_rows(store_dir, sql):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("labeler", "feedback"), [("synthetic", "pairwise"), ("synthetic", "sort-tree"), ("rl", "pairwise")]
+    ("labeler", "feedback", "keep_pace"),
+    [("synthetic", "pairwise", True), ("synthetic", "sort-tree", False), ("rl", "pairwise", False)],
 )
-def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback):
+def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback, keep_pace):
     run_dir, store = tmp_path / "run", tmp_path / "store"
+    # --reward.keep-pace at 0.5 samples per step: without it the agents outrun the teacher (measured 0.03 of 2.0)
+    pace = ("--reward.keep-pace", "--reward.labels-per-step", "0.5") if keep_pace else ()
     rc, out, err = run_script(
         SCRIPT,
         *TINY,
+        *pace,
         "--labeler",
         labeler,
         "--feedback",
@@ -533,6 +537,10 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
         assert not store.exists() and not (run_dir / "checkpoints/reward_model.pt").exists()
         return
     assert (run_dir / "checkpoints/reward_model.pt").is_file()
+    reward = results["reward"]  # the rate the reward model was trained at during RL, against the one asked for
+    assert reward["samples_per_step_requested"] == (0.5 if keep_pace else 0.02) and reward["samples_per_step"] >= 0
+    if keep_pace:  # the agents waited until the teacher had trained every sample owed
+        assert reward["samples_per_step"] >= 0.95 * 0.5 and reward["agents_held_s"] > 0
     assert 6 < results["labels"] <= 12  # pretraining labels, then more during RL, never past the budget
     answers = store_rows(
         store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'"
