@@ -47,9 +47,9 @@ fi
 #    rollout starts per refill, rollout length 1 -> 10 over epochs 1-5, 5 actor updates per real step (the
 #    reference: 20), the discriminator every 500 learner steps (the maze default 100 would spend ~28x the learner's
 #    steps on its fresh trajectories), 25 evaluation episodes every 1,000 steps. ~45 min on one core beside other jobs.
-antmaze_umaze() {  # run dir name, then any extra flags
+antmaze_umaze() {  # run dir name, then any extra flags (SEED=n picks the learner's seed; the expert data stay seed 1's)
   local name=$1; shift
-  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.experts-dir $OUT/experts --run-dir $OUT/$name \
     --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
@@ -57,6 +57,19 @@ antmaze_umaze() {  # run dir name, then any extra flags
     "$@" > $OUT/$name.log 2>&1
 }
 if [ "${1:-}" = antmaze ]; then antmaze_umaze antmaze_umaze; fi
+
+# 2c''. More seeds of 2c and 2d (2026-11-26): SEED=2 and SEED=3, the same expert data (seed 1's cache) and flags; each
+#    seed's HyPER then HyPE run. `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_seed`.
+if [ "${1:-}" = antmaze_seed ]; then
+  antmaze_umaze antmaze_umaze_s$SEED
+  python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed $SEED --torch-threads 1 \
+    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_s$SEED \
+    --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
+    > $OUT/hype_antmaze_umaze_s$SEED.log 2>&1
+fi
+
+# 2c'''. 2c with the reference's 20 actor updates per real step instead of 5 (seed 1, the same data and flags otherwise).
+if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20 --hyper.updates-per-step 20; fi
 
 # 2c'. The same run as 2c (same seed, data and flags) except a 12x longer pretraining: 300 epochs instead of 25 (2c
 #    stopped at 25 with the validation MSE still falling steeply). To patience 10 as the reference it was still going
