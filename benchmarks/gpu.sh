@@ -5,6 +5,7 @@
 # in the run's `carry`). Each step installs them if missing, writes its logs and the harness's records under $OUT,
 # and ends inside the 10-minute limit of one device command. Steps, in order of value:
 #   run(command="bash benchmarks/gpu.sh ga3c", carry=[".whl"])      # issue 11: GA3C >= 10,000 SPS on an H100/H200
+#   run(command="bash benchmarks/gpu.sh pairwise", carry=[".whl"])  # issue 11: pairwise Pong at the paper's label rate
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
@@ -39,6 +40,15 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
     --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 \
     --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"
   record ;;
+pairwise)  # synthetic pairwise Pong with the reward model trained at the paper's 0.1 label samples per agent step
+  # (--reward.keep-pace: the agents wait whenever it falls behind), the paper's defaults otherwise; stopped by SIGTERM
+  # after 9 minutes (everything saved). The run dir comes back in $OUT (curves in its events and checkpoints); the
+  # label store stays behind. The CPU run at a twentieth of this rate hacked its reward (docs/preference_ga3c_atari.md).
+  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  timeout -s TERM 540 python3 preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --feedback pairwise \
+    --ga3c.workers 128 --reward.labels-per-step 0.1 --reward.keep-pace --run-dir "$OUT/pref_pong_pairwise_gpu" \
+    --labels.store-dir /tmp/store_pairwise --exp-name pairwise-gpu > "$OUT/pairwise.log" 2>&1
+  tail -5 "$OUT/pairwise.log"; record ;;
 simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates over ~8 minutes, then stopped
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   python3 benchmarks/throughput.py atari --env-id PongNoFrameskip-v4 --label simple-paper-gpu --tag sim/SPS \
@@ -49,5 +59,5 @@ hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/m
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 wheels|ga3c|simple|hyper" >&2; exit 2 ;;
+*) echo "usage: $0 wheels|ga3c|pairwise|simple|hyper" >&2; exit 2 ;;
 esac
