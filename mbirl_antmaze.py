@@ -55,15 +55,16 @@ TRUNCATED_OBS = {
 # Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
 _MUJOCO = {"model.pretrain": False, "hyper.exploration_steps": 1000, "hyper.rollout_schedule": "20,100,1,25",
            "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.p_tremble": 0.01, "actor.hidden": 1024,
-           "actor.lr": 1e-4, "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10}  # fmt: skip
+           "actor.lr": 1e-4, "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10,
+           "model.clip_output": 0.0}  # fmt: skip
 FAMILY_DEFAULTS = {
     "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
              "hyper.rollout_schedule": "20,100,1,25", "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2,
              "hyper.updates_per_step": 20, "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4,
-             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25},
+             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25, "model.clip_output": 0.0},
     "Hopper": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
-    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10},
-    "Ant": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "disc.every": 200},
+    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10, "model.clip_output": 40.0},
+    "Ant": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "disc.every": 200, "model.clip_output": 40.0},
     "Humanoid": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 10, "hyper.rollout_schedule": "20,300,1,25"},
 }  # fmt: skip
 
@@ -104,6 +105,8 @@ class ModelArgs:
     """width of each member's hidden layers (default: mazes 200, Walker2d 200, Hopper/Ant/Humanoid 400)"""
     layers: int = 4
     """hidden layers per member"""
+    clip_output: float | None = None
+    """clamp the predicted Δstate means to [-x, x]; 0 = off (default: Ant and Walker2d 40 as the reference, else 0)"""
     lr: float = 3e-4
     """Adam learning rate"""
     weight_decay: float = 5e-5
@@ -507,6 +510,7 @@ class GaussianEnsemble(nn.Module):
         layers: int = 4,
         min_logvar: float = -10.0,
         max_logvar: float = 0.5,
+        clip_output: float = 0.0,
     ):
         super().__init__()
         sizes = [in_dim] + [hidden] * layers + [2 * out_dim]
@@ -517,7 +521,7 @@ class GaussianEnsemble(nn.Module):
             self.biases.append(nn.Parameter(torch.zeros(ensemble_size, 1, fan_out)))
         self.register_buffer("in_mean", torch.zeros(in_dim))
         self.register_buffer("in_std", torch.ones(in_dim))
-        self.out_dim, self.min_logvar, self.max_logvar = out_dim, min_logvar, max_logvar
+        self.out_dim, self.min_logvar, self.max_logvar, self.clip_output = out_dim, min_logvar, max_logvar, clip_output
 
     def set_normaliser(self, inputs: torch.Tensor) -> None:
         x = inputs.double()
@@ -536,6 +540,8 @@ class GaussianEnsemble(nn.Module):
             if i < len(ws) - 1:
                 h = F.silu(h)
         mean, logvar = h.split(self.out_dim, dim=-1)
+        if self.clip_output > 0:  # the reference's model_clip_output (Ant, Walker2d): no runaway Δstate in rollouts
+            mean = mean.clamp(-self.clip_output, self.clip_output)
         logvar = self.max_logvar - F.softplus(self.max_logvar - logvar)
         return mean, self.min_logvar + F.softplus(logvar - self.min_logvar)
 
@@ -1240,7 +1246,10 @@ def pretrain_model(
     demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng, goal: int = 2, stop=None
 ):
     """The ensemble on the expert data with the density-binned split over (x, y) and patience as intended (10)."""
-    model = GaussianEnsemble(obs_dim + act_dim, obs_dim - goal, m.ensemble_size, m.hidden, m.layers).to(device)
+    model = GaussianEnsemble(
+        obs_dim + act_dim, obs_dim - goal, m.ensemble_size, m.hidden, m.layers, clip_output=m.clip_output
+    )
+    model = model.to(device)
     t = {
         k: torch.as_tensor(demos[k], dtype=torch.float32, device=device)
         for k in ("observations", "actions", "next_observations")
@@ -1610,7 +1619,9 @@ class RunContext:
         path = self.run_dir / "model_pretrained.pt"
         m = self.args.model
         out_dim = self.obs_dim - goal_dims(self.args.env_id)
-        model = GaussianEnsemble(self.obs_dim + self.act_dim, out_dim, m.ensemble_size, m.hidden, m.layers)
+        model = GaussianEnsemble(
+            self.obs_dim + self.act_dim, out_dim, m.ensemble_size, m.hidden, m.layers, clip_output=m.clip_output
+        )
         model = model.to(self.device)
         if path.exists():
             saved = torch.load(path, map_location=self.device, weights_only=False)
@@ -1874,6 +1885,7 @@ def check_numbers(args: Args) -> None:
             "num_elites": (1, 64),
             "hidden": (1, 8192),
             "layers": (1, 16),
+            "clip_output": (0, 1e6),
             "lr": (1e-12, 1),
             "weight_decay": (0, 1),
             "batch_size": (1, 1e6),

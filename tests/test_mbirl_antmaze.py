@@ -100,6 +100,18 @@ def test_ensemble_is_one_batched_module_with_bounded_logvar():
     assert torch.allclose(m2[0], mean[4], atol=1e-5) and torch.allclose(m2[1], mean[1], atol=1e-5)
 
 
+def test_model_output_clip_bounds_the_means_only_when_set():
+    torch.manual_seed(0)
+    free, clipped = mb.GaussianEnsemble(5, 3, 2, 16, 2), mb.GaussianEnsemble(5, 3, 2, 16, 2, clip_output=1.0)
+    clipped.load_state_dict(free.state_dict())
+    with torch.no_grad():
+        free.biases[-1][:, :, :3] = clipped.biases[-1][:, :, :3] = 50.0  # means near 50
+    x = torch.randn(4, 5)
+    (m_free, lv_free), (m_clip, lv_clip) = free(x), clipped(x)
+    assert float(m_free.min()) > 40 and torch.equal(m_clip, torch.ones_like(m_clip))  # clamped to +1
+    assert torch.equal(lv_free, lv_clip)  # the log-variance is untouched
+
+
 def test_ensemble_learns_a_linear_system_held_out_nll_below_bound():
     """Δs = A s + B a + N(0, 0.05^2): the true model's NLL (no constant) is 1 + log(0.0025) = -4.99; predicting
     only the mean of Δs scores about +0.3 here. Bound: held-out NLL of the elites < -3.5."""
@@ -442,6 +454,7 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
         "gp_target",
         "learning_starts",
         "ctrl_cost",
+        "clip_output",
     }
     if name in zero_ok:  # 0 is a documented valid value
         mb.RunContext.validate(args)
@@ -762,6 +775,11 @@ def test_family_defaults_follow_the_reference_and_keep_explicit_values():
     assert (hum.hyper.updates_per_step, hum.disc.every, hum.actor.lr, hum.hyper.rollout_schedule) == (
         10, 1000, 1e-4, "20,300,1,25")  # fmt: skip
     assert mb.termination_fn("Ant-v5") is mb.ant_termination
+    walker = mb.Args(env_id="Walker2d-v5")
+    mb.resolve_defaults(walker)  # the reference's model_clip_output: Ant and Walker2d only
+    assert (ant.model.clip_output, walker.model.clip_output, hum.model.clip_output, hop.model.clip_output) == (
+        40.0, 40.0, 0.0, 0.0)  # fmt: skip
+    assert maze.model.clip_output == 0.0
     assert mb.termination_fn("Humanoid-v5") is mb.humanoid_termination
 
 
