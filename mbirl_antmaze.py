@@ -510,7 +510,7 @@ class GaussianEnsemble(nn.Module):
         layers: int = 4,
         min_logvar: float = -10.0,
         max_logvar: float = 0.5,
-        clip_output: float = 0.0,
+        clip_output: float | None = 0.0,
     ):
         super().__init__()
         sizes = [in_dim] + [hidden] * layers + [2 * out_dim]
@@ -540,7 +540,7 @@ class GaussianEnsemble(nn.Module):
             if i < len(ws) - 1:
                 h = F.silu(h)
         mean, logvar = h.split(self.out_dim, dim=-1)
-        if self.clip_output > 0:  # the reference's model_clip_output (Ant, Walker2d): no runaway Δstate in rollouts
+        if self.clip_output:  # the reference's model_clip_output (Ant, Walker2d; None or 0: off)
             mean = mean.clamp(-self.clip_output, self.clip_output)
         logvar = self.max_logvar - F.softplus(self.max_logvar - logvar)
         return mean, self.min_logvar + F.softplus(logvar - self.min_logvar)
