@@ -59,7 +59,8 @@ antmaze_umaze() {  # run dir name, then any extra flags (SEED=n picks the learne
 if [ "${1:-}" = antmaze ]; then antmaze_umaze antmaze_umaze; fi
 
 # 2c''. More seeds of 2c and 2d (2026-11-26): SEED=2 and SEED=3, the same expert data (seed 1's cache) and flags; each
-#    seed's HyPER then HyPE run. `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_seed`.
+#    seed's HyPER then HyPE run. `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_seed`. Result (seeds 1-3, table by
+#    benchmarks/mbirl_umaze_seeds.py): HyPER final 0.24/0.16/0.20, HyPE at ~the same real steps 0.04/0.08/0.04.
 if [ "${1:-}" = antmaze_seed ]; then
   antmaze_umaze antmaze_umaze_s$SEED
   python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed $SEED --torch-threads 1 \
@@ -69,6 +70,7 @@ if [ "${1:-}" = antmaze_seed ]; then
 fi
 
 # 2c'''. 2c with the reference's 20 actor updates per real step instead of 5 (seed 1, the same data and flags otherwise).
+#    Stopped by SIGTERM and resumed with `python mbirl_antmaze.py --run-dir runs/mbirl_evidence/antmaze_umaze_u20`.
 if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20 --hyper.updates-per-step 20; fi
 
 # 2c'. The same run as 2c (same seed, data and flags) except a 12x longer pretraining: 300 epochs instead of 25 (2c
