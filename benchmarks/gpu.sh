@@ -3,12 +3,15 @@
 # machine has python3 with torch but none of gymnasium, ale-py, mujoco, gymnasium-robotics or tyro, and no network:
 # their wheels travel in the ignored folder .whl/ (made here by `bash benchmarks/gpu.sh wheels`, 42 MB; name `.whl`
 # in the run's `carry`). Each step installs them if missing, writes its logs and the harness's records under $OUT,
-# and ends inside the 10-minute limit of one device command. Steps, in order of value:
+# and ends inside the 10-minute limit of one device command (GA3C_S, SYN_S, HYPER_S shorten the timed phases so that
+# several steps share one command). Steps, in order of value:
 #   run(command="bash benchmarks/gpu.sh ga3c", carry=[".whl"])      # issue 11: GA3C >= 10,000 SPS on an H100/H200
 #   run(command="bash benchmarks/gpu.sh pairwise", carry=[".whl"])  # issue 11: pairwise Pong at the paper's label rate
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
+# Run so far (2026-11-26, one H200, 15 minutes): `WORKERS=128 GA3C_S=100 SYN_S=110 ... ga3c` and `HYPER_S=140 ... hyper`
+# in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -31,11 +34,11 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   for workers in ${WORKERS:-64 128}; do
     python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs "$workers" \
-      --label "ga3c-rl-gpu-w$workers" --train-seconds 120 -- python3 preference_ga3c_atari.py \
+      --label "ga3c-rl-gpu-w$workers" --train-seconds "${GA3C_S:-120}" -- python3 preference_ga3c_atari.py \
       --env-id BreakoutNoFrameskip-v4 --labeler rl --ga3c.workers "$workers" 2>&1 | tail -5 | tee -a "$OUT/ga3c.log"
   done
   python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 128 \
-    --label ga3c-synthetic-rate0.1-gpu --train-seconds 180 --counter-tag reward/updates -- python3 \
+    --label ga3c-synthetic-rate0.1-gpu --train-seconds "${SYN_S:-180}" --counter-tag reward/updates -- python3 \
     preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --ga3c.workers 128 \
     --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 \
     --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"

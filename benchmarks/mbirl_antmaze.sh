@@ -72,7 +72,8 @@ fi
 # 2c'''. 2c with the reference's 20 actor updates per real step instead of 5 (seed 1, the same data and flags otherwise).
 #    Stopped by SIGTERM and resumed with `python mbirl_antmaze.py --run-dir runs/mbirl_evidence/antmaze_umaze_u20`.
 #    Result (seed 1): 0.40 at 4k learner steps, 0.36 at 7k-8k, 0.24 at the end (10k; the 5-update run: 0.24).
-if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20 --hyper.updates-per-step 20; fi
+#    More seeds: `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_s2).
+if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:+_s$SEED} --hyper.updates-per-step 20; fi
 
 # 2c'. The same run as 2c (same seed, data and flags) except a 12x longer pretraining: 300 epochs instead of 25 (2c
 #    stopped at 25 with the validation MSE still falling steeply). To patience 10 as the reference it was still going
@@ -120,7 +121,7 @@ class R:
     def __call__(self, obs): return self.rng.uniform(-1, 1, 8)
 np.savez('$OUT/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
   $PY benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label "mbirl-antmaze-rollout${LABEL_SUFFIX:-}" \
-    --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds 240 -- \
+    --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds "${HYPER_S:-240}" -- \
     $PY mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path $OUT/random_ant.npz \
     --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
     --eval.log-frequency 20
