@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # What to run when a session is lent a GPU machine (the `device` tool): the numbers only a GPU can give. The device
 # machine has python3 with torch but none of gymnasium, ale-py, mujoco, gymnasium-robotics or tyro, and no network:
-# their wheels travel in the ignored folder .whl/ (made here by `bash benchmarks/gpu.sh wheels`, 42 MB; name `.whl`
-# in the run's `carry`). Each step installs them if missing, writes its logs and the harness's records under $OUT,
+# their wheels travel in the ignored folder .whl/ (made here by `bash benchmarks/gpu.sh wheels`: .whl/atari 4 MB, what
+# the Atari scripts need, and .whl/mujoco 38 MB; name `.whl`, or `.whl/atari` alone, in the run's `carry`). Each step installs them if missing, writes its logs and the harness's records under $OUT,
 # and ends inside the 10-minute limit of one device command (GA3C_S, SYN_S, HYPER_S shorten the timed phases so that
 # several steps share one command). Steps, in order of value:
 #   run(command="bash benchmarks/gpu.sh ga3c", carry=[".whl"])      # issue 11: GA3C >= 10,000 SPS on an H100/H200
-#   run(command="bash benchmarks/gpu.sh pairwise", carry=[".whl"])  # issue 11: pairwise Pong at the paper's label rate
+#   run(command="bash benchmarks/gpu.sh pairwise", carry=[".whl/atari", ".gpu_carry"])  # issue 11: pairwise Pong at
+#       the paper's label rate, chained across sessions: copy the returned pairwise.tgz.part-* into .gpu_carry/
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
@@ -18,18 +19,19 @@ OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 install() {
   python3 -c "import gymnasium, ale_py, mujoco, gymnasium_robotics, tyro" 2>/dev/null && return
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*/*.whl
   export PYTHONPATH=/tmp/site
 }
 record() { cp benchmarks/results/throughput.jsonl "$OUT/throughput.jsonl"; nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; }
 case "${1:-}" in
 wheels)  # here, not on the device: the missing packages as Python 3.12 manylinux wheels
-  mkdir -p .whl
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform any -d .whl gymnasium==1.4.0 ale-py==0.12.1 mujoco==4.0.0 \
-    mujoco-core==4.0.0 gymnasium-robotics==1.4.2 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0 \
-    farama-notifications==0.0.6 pettingzoo==1.27.0 glfw==2.11.0 pyopengl==3.1.10 ;;
+    --platform manylinux2014_x86_64 --platform any -d "$@"; }
+  get .whl/atari gymnasium==1.4.0 ale-py==0.12.1 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0 \
+    farama-notifications==0.0.6
+  get .whl/mujoco mujoco==4.0.0 mujoco-core==4.0.0 gymnasium-robotics==1.4.2 pettingzoo==1.27.0 glfw==2.11.0 \
+    pyopengl==3.1.10 ;;
 ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper's 0.1 label samples per step
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   for workers in ${WORKERS:-64 128}; do
@@ -45,13 +47,18 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
   record ;;
 pairwise)  # synthetic pairwise Pong with the reward model trained at the paper's 0.1 label samples per agent step
   # (--reward.keep-pace: the agents wait whenever it falls behind), the paper's defaults otherwise; stopped by SIGTERM
-  # after 9 minutes (everything saved). The run dir comes back in $OUT (curves in its events and checkpoints); the
-  # label store stays behind. The CPU run at a twentieth of this rate hacked its reward (docs/preference_ga3c_atari.md).
+  # after PAIRWISE_S seconds (everything saved). On an H200 it ran 2,650 steps/s at this rate, so Pong's ~10M steps take
+  # several 15-minute loans: the run dir and its label store come back as $OUT/pairwise.tgz.part-* (15 MB pieces);
+  # copy them into .gpu_carry/ (ignored) and the next session's call resumes the run from them. The CPU run at a
+  # twentieth of this rate hacked its reward (docs/preference_ga3c_atari.md).
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
-  timeout -s TERM 540 python3 preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --feedback pairwise \
-    --ga3c.workers 128 --reward.labels-per-step 0.1 --reward.keep-pace --run-dir "$OUT/pref_pong_pairwise_gpu" \
-    --labels.store-dir /tmp/store_pairwise --exp-name pairwise-gpu > "$OUT/pairwise.log" 2>&1
-  tail -5 "$OUT/pairwise.log"; record ;;
+  work=${PAIRWISE_DIR:-/tmp/pairwise}; mkdir -p "$work"
+  if ls .gpu_carry/pairwise.tgz.part-* > /dev/null 2>&1; then cat .gpu_carry/pairwise.tgz.part-* | tar xzf - -C "$work"; fi
+  timeout -s TERM "${PAIRWISE_S:-480}" ${PYTHON:-python3} preference_ga3c_atari.py --env-id PongNoFrameskip-v4 \
+    --feedback pairwise --ga3c.workers 128 --reward.labels-per-step 0.1 --reward.keep-pace --run-dir "$work/run" \
+    --labels.store-dir "$work/store" --exp-name pairwise-gpu ${PAIRWISE_FLAGS:-} > "$OUT/pairwise.log" 2>&1
+  tar czf - -C "$work" run store | split -b 15M - "$OUT/pairwise.tgz.part-"
+  cp "$work/run/learning_curve.png" "$OUT/" 2> /dev/null; tail -5 "$OUT/pairwise.log"; record ;;
 simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates over ~8 minutes, then stopped
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   python3 benchmarks/throughput.py atari --env-id PongNoFrameskip-v4 --label simple-paper-gpu --tag sim/SPS \
