@@ -53,19 +53,24 @@ TRUNCATED_OBS = {
                                   "include_qfrc_actuator_in_observation", "include_cfrc_ext_in_observation"), False),
 }  # fmt: skip
 # Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
+# A run resumed from an args.json written before a setting existed keeps running without it (ADDED_SINCE).
 _MUJOCO = {"model.pretrain": False, "hyper.exploration_steps": 1000, "hyper.rollout_schedule": "20,100,1,25",
            "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.p_tremble": 0.01, "actor.hidden": 1024,
            "actor.lr": 1e-4, "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10,
-           "model.clip_output": 0.0}  # fmt: skip
+           "model.clip_output": 0.0, "model.cosine_lr": False, "actor.lr_decay": 0}  # fmt: skip
+ADDED_SINCE = {"model": {"cosine_lr": False}, "actor": {"lr_decay": 0}}
 FAMILY_DEFAULTS = {
     "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
              "hyper.rollout_schedule": "20,100,1,25", "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2,
              "hyper.updates_per_step": 20, "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4,
-             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25, "model.clip_output": 0.0},
+             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25, "model.clip_output": 0.0,
+             "model.cosine_lr": True, "actor.lr_decay": 0},
     "Hopper": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
-    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10, "model.clip_output": 40.0},
+    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10, "model.clip_output": 40.0,
+                 "model.cosine_lr": True, "actor.lr_decay": 10_000},
     "Ant": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "disc.every": 200, "model.clip_output": 40.0},
-    "Humanoid": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 10, "hyper.rollout_schedule": "20,300,1,25"},
+    "Humanoid": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 10, "hyper.rollout_schedule": "20,300,1,25",
+                 "actor.lr_decay": 10_000},
 }  # fmt: skip
 
 
@@ -109,6 +114,9 @@ class ModelArgs:
     """clamp the predicted Δstate means to [-x, x]; 0 = off (default: Ant and Walker2d 40 as the reference, else 0)"""
     lr: float = 3e-4
     """Adam learning rate"""
+    cosine_lr: bool | None = None
+    """the loop's retrainings anneal the learning rate on the reference's cosine (to 1e-9 over 30,000 minibatches and
+    back, counted across retrainings; default: mazes and Walker2d on, as the reference, else off)"""
     weight_decay: float = 5e-5
     """Adam weight decay"""
     batch_size: int = 256
@@ -167,6 +175,9 @@ class ActorArgs:
     """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, others 1024)"""
     lr: float | None = None
     """actor and critic learning rate (default: 3e-4; Walker2d/Ant/Humanoid 1e-4)"""
+    lr_decay: int | None = None
+    """SAC: the learning rate falls linearly to ~0 over this many updates and restarts, with fresh optimisers, at
+    each discriminator update (the reference's schedule_actor_lr; default: Walker2d/Humanoid 10,000, else 0 = off)"""
     weight_decay: float = 1e-4
     """actor and critic weight decay"""
     gamma: float = 0.99
@@ -701,6 +712,18 @@ def rollout_length_at(epoch: int, schedule: tuple[int, int, int, int]) -> int:
     return int(l0 + frac * (l1 - l0))
 
 
+def cosine_lr(lr: float, batches: int, period: int = 30_000, floor: float = 1e-9) -> float:
+    """The reference's model learning rate (CosineAnnealingLR, T_max 30,000, stepped per minibatch and never reset):
+    lr at 0 batches, the floor at `period`, lr again at 2 x period."""
+    return floor + (lr - floor) * (1.0 + math.cos(math.pi * batches / period)) / 2.0
+
+
+def linear_decay_lr(lr: float, updates: int, horizon: int) -> float:
+    """The reference's SAC learning rate `updates` updates after its last restart: lr x (1 - updates / horizon),
+    never below lr x 1e-8."""
+    return lr * max(1.0 - updates / horizon, 1e-8)
+
+
 def no_termination(next_obs: torch.Tensor) -> torch.Tensor:
     """Mazes: model rollouts never terminate (reference: antmaze uses no_termination)."""
     return torch.zeros(next_obs.shape[0], dtype=torch.bool, device=next_obs.device)
@@ -842,11 +865,12 @@ def model_io(obs, act, next_obs, goal: int = 2) -> tuple[torch.Tensor, torch.Ten
 
 
 def train_ensemble(
-    model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None, stop=None
-):
+    model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None, stop=None,
+    cosine_from: int | None = None,
+):  # fmt: skip
     """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by 1 % for
     `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best weights; elites =
-    lowest validation MSE."""
+    lowest validation MSE. `cosine_from`: minibatches already run on the cosine learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
     opt = torch.optim.Adam(model.parameters(), lr=m.lr, weight_decay=m.weight_decay)
     if len(val_idx) == 0:  # too few points to hold any out: score on the training split
@@ -855,11 +879,14 @@ def train_ensemble(
     E, n = model.weights[0].shape[0], len(train_idx)
     best = torch.full((E,), float("inf"))
     best_params = [p.detach().clone() for p in model.parameters()]
-    epoch, since_improved, history = 0, 0, []
+    epoch, since_improved, history, batches = 0, 0, [], 0
     while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs) and not (stop and stop()):
         boot = train_idx[torch.randint(n, (E, n), generator=generator)]
         for start in range(0, n, m.batch_size):
             idx = boot[:, start : start + m.batch_size]
+            if cosine_from is not None:
+                opt.param_groups[0]["lr"] = cosine_lr(m.lr, cosine_from + batches)
+            batches += 1
             mean, logvar = model(inputs[idx])
             loss = gaussian_nll(mean, logvar, targets[idx]).sum()
             if not torch.isfinite(loss):
@@ -885,7 +912,8 @@ def train_ensemble(
             p.copy_(saved)
     elites = select_elites(best, m.num_elites)
     stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)  # so by stop()
-    return elites, dict(epochs=epoch, val_mse=best.tolist(), elites=elites.tolist(), history=history, stopped=stopped)
+    info = dict(epochs=epoch, batches=batches, val_mse=best.tolist(), elites=elites.tolist(), history=history)
+    return elites, info | {"stopped": stopped}
 
 
 @torch.no_grad()
@@ -1006,10 +1034,20 @@ class SAC:
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=a.lr, fused=True)  # fused: ~10 % per update
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=a.lr, fused=True)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=a.lr)
-        self.a, self.target_entropy, self.updates = a, -float(act_dim), 0
+        self.a, self.target_entropy, self.updates, self.since_restart = a, -float(act_dim), 0, 0
+
+    def restart_schedule(self) -> None:
+        """The reference's schedule_actor_lr restart (after each discriminator update): fresh actor and critic
+        optimisers at the full learning rate."""
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.a.lr, fused=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.a.lr, fused=True)
+        self.since_restart = 0
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
         a, alpha = self.a, self.log_alpha.exp().detach()
+        if a.lr_decay:
+            for opt in (self.actor_opt, self.critic_opt):
+                opt.param_groups[0]["lr"] = linear_decay_lr(a.lr, self.since_restart, a.lr_decay)
         with torch.no_grad():
             next_act, next_logp = self.actor.sample(next_obs)
             q1t, q2t = self.critic_target(next_obs, next_act)
@@ -1036,6 +1074,7 @@ class SAC:
             for p, tp in zip(self.critic.parameters(), self.critic_target.parameters()):
                 tp.lerp_(p, a.tau)
         self.updates += 1
+        self.since_restart += 1
         return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q1.detach().mean(),
                 "alpha": alpha.squeeze()}  # fmt: skip
 
@@ -1049,6 +1088,7 @@ class SAC:
         return {k: getattr(self, k).state_dict() for k in parts} | {
             "log_alpha": self.log_alpha.detach(),
             "updates": self.updates,
+            "since_restart": self.since_restart,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -1056,7 +1096,7 @@ class SAC:
             getattr(self, k).load_state_dict(state[k])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.updates = state["updates"]
+        self.updates, self.since_restart = state["updates"], state.get("since_restart", 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1301,7 +1341,8 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
     learner = Buffer(
         obs_dim, act_dim, h.retain_epochs * refills_per_epoch * h.rollout_batch_size * max(schedule[2:]), device
     )
-    c = {"step": 0, "disc_env_steps": 0, "disc_updates": 0, "model_trainings": 0, "history": [], "bc_done": False}
+    c = {"step": 0, "disc_env_steps": 0, "disc_updates": 0, "model_trainings": 0, "model_batches": 0, "history": [],
+         "bc_done": False}  # fmt: skip
     ckpt = run.load_checkpoint()
     if ckpt is not None:
         agent.load_state_dict(ckpt["agent"])
@@ -1349,10 +1390,14 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
             inputs, targets = model_io(o, a, no, goal)
             perm = torch.randperm(len(inputs), generator=gen)
             n_val = int(args.model.val_ratio * len(inputs))
+            done_batches = c.get("model_batches", 0)  # (absent from checkpoints made before the schedule)
             elites, info = train_ensemble(
-                model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=run.stop_requested
-            )
-            c["model_trainings"] += 1
+                model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=run.stop_requested,
+                cosine_from=done_batches if args.model.cosine_lr else None,
+            )  # fmt: skip
+            c["model_trainings"], c["model_batches"] = c["model_trainings"] + 1, done_batches + info["batches"]
+            if args.model.cosine_lr:
+                last["model_lr"] = cosine_lr(args.model.lr, c["model_batches"])
             if maze:
                 lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
                 rows = torch.randint(reset_states.shape[0], (h.rollout_batch_size,), generator=gen)
@@ -1400,6 +1445,8 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
             c["disc_updates"] += 1
             learner_sa = torch.as_tensor(pairs, device=device)
             last.update(update_discriminator(disc, c["disc_updates"], expert_sa, learner_sa, args.disc, gen))
+            if args.actor.lr_decay:
+                agent.restart_schedule()
         run.after_step(step, c, last, agent, disc, model, elites, hybrid, policy)
     run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
     return c, agent
@@ -1920,6 +1967,7 @@ def check_numbers(args: Args) -> None:
             "expl_noise": (0, 10),
             "batch_size": (2, 1e6),
             "grad_clip": (0, 1e6),
+            "lr_decay": (0, 1e10),
         },
         "disc": {
             "every": (1, 1e10),
@@ -1969,6 +2017,8 @@ def check_numbers(args: Args) -> None:
         raise UsageError("--hyper.exploration-steps must be below --hyper.total-timesteps")
     if args.torch_threads < 0:
         raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
+    if args.actor.lr_decay and env_family(args.env_id) != "mujoco":
+        raise UsageError("--actor.lr-decay schedules the SAC actor of the MuJoCo ids; mazes' TD3+BC keeps its lr (0)")
     try:
         sched = [int(v) for v in args.hyper.rollout_schedule.split(",")]
     except ValueError:
@@ -2319,7 +2369,8 @@ def args_from_dict(saved: dict) -> Args:
     kwargs = {k: v for k, v in saved.items() if k in top and k not in groups}
     for name, cls in groups.items():
         fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs[name] = cls(**{k: v for k, v in saved.get(name, {}).items() if k in fields})
+        old = ADDED_SINCE.get(name, {}) | saved.get(name, {})  # a setting newer than the run: off, as it ran
+        kwargs[name] = cls(**{k: v for k, v in old.items() if k in fields})
     return Args(**kwargs)
 
 

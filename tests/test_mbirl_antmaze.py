@@ -455,6 +455,7 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
         "learning_starts",
         "ctrl_cost",
         "clip_output",
+        "lr_decay",
     }
     if name in zero_ok:  # 0 is a documented valid value
         mb.RunContext.validate(args)
@@ -781,6 +782,72 @@ def test_family_defaults_follow_the_reference_and_keep_explicit_values():
         40.0, 40.0, 0.0, 0.0)  # fmt: skip
     assert maze.model.clip_output == 0.0
     assert mb.termination_fn("Humanoid-v5") is mb.humanoid_termination
+    # the reference's schedules: cosine model lr for antmaze and Walker2d, SAC lr decay for Walker2d and Humanoid
+    runs = (maze, walker, hum, ant, hop)
+    assert [(r.model.cosine_lr, r.actor.lr_decay) for r in runs] == [
+        (True, 0), (True, 10_000), (False, 10_000), (False, 0), (False, 0)]  # fmt: skip
+
+
+def test_schedules_match_hand_values():
+    assert mb.cosine_lr(3e-4, 0) == pytest.approx(3e-4)
+    assert mb.cosine_lr(3e-4, 7_500) == pytest.approx(1e-9 + (3e-4 - 1e-9) * (1 + 0.5**0.5) / 2)  # 2.5607e-4
+    assert mb.cosine_lr(3e-4, 15_000) == pytest.approx(1.500005e-4)
+    assert mb.cosine_lr(3e-4, 30_000) == pytest.approx(1e-9)
+    assert mb.cosine_lr(3e-4, 45_000) == pytest.approx(1.500005e-4)  # never reset: back up after T_max
+    assert mb.cosine_lr(3e-4, 60_000) == pytest.approx(3e-4)
+    assert mb.linear_decay_lr(1e-4, 0, 10_000) == 1e-4
+    assert mb.linear_decay_lr(1e-4, 2_500, 10_000) == pytest.approx(7.5e-5)
+    assert mb.linear_decay_lr(1e-4, 10_000, 10_000) == mb.linear_decay_lr(1e-4, 25_000, 10_000) == pytest.approx(1e-12)
+
+
+def test_cosine_schedule_drives_the_model_learning_rate_across_retrainings():
+    """At the schedule's floor (30,000 minibatches in) a retraining leaves the weights where they were; from the
+    start of the schedule it moves them. The minibatch count comes back for the next retraining."""
+    g = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(300, 5, generator=g), torch.randn(300, 3, generator=g)
+    m = mb.ModelArgs(ensemble_size=2, num_elites=1, lr=1e-2, batch_size=100, max_epochs=2, patience=10)
+    moved = {}
+    for start in (0, 30_000):
+        torch.manual_seed(0)
+        model = mb.GaussianEnsemble(5, 3, ensemble_size=2, hidden=16, layers=2)
+        before = [p.detach().clone() for p in model.parameters()]
+        _, info = mb.train_ensemble(model, inputs, targets, torch.arange(240), torch.arange(240, 300), m, g,
+                                    cosine_from=start)  # fmt: skip
+        assert info["batches"] == 2 * 3  # epochs x minibatches of 240 (ceil(240 / 100))
+        moved[start] = max(float((p - b).abs().max()) for p, b in zip(model.parameters(), before))
+    assert moved[0] > 1e-3 and moved[30_000] < 1e-6, moved
+
+
+def test_sac_learning_rate_decays_linearly_and_restarts_with_fresh_optimisers():
+    agent = mb.SAC(4, 2, mb.ActorArgs(hidden=16, lr=1e-3, lr_decay=4), torch.device("cpu"))
+    obs = torch.randn(8, 4)
+    for _ in range(3):
+        agent.update(obs, torch.rand(8, 2) * 2 - 1, obs, torch.zeros(8), torch.ones(8))
+    # the third update ran at lr x (1 - 2/4), as the reference's step_lr sets after its second
+    assert [o.param_groups[0]["lr"] for o in (agent.actor_opt, agent.critic_opt)] == [pytest.approx(5e-4)] * 2
+    assert agent.since_restart == 3 and agent.actor_opt.state
+    saved = agent.state_dict()
+    agent.restart_schedule()  # after a discriminator update
+    assert agent.since_restart == 0 and not agent.actor_opt.state and not agent.critic_opt.state
+    assert agent.actor_opt.param_groups[0]["lr"] == 1e-3 and agent.updates == 3
+    agent.load_state_dict(saved)
+    assert agent.since_restart == 3
+    constant = mb.SAC(4, 2, mb.ActorArgs(hidden=16, lr=1e-3, lr_decay=0), torch.device("cpu"))
+    constant.update(obs, torch.rand(8, 2) * 2 - 1, obs, torch.zeros(8), torch.ones(8))
+    assert constant.actor_opt.param_groups[0]["lr"] == 1e-3
+
+
+def test_schedules_added_after_a_run_stay_off_when_it_resumes(tmp_path):
+    old = dataclasses.asdict(mb.Args(env_id="Walker2d-v5"))
+    del old["model"]["cosine_lr"], old["actor"]["lr_decay"]  # an args.json written before the schedules existed
+    resumed = mb.args_from_dict(old)
+    mb.resolve_defaults(resumed)
+    assert (resumed.model.cosine_lr, resumed.actor.lr_decay) == (False, 0)
+    new = mb.args_from_dict(dataclasses.asdict(mb.Args(env_id="Walker2d-v5")))
+    mb.resolve_defaults(new)
+    assert (new.model.cosine_lr, new.actor.lr_decay) == (True, 10_000)
+    with pytest.raises(mb.UsageError, match="lr-decay"):
+        _validate(tmp_path, env_id=ENV, actor=mb.ActorArgs(lr_decay=100))
 
 
 def test_discriminator_ensemble_is_the_minimum_of_its_members():
@@ -884,6 +951,10 @@ def test_mujoco_smoke_run_with_sac_on_the_shared_cache(run_script, run_dir, tmp_
     assert not (run_dir / "maze.png").exists() and (run_dir / "learning_curve.png").is_file()
     policy = mb.load_policy(str(run_dir / "policy.pt"))
     assert isinstance(policy, mb.GaussianActor) and policy.act(np.zeros((1, dims[0]), np.float32)).shape == (1, dims[1])
+    ckpt = torch.load(run_dir / "checkpoints" / "hyper.pt", weights_only=False)
+    # 250 actor updates; Humanoid's lr schedule restarts at each discriminator update, the last at step 300
+    assert ckpt["agent"]["since_restart"] == (0 if env_id == "Humanoid-v5" else 250)
+    assert ckpt["counters"]["model_batches"] > 0
 
 
 def _write_minari_maze(demos: dict, dataset_id: str, ant: bool) -> None:
