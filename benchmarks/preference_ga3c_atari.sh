@@ -245,6 +245,20 @@ PY
       python benchmarks/preference_reward_diagnostic.py $run
       python benchmarks/preference_reward_diagnostic.py $run --random
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|reward-precision|reward-diagnostic"
+  throughput-nhwc)  # the reward model on channels-last pixels against the code before it (BASE, default a72d453),
+    # alternating, the synthetic labeller held to RATE (0.003) label samples per step by --reward.keep-pace
+    git show "${BASE:-a72d453}:preference_ga3c_atari.py" > /tmp/preference_ga3c_atari_base.py
+    for pass in 1 2; do
+      for which in base new; do
+        script=preference_ga3c_atari.py; [ $which = base ] && script=/tmp/preference_ga3c_atari_base.py
+        rm -rf runs/preference_store_bench_nhwc
+        python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --train-seconds 120 \
+          --label "ga3c-synthetic-rate${RATE:-0.003}-keep-pace-$which" --counter-tag reward/updates -- \
+          python $script --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+          --reward.pretrain-epochs 1 --reward.labels-per-step "${RATE:-0.003}" --reward.keep-pace \
+          --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
+      done
+    done ;;
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac
