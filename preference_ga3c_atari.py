@@ -763,7 +763,8 @@ class Teacher:
         self.frames: dict[int, torch.Tensor] = {}  # store clip id -> frames, loaded once
         self.labels: list[tuple[int, int, float, np.ndarray]] = []
         self.tree = SortTree(store.load_tree(self.experiment)) if self.mode == "sort-tree" else None
-        self.seq, self.updates, self.train_loss = 0, 0, [1.0] * args.reward.ensemble
+        self.seq, self.updates = 0, 0
+        self.train_loss = torch.ones(args.reward.ensemble, device=device)  # on the device: no host sync per update
         self.absorb_answers()
 
     # -- clips and queries ------------------------------------------------------------------------
@@ -885,23 +886,30 @@ class Teacher:
         self.model.train()
         ranked = self.tree.ranked_clips() if self.tree is not None else None
         targets = quantile_targets(len(self.tree.nodes), self.args.labels.clip_length) if ranked else None
-        stats = {}
+        pools = self.label_pools(held_out=False) if ranked is None else None
+        stats, finite = {}, torch.ones((), dtype=torch.bool, device=self.device)
         for _ in range(updates):
             for e, (member, optimizer) in enumerate(zip(self.model.members, self.optimizers)):
-                loss = self.member_loss(e, member, ranked, targets, held_out=False)
+                loss = self.member_loss(e, member, ranked, targets, pools)
                 l2 = sum(p.pow(2).sum() for n, p in member.named_parameters() if "weight" in n)
-                if not torch.isfinite(loss):
-                    raise NonFiniteLoss(f"reward model {e}'s loss became {loss.item()} at update {self.updates}")
                 optimizer.zero_grad(set_to_none=True)
                 (loss + self.l2[e] * l2).backward()
                 optimizer.step()
-                self.train_loss[e] = 0.9 * self.train_loss[e] + 0.1 * loss.item()
+                finite &= torch.isfinite(loss)  # checked once per round: a host sync per member stalls a GPU
+                self.train_loss[e] = 0.9 * self.train_loss[e] + 0.1 * loss.detach()
             self.updates += 1
             if self.updates % 20 == 0 and self.tree is None:
                 stats = self.validate()
+        if not finite:  # raised before anything is saved or published: the last checkpoint stays intact
+            raise NonFiniteLoss(f"the reward model's loss became non-finite by update {self.updates}")
         return stats
 
-    def member_loss(self, e: int, member: RewardNet, ranked, targets, held_out: bool):
+    def label_pools(self, held_out: bool) -> list[np.ndarray]:
+        """Per member, the indices of its training (or held-out) labels; all labels when it has none."""
+        flags = np.array([label[3] for label in self.labels]).reshape(len(self.labels), -1) == held_out
+        return [np.flatnonzero(f) if f.any() else np.arange(len(self.labels)) for f in flags.T]
+
+    def member_loss(self, e: int, member: RewardNet, ranked, targets, pools):
         size = self.args.reward.batch_size
         if ranked is not None:  # sort-tree: regression of clip sums onto rank quantiles
             pick = self.rng.integers(len(ranked), size=size)
@@ -909,10 +917,7 @@ class Teacher:
             goal = targets[[ranked[i][1] for i in pick]].to(self.device)
             sums = member(torch.cat([self.clip_obs(c) for c in clips])).view(size, -1).sum(-1)
             return sort_tree_loss(sums, goal)
-        pool = [i for i, label in enumerate(self.labels) if label[3][e] == held_out]
-        if not pool:
-            pool = list(range(len(self.labels)))
-        pick = [self.labels[pool[i]] for i in self.rng.integers(len(pool), size=size)]
+        pick = [self.labels[i] for i in pools[e][self.rng.integers(len(pools[e]), size=size)]]
         obs = torch.cat([self.clip_obs(c) for p in pick for c in p[:2]])
         sums = member(obs).view(size, 2, -1).sum(-1)
         mu = torch.tensor([p[2] for p in pick], device=self.device)
@@ -921,13 +926,13 @@ class Teacher:
     def validate(self) -> dict:
         """Held-out loss of each member; adapts its L2 weight (val/train loss kept within 1.1-1.5)."""
         self.model.eval()
-        stats = {}
+        stats, pools = {}, self.label_pools(held_out=True)
         with torch.no_grad():
             for e, member in enumerate(self.model.members):
                 if not any(label[3][e] for label in self.labels):
                     continue
-                val = self.member_loss(e, member, None, None, held_out=True).item()
-                self.l2[e] = adapt_l2(self.l2[e], self.train_loss[e], val)
+                val = self.member_loss(e, member, None, None, pools).item()
+                self.l2[e] = adapt_l2(self.l2[e], self.train_loss[e].item(), val)
                 stats |= {f"reward/val_loss_{e}": val, f"reward/l2_{e}": self.l2[e]}
         self.model.train()
         return stats

@@ -815,6 +815,27 @@ def test_port_in_use_exits_2(run_script, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_each_member_trains_on_its_own_labels_and_a_non_finite_loss_stops_training(tmp_path):
+    teacher, store = make_teacher(tmp_path, ensemble=3, batch_size=4)
+    flags = [np.array(f) for f in ([True, False, False], [False, False, False], [True, True, False])]
+    teacher.labels = [(1, 2, 1.0, f) for f in flags]
+    pools = teacher.label_pools(held_out=False)
+    assert [list(p) for p in pools] == [[1], [0, 1], [0, 1, 2]]  # member 0 holds out labels 0 and 2, ...
+    assert [list(p) for p in teacher.label_pools(held_out=True)] == [[0, 2], [2], [0, 1, 2]]  # none held out: all
+    rng = np.random.default_rng(0)
+    teacher.labels = []
+    teacher.add_clips([synthetic_clip(rng, q) for q in (0.1, 0.5, 0.9, 0.3)])
+    teacher.ask(4)
+    answer_synthetically(store, "behaviour")
+    teacher.absorb_answers()
+    teacher.train(2)  # finite
+    with torch.no_grad():
+        teacher.model.members[1].head[-1].bias.fill_(float("nan"))
+    with pytest.raises(pref.NonFiniteLoss, match="non-finite by update 5"):
+        teacher.train(3)  # one host sync for the round, at its end
+    store.close()
+
+
 def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
     """GA3C's threads make whole runs non-reproducible (documented); reward learning on given labels is not."""
     weights = []
