@@ -81,6 +81,23 @@ if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:
 #    retrainings keep the 25-epoch cap. The one change, so the two runs read as an ablation.
 if [ "${1:-}" = antmaze_patience ]; then antmaze_umaze antmaze_umaze_patience --model.pretrain-max-epochs 300; fi
 
+# 2c''''. AntMaze Large-Diverse-GR, the headline env (random start and goal cells each episode, 1,000-step limit):
+#    the shipped controller's expert data on it (64 episodes, seed 1, written to $OUT/experts/AntMaze_Large_Diverse_GR-v5/)
+#    and 2c's flags otherwise, evaluated every 2,000 learner steps (a failed episode there runs 1,000 steps); then HyPE
+#    on the same data at about the same real steps (2d's flags). `bash benchmarks/mbirl_antmaze.sh antmaze_large`.
+if [ "${1:-}" = antmaze_large ]; then
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_large${SEED:+_s$SEED} \
+    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
+    --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
+    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --eval.frequency 2000 --eval.episodes 25 \
+    > $OUT/antmaze_large${SEED:+_s$SEED}.log 2>&1
+  nice -n 5 python hype_irl_mujoco.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.expert-path $OUT/experts/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large${SEED:+_s$SEED} \
+    --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
+    > $OUT/hype_antmaze_large${SEED:+_s$SEED}.log 2>&1
+fi
+
 # 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
 #    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
 #    25 evaluation episodes every 4,000 steps. ~9 min on one core.
