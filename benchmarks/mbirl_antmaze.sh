@@ -72,6 +72,7 @@ fi
 # 2c'''. 2c with the reference's 20 actor updates per real step instead of 5 (seed 1, the same data and flags otherwise).
 #    Stopped by SIGTERM and resumed with `python mbirl_antmaze.py --run-dir runs/mbirl_evidence/antmaze_umaze_u20`.
 #    Result (seed 1): 0.40 at 4k learner steps, 0.36 at 7k-8k, 0.24 at the end (10k; the 5-update run: 0.24).
+#    Seed 2: 0.36 at 3k and 7k, 0.44 at the end (its 5-update run: 0.16).
 #    More seeds: `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_s2).
 if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:+_s$SEED} --hyper.updates-per-step 20; fi
 
@@ -85,6 +86,7 @@ if [ "${1:-}" = antmaze_patience ]; then antmaze_umaze antmaze_umaze_patience --
 #    the shipped controller's expert data on it (64 episodes, seed 1, written to $OUT/experts/AntMaze_Large_Diverse_GR-v5/)
 #    and 2c's flags otherwise, evaluated every 2,000 learner steps (a failed episode there runs 1,000 steps); then HyPE
 #    on the same data at about the same real steps (2d's flags). `bash benchmarks/mbirl_antmaze.sh antmaze_large`.
+#    Result (2026-11-26, commit 81d2a35): expert data 34 % successful; HyPER 0.00 at every evaluation, HyPE 0.00.
 if [ "${1:-}" = antmaze_large ]; then
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_large${SEED:+_s$SEED} \
