@@ -1342,7 +1342,7 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
         obs_dim, act_dim, h.retain_epochs * refills_per_epoch * h.rollout_batch_size * max(schedule[2:]), device
     )
     c = {"step": 0, "disc_env_steps": 0, "disc_updates": 0, "model_trainings": 0, "model_batches": 0, "history": [],
-         "bc_done": False}  # fmt: skip
+         "bc_steps": 0}  # fmt: skip
     ckpt = run.load_checkpoint()
     if ckpt is not None:
         agent.load_state_dict(ckpt["agent"])
@@ -1354,16 +1354,19 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
         c = ckpt["counters"]
         run.set_rng_state(ckpt["rng"])
         print(f"[hyper] resumed at real step {c['step']}", flush=True)
-    if maze and not c["bc_done"]:
-        for _ in range(h.bc_init_steps):
-            o, a, _, _ = expert.sample(args.actor.batch_size, gen)
-            agent.bc_update(o, a)
-    c["bc_done"] = True
+    c.setdefault("bc_steps", h.bc_init_steps if c.pop("bc_done", False) else 0)  # (older checkpoints: a flag)
+    while maze and c["bc_steps"] < h.bc_init_steps:
+        if run.stop_requested():  # a signal during behaviour cloning is answered within one update
+            run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
+            return None
+        o, a, _, _ = expert.sample(args.actor.batch_size, gen)
+        agent.bc_update(o, a)
+        c["bc_steps"] += 1
 
     obs, _ = env.reset(seed=args.seed + c["step"])
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
-    if not c["history"]:
+    if not c["history"] and not run.stop_requested():  # (a signal skips it: the loop saves at once)
         run.run_eval(0, c, agent.actor)  # the starting point (mazes: behaviour-cloned)
     while c["step"] < h.total_timesteps:
         if run.stop_requested():

@@ -401,6 +401,8 @@ def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_
     assert rc == 130, err[-2000:]
     saved = torch.load(run_dir / "model_pretrained.pt", weights_only=False)["info"]
     assert saved["stopped"] and saved["epochs"] == len(saved["history"])
+    counters = torch.load(run_dir / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
+    assert counters["bc_steps"] == 0 and counters["history"] == []  # nor behaviour cloning nor an evaluation after it
     from conftest import run_script_subprocess
 
     rc, out, err = run_script_subprocess("mbirl_antmaze.py", "--run-dir", run_dir, timeout=240)
