@@ -328,8 +328,8 @@ def test_ga3c_threads_learn_a_tiny_problem_on_the_true_reward(bf16):
     torch.manual_seed(0)
     envs = ToyVectorEnv(8, 8)
     net = pref.GA3CNet(1, 2, bf16)
-    optimizer = torch.optim.RMSprop(net.parameters(), lr=1e-3, alpha=0.99, eps=0.1)
     ga3c = pref.GA3CArgs(t_max=5, min_batch_segments=8, gamma=0.0, entropy_beta=0.01)
+    optimizer = torch.optim.RMSprop(net.parameters(), lr=1e-3, alpha=ga3c.rms_decay, eps=ga3c.rms_eps)
     shared = pref.Shared(32)
     shared.random_actions = False
     recorder = pref.ClipRecorder(5, 1, 1, 8, np.random.default_rng(0))
@@ -552,6 +552,19 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
         tree = pref.SortTree(LabelStore(store, "PongNoFrameskip-v4").load_tree("smoke-sort-tree"))
         pref.check_red_black(tree)
         assert len(tree.ranked_clips()) >= 2
+
+
+def test_resume_keeps_the_optimizers_running_averages_but_the_command_lines_settings():
+    net = pref.GA3CNet(1, 2, False)
+    old = torch.optim.RMSprop(net.parameters(), lr=3e-4, alpha=0.99, eps=0.1)
+    sum(out.sum() for out in net(torch.full((2, 1, 84, 84), 9, dtype=torch.uint8))).backward()
+    old.step()
+    agent = {"net": net.state_dict(), "optimizer": old.state_dict(), "steps": 7, "updates": 1, "progress": {}}
+    new = torch.optim.RMSprop(net.parameters(), lr=1e-3, alpha=0.9, eps=1e-5)
+    pref.restore({"agent": agent}, net, new, None, pref.Shared(4))
+    assert {k: new.param_groups[0][k] for k in ("lr", "alpha", "eps")} == {"lr": 1e-3, "alpha": 0.9, "eps": 1e-5}
+    for p in net.parameters():
+        assert torch.equal(new.state[p]["square_avg"], old.state[p]["square_avg"])
 
 
 @pytest.mark.slow
