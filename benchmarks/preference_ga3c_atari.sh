@@ -45,6 +45,14 @@ case $step in
           --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
     done
     wait ;;
+  evidence-eps)  # the true-reward runs again with RMSProp eps 1e-5 (the default since 2026-11-26; the runs above had
+    # GA3C's 0.1), Breakout and Pong side by side, one torch + one emulator thread each. Resumable: re-run the same line.
+    for game in Breakout Pong; do
+      python preference_ga3c_atari.py --env-id ${game}NoFrameskip-v4 --labeler rl --seed 1 \
+          --exp-name "${game,,}_rl_eps" --run-dir "runs/pref_${game,,}_rl_eps1e-5" --torch-threads 1 \
+          --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 > "runs/pref_${game,,}_rl_eps1e-5.log" 2>&1 &
+    done
+    wait ;;
   evidence-breakout)  # Breakout: the true reward and synthetic sort-tree labels side by side at equal frames, the Pong long
     # runs' flags (one torch + one emulator thread each); the synthetic labeller charges 1 point per lost life (the
     # paper's penalty for the episode ends the agent never sees). Resumable: re-run the same line.
@@ -97,13 +105,14 @@ def curves(run):  # every event file of the run (one per resume), in step order 
                comments="")
     return out
 
-runs = {"rl (true reward)": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
-        "synthetic, sort-tree": "runs/pref_pong_sort-tree_long"}
+runs = {"rl (true reward), eps 0.1": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
+        "synthetic, sort-tree": "runs/pref_pong_sort-tree_long", "rl (true reward), eps 1e-5": "runs/pref_pong_rl_eps1e-5"}
 if GAME == "breakout":
-    runs = {"rl (true reward)": "runs/pref_breakout_rl", "synthetic, sort-tree": "runs/pref_breakout_sort-tree"}
+    runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree": "runs/pref_breakout_sort-tree",
+            "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5"}
 actions = {"pong": 6, "breakout": 4}[GAME]
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
-for (name, run), color in zip(runs.items(), ["C0", "C1", "C2"]):
+for (name, run), color in zip(runs.items(), ["C0", "C1", "C2", "C3"]):
     c = curves(run)
     if not c or not len(c["charts/episodic_return"][1]):  # gone with no saved curves, or no game finished yet
         continue
@@ -259,6 +268,6 @@ PY
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac

@@ -5,9 +5,10 @@ lr / eps * g: plain SGD, not the adaptive step. This resumes a copy of a run (or
 env id) with the script's own code, for UPDATES agent updates, and prints the gradient norm before clipping and, per
 parameter tensor, the share of weights with sqrt(v) < eps and the median sqrt(v). The run dir itself is not touched.
     python benchmarks/preference_rmsprop_eps.py RUN_DIR_OR_ENV_ID [UPDATES] [script flags, e.g. --ga3c.rms-eps 0.1]
-Result (2026-11-26, 2-core AVX2 VM): on runs/pref_breakout_rl (trained with eps 0.1 to 6.08M agent steps), 1,231
-updates: gradient norm median 9.7 (p10 5.0, p90 20.1; the clip at 40 never bit); 99.8 % of the weights had
-sqrt(v) < 0.1, the FC layer's (256 x 2592) median sqrt(v) 6.2e-4 -- 160x below eps.
+Result (2026-11-26, 2-core AVX2 VM, 1,000 updates each): runs/pref_breakout_rl (eps 0.1, at 6.08M agent steps):
+gradient norm median 10.3 (clipped at 40: 1 %); 84.6 % of the weights with 1e-10 <= sqrt(v) < eps, 15.1 % with none;
+the FC layer's median sqrt(v) 6.8e-4, 150x below eps. runs/pref_breakout_rl_eps1e-5 (eps 1e-5, at 3.28M): norm median
+29.8 (clipped: 31 %); 3.5 % swamped, 63.5 % with no gradient (57 % of the FC layer's units are dead ReLUs).
 """
 
 import json
@@ -33,6 +34,7 @@ if Path(target).is_dir():
     shutil.copytree(target, tmp / "run")
     flags = ["--env-id", run["env_id"], "--labeler", run["labeler"], "--feedback", run["feedback"]]
     flags += ["--seed", str(run["seed"]), "--exp-name", run["exp_name"], "--torch-threads", "1"]
+    flags += ["--ga3c.learning-rate", str(run["ga3c"]["learning_rate"]), "--ga3c.rms-eps", str(run["ga3c"]["rms_eps"])]
 else:
     flags = ["--env-id", target, "--labeler", "rl", "--torch-threads", "1"]
 flags += ["--run-dir", str(tmp / "run"), "--ga3c.env-threads", "1", *extra]
@@ -53,7 +55,13 @@ def step(self, *a, **k):
     group = self.param_groups[0]
     last["eps"] = group["eps"]
     last["rows"] = [
-        (tuple(q.shape), (r < group["eps"]).float().mean().item(), r.median().item(), r.numel())
+        (
+            tuple(q.shape),
+            ((r >= 1e-10) & (r < group["eps"])).float().mean().item(),
+            r.median().item(),
+            r.numel(),
+            (r < 1e-10).float().mean().item(),
+        )
         for q in group["params"]
         for r in [self.state[q]["square_avg"].sqrt()]
     ]
@@ -74,7 +82,10 @@ print(
     f"p90 {np.percentile(n, 90):.1f}, clipped at 40: {(n > 40).mean():.0%}"
 )
 total = sum(r[3] for r in last["rows"])
-swamped = sum(r[1] * r[3] for r in last["rows"]) / total
-print(f"weights with sqrt(v) < eps = {last['eps']:g}: {swamped:.1%} of {total:,}")
-for shape, share, median, _ in last["rows"]:
-    print(f"  {str(shape):18} sqrt(v) < eps: {share:6.1%}   median sqrt(v) {median:.2e}")
+swamped, dead = (sum(r[i] * r[3] for r in last["rows"]) / total for i in (1, 4))
+print(
+    f"of {total:,} weights: {swamped:.1%} with 1e-10 <= sqrt(v) < eps = {last['eps']:g} (SGD-like steps), "
+    f"{dead:.1%} with no gradient (sqrt(v) < 1e-10: dead ReLUs)"
+)
+for shape, share, median, _, none in last["rows"]:
+    print(f"  {str(shape):18} swamped {share:6.1%}  no gradient {none:6.1%}  median sqrt(v) {median:.2e}")
