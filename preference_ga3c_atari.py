@@ -70,7 +70,7 @@ class GA3CArgs:
     rms_decay: float = 0.99
     """RMSProp decay"""
     rms_eps: float = 1e-5
-    """RMSProp epsilon (GA3C's 0.1 swamped 99.8 % of this net's gradients: its FC layer barely learned)"""
+    """RMSProp epsilon (GA3C's 0.1 swamped nearly all of this net's gradients: its FC layer barely learned)"""
     gamma: float = 0.99
     """discount factor"""
     entropy_beta: float = 0.01

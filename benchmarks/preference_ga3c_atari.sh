@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every number in docs/preference_ga3c_atari.md and benchmarks/results/preference_ga3c_atari.md comes from these
-# commands. Run from the repository root with the venv active: `bash benchmarks/preference_ga3c_atari.sh STEP`.
+# commands. The evidence steps made before 2026-11-26 pin GA3C's RMSProp eps 0.1 (their runs' setting; the default is
+# now 1e-5, and a resumed run takes its settings from the command line). Run from the repository root with the venv active: `bash benchmarks/preference_ga3c_atari.sh STEP`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:-help}
@@ -13,7 +14,7 @@ step=${1:-help}
 # minutes and was stopped; the rl run of that attempt is the one reported, its settings do not involve labels.)
 EVIDENCE=(--env-id PongNoFrameskip-v4 --seed 1 --total-timesteps 150000 --labels.budget 1000 --labels.pretrain 200
           --reward.pretrain-epochs 5 --reward.labels-per-step 0.02 --torch-threads 1 --ga3c.env-threads 1
-          --checkpoint-every-s 60 --labels.store-dir runs/preference_store_evidence)
+          --checkpoint-every-s 60 --labels.store-dir runs/preference_store_evidence --ga3c.rms-eps 0.1)
 
 case $step in
   evidence)  # three runs at equal frames, in parallel, niced (the machine was shared with other jobs)
@@ -33,7 +34,7 @@ case $step in
   evidence-long-rl)  # the true-reward baseline at a budget where GA3C should learn Pong (10M agent steps = 40M frames),
     # sharing the 2-core CPU with one other 1-thread job; resumable: re-run the same line after an interruption
     python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler rl --seed 1 --exp-name pong_rl_long \
-        --run-dir runs/pref_pong_rl_long --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 ;;
+        --run-dir runs/pref_pong_rl_long --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 0.1 --checkpoint-every-s 300 ;;
   evidence-long-preferences)  # the synthetic labeller at the long run's frames, pairwise and sort-tree side by side
     # (one torch + one emulator thread each, the 2-core CPU shared by the two). Changed from the defaults to what the
     # CPU carries: 20 pretraining epochs (paper: 200), 0.01 label samples trained per agent step (paper: ~0.1).
@@ -41,7 +42,7 @@ case $step in
     for feedback in ${FEEDBACK:-pairwise sort-tree}; do
       python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
           --exp-name "pong_${feedback}_long" --run-dir "runs/pref_pong_${feedback}_long" --torch-threads 1 \
-          --ga3c.env-threads 1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
+          --ga3c.env-threads 1 --ga3c.rms-eps 0.1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
           --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
     done
     wait ;;
@@ -57,11 +58,11 @@ case $step in
     # runs' flags (one torch + one emulator thread each); the synthetic labeller charges 1 point per lost life (the
     # paper's penalty for the episode ends the agent never sees). Resumable: re-run the same line.
     python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl --seed 1 --exp-name breakout_rl \
-        --run-dir runs/pref_breakout_rl --torch-threads 1 --ga3c.env-threads 1 --checkpoint-every-s 300 \
+        --run-dir runs/pref_breakout_rl --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 0.1 --checkpoint-every-s 300 \
         > runs/pref_breakout_rl.log 2>&1 &
     python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback sort-tree --seed 1 \
         --exp-name breakout_sort-tree --run-dir runs/pref_breakout_sort-tree --torch-threads 1 --ga3c.env-threads 1 \
-        --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
+        --ga3c.rms-eps 0.1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
         --labels.store-dir runs/preference_store_long > runs/pref_breakout_sort-tree.log 2>&1 &
     wait ;;
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
