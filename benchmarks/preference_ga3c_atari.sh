@@ -65,10 +65,21 @@ case $step in
         --ga3c.rms-eps 0.1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
         --labels.store-dir runs/preference_store_long > runs/pref_breakout_sort-tree.log 2>&1 &
     wait ;;
+  evidence-breakout-eps)  # Breakout with synthetic labels and RMSProp eps 1e-5, pairwise and sort-tree side by side
+    # (one torch + one emulator thread each), the flags of evidence-breakout otherwise; compared at equal frames with
+    # evidence-eps's true-reward Breakout run. Resumable: re-run the same line. FEEDBACK="pairwise" runs one of the two.
+    for feedback in ${FEEDBACK:-pairwise sort-tree}; do
+      python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
+          --exp-name "breakout_${feedback}_eps" --run-dir "runs/pref_breakout_${feedback}_eps1e-5" --torch-threads 1 \
+          --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 --reward.pretrain-epochs 20 \
+          --reward.labels-per-step 0.01 --labels.store-dir runs/preference_store_long \
+          > "runs/pref_breakout_${feedback}_eps1e-5.log" 2>&1 &
+    done
+    wait ;;
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
     # can be replaced between sessions): a run dir that is gone is drawn from its saved curves. GAME=breakout draws
-    # the evidence-breakout runs instead (saved under benchmarks/results/breakout/).
+    # the evidence-breakout, evidence-eps and evidence-breakout-eps Breakout runs instead (saved under benchmarks/results/breakout/).
     GAME=${GAME:-pong} python - <<'PY'
 import glob
 import os
@@ -110,10 +121,12 @@ runs = {"rl (true reward), eps 0.1": "runs/pref_pong_rl_long", "synthetic, pairw
         "synthetic, sort-tree": "runs/pref_pong_sort-tree_long", "rl (true reward), eps 1e-5": "runs/pref_pong_rl_eps1e-5"}
 if GAME == "breakout":
     runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree": "runs/pref_breakout_sort-tree",
-            "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5"}
+            "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5",
+            "synthetic, pairwise, eps 1e-5": "runs/pref_breakout_pairwise_eps1e-5",
+            "synthetic, sort-tree, eps 1e-5": "runs/pref_breakout_sort-tree_eps1e-5"}
 actions = {"pong": 6, "breakout": 4}[GAME]
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
-for (name, run), color in zip(runs.items(), ["C0", "C1", "C2", "C3"]):
+for (name, run), color in zip(runs.items(), ["C0", "C1", "C2", "C3", "C4", "C5"]):
     c = curves(run)
     if not c or not len(c["charts/episodic_return"][1]):  # gone with no saved curves, or no game finished yet
         continue
@@ -269,6 +282,6 @@ PY
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
      exit 2 ;;
 esac
