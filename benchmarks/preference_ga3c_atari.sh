@@ -120,7 +120,7 @@ def curves(run):  # every event file of the run (one per resume), in step order 
 runs = {"rl (true reward), eps 0.1": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
         "synthetic, sort-tree": "runs/pref_pong_sort-tree_long", "rl (true reward), eps 1e-5": "runs/pref_pong_rl_eps1e-5"}
 if GAME == "breakout":
-    runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree": "runs/pref_breakout_sort-tree",
+    runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree, eps 0.1": "runs/pref_breakout_sort-tree",
             "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5",
             "synthetic, pairwise, eps 1e-5": "runs/pref_breakout_pairwise_eps1e-5",
             "synthetic, sort-tree, eps 1e-5": "runs/pref_breakout_sort-tree_eps1e-5"}
