@@ -233,15 +233,15 @@ def block_batch(rng, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_world_model_learns_an_action_driven_block_game_better_than_copying(bf16):
+def test_world_model_learns_an_action_driven_block_game_better_than_copying():
+    """fp32 only: bf16 convs are emulated and several times slower on CPUs without native bf16; that bf16 takes the
+    same training steps is pinned by the parity test below."""
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     cfg = sw.WorldModelArgs(model="deterministic", hidden_size=16, compress_steps=2, filter_double_steps=1,
                             dropout=0.0, residual_dropout=0.0, target_frames=1, optimizer="adam",
                             learning_rate=1e-2, warmup_steps=50)  # fmt: skip
     model = sw.WorldModel(5, (H, W, 1), cfg)
-    model.bf16 = bf16
     opt = sw.make_wm_optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps))
     for step in range(450):
@@ -269,7 +269,7 @@ def test_world_model_learns_an_action_driven_block_game_better_than_copying(bf16
     assert min(follows) > 0.8, follows
 
 
-def test_bf16_world_model_keeps_fp32_heads_prior_and_outputs_close_to_fp32():
+def test_bf16_world_model_keeps_fp32_heads_prior_and_outputs_and_gradients_close_to_fp32():
     torch.manual_seed(0)
     cfg = sw.WorldModelArgs(hidden_size=8, compress_steps=2, filter_double_steps=1, bits=16, lstm_size=8,
                             inference_filters=8, dropout=0.0, residual_dropout=0.0)  # fmt: skip
@@ -277,7 +277,7 @@ def test_bf16_world_model_keeps_fp32_heads_prior_and_outputs_close_to_fp32():
     frames = torch.randint(0, 256, (4, 4, 48, 40, 3), dtype=torch.uint8)
     target = torch.randint(0, 256, (4, 48, 40, 3), dtype=torch.uint8)
     actions = torch.tensor([0, 1, 2, 1])
-    outs = {}
+    outs, grads = {}, {}
     for bf16 in (False, True):
         model.bf16 = bf16
         torch.manual_seed(1)  # the same posterior noise and sampling draws
@@ -285,10 +285,13 @@ def test_bf16_world_model_keeps_fp32_heads_prior_and_outputs_close_to_fp32():
         assert logits.dtype == reward_logits.dtype == aux.dtype == torch.float32
         (logits.logsumexp(1).mean() + reward_logits.sum() + aux).backward()
         assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.prior.parameters())
+        grads[bf16] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         model.zero_grad()
         outs[bf16] = logits.detach()
     a, b = outs[False].flatten(), outs[True].flatten()
     assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.99 and (a - b).abs().max() < 0.1 * a.abs().max()
+    assert grads[False].shape == grads[True].shape  # bf16 trains every parameter fp32 trains, in the same direction
+    assert torch.nn.functional.cosine_similarity(grads[False], grads[True], dim=0) > 0.99  # measured 0.9997
 
 
 class PerfectBlockModel:
