@@ -268,6 +268,26 @@ PY
       python benchmarks/preference_reward_diagnostic.py $run
       python benchmarks/preference_reward_diagnostic.py $run --random
     done ;;
+  evidence-breakout-dropout)  # the pairwise Breakout eps 1e-5 run forked at its last checkpoint (1.02M agent steps)
+    # and resumed with --reward.dropout 0 (label-fit: with the paper's 0.5 its predictor could not fit the labels).
+    # The fork gets copies of the run dir and the label store, so the original stays as it stopped. Resumable.
+    fork=runs/pref_breakout_pairwise_d0_eps1e-5 store=runs/preference_store_breakout_d0
+    if [ ! -d $fork ]; then
+      cp -r runs/pref_breakout_pairwise_eps1e-5 $fork
+      mkdir -p $store && cp -r runs/preference_store_long/BreakoutNoFrameskip-v4_clips $store/
+      python -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+          runs/preference_store_long/BreakoutNoFrameskip-v4.sqlite $store/BreakoutNoFrameskip-v4.sqlite
+    fi
+    python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback pairwise --seed 1 \
+        --exp-name breakout_pairwise_eps --run-dir $fork --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 \
+        --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --labels.store-dir $store \
+        --reward.dropout 0 >> $fork.log 2>&1 ;;
+  label-fit)  # why the pairwise Breakout run's ensemble ordered its newest labels at chance: how the run's own and the
+    # sort-tree run's reward models order its labels, and a fresh predictor trained offline on them for 1,200 updates
+    python benchmarks/preference_label_fit.py runs/pref_breakout_pairwise_eps1e-5 \
+        --also runs/pref_breakout_sort-tree_eps1e-5 --updates 1200 --eval-every 300
+    python benchmarks/preference_label_fit.py runs/pref_breakout_pairwise_eps1e-5 --updates 600 --eval-every 150 \
+        --dropout 0 ;;
   throughput-nhwc)  # the reward model on channels-last pixels against the code before it (BASE, default a72d453),
     # alternating, the synthetic labeller held to RATE (0.003) label samples per step by --reward.keep-pace
     git show "${BASE:-a72d453}:preference_ga3c_atari.py" > /tmp/preference_ga3c_atari_base.py
@@ -282,6 +302,6 @@ PY
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic|label-fit|evidence-breakout-dropout"
      exit 2 ;;
 esac
