@@ -79,7 +79,8 @@ case $step in
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
     # can be replaced between sessions): a run dir that is gone is drawn from its saved curves. GAME=breakout draws
-    # the evidence-breakout, evidence-eps and evidence-breakout-eps Breakout runs instead (saved under benchmarks/results/breakout/).
+    # the evidence-breakout, evidence-eps, evidence-breakout-eps and evidence-breakout-dropout Breakout runs instead
+    # (saved under benchmarks/results/breakout/).
     GAME=${GAME:-pong} python - <<'PY'
 import glob
 import os
@@ -123,7 +124,8 @@ if GAME == "breakout":
     runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree, eps 0.1": "runs/pref_breakout_sort-tree",
             "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5",
             "synthetic, pairwise, eps 1e-5": "runs/pref_breakout_pairwise_eps1e-5",
-            "synthetic, sort-tree, eps 1e-5": "runs/pref_breakout_sort-tree_eps1e-5"}
+            "synthetic, sort-tree, eps 1e-5": "runs/pref_breakout_sort-tree_eps1e-5",
+            "synthetic, pairwise, eps 1e-5, dropout 0 from 1.02M": "runs/pref_breakout_pairwise_d0_eps1e-5"}
 actions = {"pong": 6, "breakout": 4}[GAME]
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
 for (name, run), color in zip(runs.items(), ["C0", "C1", "C2", "C3", "C4", "C5"]):

@@ -115,6 +115,9 @@ def test_byte_dropout_keeps_1_minus_p_and_preserves_the_mean(p):
     assert out.float().mean().item() == pytest.approx(1.0, abs=0.01)  # kept values scaled by 1 / (1 - p)
     assert out.unique().tolist() == [0.0, pytest.approx(1 / (1 - p), rel=1e-2)]
     assert not torch.equal(drop(x), out)  # a fresh mask every call
+    keep = (out != 0).float()  # eight masks per 64-bit draw must still be independent: no correlation at lags 1..8
+    for lag in range(1, 9):
+        assert abs(torch.corrcoef(torch.stack([keep[:-lag], keep[lag:]]))[0, 1].item()) < 0.01, lag
     x = torch.randn(64, 16, 5, 5, requires_grad=True)  # gradients flow through the kept units only
     y = drop(x)
     y.sum().backward()
