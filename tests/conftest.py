@@ -84,10 +84,15 @@ def run_script_subprocess(script: str, *args: str, timeout: float = 300.0, env: 
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def pytest_configure(config):
+    """Under ``-n 2`` xdist hands out one test at a time (its ``--maxschedchunk``, unless given), and the ``slow``
+    tests come first (below): the long ones start early and short ones fill the end, so both workers finish within
+    seconds of each other (with xdist's default chunks of ~60 tests one sat idle for the last 13 % of the suite)."""
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items):
-    """Run the ``slow`` tests first. With ``--maxschedchunk=1`` (pytest.ini) xdist hands out one test at a time, so
-    the long ones start early and short ones fill the end: both workers finish within a few seconds of each other
-    (with xdist's default chunks of ~60 tests one worker sat idle for the last 13 % of the suite)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each group
 
 
