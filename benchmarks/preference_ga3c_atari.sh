@@ -79,8 +79,8 @@ case $step in
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
     # can be replaced between sessions): a run dir that is gone is drawn from its saved curves. GAME=breakout draws
-    # the evidence-breakout, evidence-eps, evidence-breakout-eps and evidence-breakout-dropout Breakout runs instead
-    # (saved under benchmarks/results/breakout/).
+    # the evidence-breakout, evidence-eps, evidence-breakout-eps, evidence-breakout-dropout and
+    # evidence-breakout-dropout-scratch Breakout runs instead (saved under benchmarks/results/breakout/).
     GAME=${GAME:-pong} python - <<'PY'
 import glob
 import os
@@ -125,10 +125,12 @@ if GAME == "breakout":
             "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5",
             "synthetic, pairwise, eps 1e-5": "runs/pref_breakout_pairwise_eps1e-5",
             "synthetic, sort-tree, eps 1e-5": "runs/pref_breakout_sort-tree_eps1e-5",
-            "synthetic, pairwise, eps 1e-5, dropout 0 from 1.02M": "runs/pref_breakout_pairwise_d0_eps1e-5"}
+            "synthetic, pairwise, eps 1e-5, dropout 0 from 1.02M": "runs/pref_breakout_pairwise_d0_eps1e-5",
+            "synthetic, pairwise, eps 1e-5, dropout 0 from scratch": "runs/pref_breakout_pairwise_d0_scratch",
+            "synthetic, sort-tree, eps 1e-5, dropout 0 from scratch": "runs/pref_breakout_sort-tree_d0_scratch"}
 actions = {"pong": 6, "breakout": 4}[GAME]
 fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 7.5), sharex=True)
-for (name, run), color in zip(runs.items(), ["C0", "C1", "C2", "C3", "C4", "C5"]):
+for (name, run), color in zip(runs.items(), [f"C{i}" for i in range(8)]):
     c = curves(run)
     if not c or not len(c["charts/episodic_return"][1]):  # gone with no saved curves, or no game finished yet
         continue
@@ -284,6 +286,17 @@ PY
         --exp-name breakout_pairwise_eps --run-dir $fork --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 \
         --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --labels.store-dir $store \
         --reward.dropout 0 >> $fork.log 2>&1 ;;
+  evidence-breakout-dropout-scratch)  # evidence-breakout-eps again from scratch with --reward.dropout 0, nothing else
+    # changed, each feedback mode alone on the VM one after the other (FEEDBACK="sort-tree" runs one), sharing one new
+    # label store as the two eps runs shared theirs (the VM holding those runs and the forked one was replaced): dropout
+    # 0 against the paper's 0.5 from the first label on. Stopped with SIGTERM; resumable: re-run the same line.
+    for feedback in ${FEEDBACK:-pairwise sort-tree}; do
+      python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
+          --exp-name "breakout_${feedback}_d0_scratch" --run-dir "runs/pref_breakout_${feedback}_d0_scratch" \
+          --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 \
+          --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --reward.dropout 0 \
+          --labels.store-dir runs/preference_store_breakout_d0_scratch >> "runs/pref_breakout_${feedback}_d0_scratch.log" 2>&1
+    done ;;
   label-fit)  # why the pairwise Breakout run's ensemble ordered its newest labels at chance: how the run's own and the
     # sort-tree run's reward models order its labels, and a fresh predictor trained offline on them for 1,200 updates
     python benchmarks/preference_label_fit.py runs/pref_breakout_pairwise_eps1e-5 \
@@ -304,6 +317,6 @@ PY
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic|label-fit|evidence-breakout-dropout"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic|label-fit|evidence-breakout-dropout|evidence-breakout-dropout-scratch"
      exit 2 ;;
 esac
