@@ -41,7 +41,7 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
   done
   python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 128 \
     --label ga3c-synthetic-rate0.1-gpu --train-seconds "${SYN_S:-180}" --counter-tag reward/updates -- python3 \
-    preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --ga3c.workers 128 \
+    preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --ga3c.workers 128 \
     --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 \
     --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"
   record ;;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every number in docs/preference_ga3c_atari.md and benchmarks/results/preference_ga3c_atari.md comes from these
 # commands. The evidence steps made before 2026-11-26 pin GA3C's RMSProp eps 0.1 (their runs' setting; the default is
-# now 1e-5, and a resumed run takes its settings from the command line). Run from the repository root with the venv active: `bash benchmarks/preference_ga3c_atari.sh STEP`.
+# now 1e-5, and a resumed run takes its settings from the command line); the synthetic-label steps made before
+# 2026-11-27 pin the reward model's dropout 0.5 (the paper's; the default is now 0). Run from the repository root
+# with the venv active: `bash benchmarks/preference_ga3c_atari.sh STEP`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:-help}
@@ -20,15 +22,15 @@ case $step in
   evidence)  # three runs at equal frames, in parallel, niced (the machine was shared with other jobs)
     nice -n 19 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler rl --exp-name ev_rl \
         --run-dir runs/pref_evidence_rl > runs/pref_evidence_rl.log 2>&1 &
-    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback pairwise \
+    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --reward.dropout 0.5 --feedback pairwise \
         --exp-name ev2_pairwise --run-dir runs/pref_evidence2_pairwise > runs/pref_evidence2_pairwise.log 2>&1 &
-    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback sort-tree \
+    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --reward.dropout 0.5 --feedback sort-tree \
         --exp-name ev2_tree --run-dir runs/pref_evidence2_tree > runs/pref_evidence2_tree.log 2>&1 &
     wait ;;
   evidence-preferences)  # the two synthetic runs alone (the rl run had finished)
-    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback pairwise \
+    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --reward.dropout 0.5 --feedback pairwise \
         --exp-name ev2_pairwise --run-dir runs/pref_evidence2_pairwise > runs/pref_evidence2_pairwise.log 2>&1 &
-    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --feedback sort-tree \
+    nice -n 5 python preference_ga3c_atari.py "${EVIDENCE[@]}" --labeler synthetic --reward.dropout 0.5 --feedback sort-tree \
         --exp-name ev2_tree --run-dir runs/pref_evidence2_tree > runs/pref_evidence2_tree.log 2>&1 &
     wait ;;
   evidence-long-rl)  # the true-reward baseline at a budget where GA3C should learn Pong (10M agent steps = 40M frames),
@@ -40,7 +42,7 @@ case $step in
     # CPU carries: 20 pretraining epochs (paper: 200), 0.01 label samples trained per agent step (paper: ~0.1).
     # Resumable: re-run the same line after an interruption. FEEDBACK="pairwise" runs one of the two.
     for feedback in ${FEEDBACK:-pairwise sort-tree}; do
-      python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
+      python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --feedback $feedback --seed 1 \
           --exp-name "pong_${feedback}_long" --run-dir "runs/pref_pong_${feedback}_long" --torch-threads 1 \
           --ga3c.env-threads 1 --ga3c.rms-eps 0.1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
           --labels.store-dir runs/preference_store_long > "runs/pref_pong_${feedback}_long.log" 2>&1 &
@@ -54,13 +56,18 @@ case $step in
           --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 > "runs/pref_${game,,}_rl_eps1e-5.log" 2>&1 &
     done
     wait ;;
+  evidence-pong-rl-alone)  # evidence-eps's Pong run again, alone on the VM (that one shared a slower VM with the
+    # Breakout run): the same-machine baseline for evidence-pong-dropout-scratch. Resumable: re-run the same line.
+    python preference_ga3c_atari.py --env-id PongNoFrameskip-v4 --labeler rl --seed 1 --exp-name pong_rl_alone \
+        --run-dir runs/pref_pong_rl_eps1e-5_alone --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 \
+        --checkpoint-every-s 300 >> runs/pref_pong_rl_eps1e-5_alone.log 2>&1 ;;
   evidence-breakout)  # Breakout: the true reward and synthetic sort-tree labels side by side at equal frames, the Pong long
     # runs' flags (one torch + one emulator thread each); the synthetic labeller charges 1 point per lost life (the
     # paper's penalty for the episode ends the agent never sees). Resumable: re-run the same line.
     python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl --seed 1 --exp-name breakout_rl \
         --run-dir runs/pref_breakout_rl --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 0.1 --checkpoint-every-s 300 \
         > runs/pref_breakout_rl.log 2>&1 &
-    python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback sort-tree --seed 1 \
+    python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --feedback sort-tree --seed 1 \
         --exp-name breakout_sort-tree --run-dir runs/pref_breakout_sort-tree --torch-threads 1 --ga3c.env-threads 1 \
         --ga3c.rms-eps 0.1 --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 \
         --labels.store-dir runs/preference_store_long > runs/pref_breakout_sort-tree.log 2>&1 &
@@ -69,7 +76,7 @@ case $step in
     # (one torch + one emulator thread each), the flags of evidence-breakout otherwise; compared at equal frames with
     # evidence-eps's true-reward Breakout run. Resumable: re-run the same line. FEEDBACK="pairwise" runs one of the two.
     for feedback in ${FEEDBACK:-pairwise sort-tree}; do
-      python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
+      python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --feedback $feedback --seed 1 \
           --exp-name "breakout_${feedback}_eps" --run-dir "runs/pref_breakout_${feedback}_eps1e-5" --torch-threads 1 \
           --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 --reward.pretrain-epochs 20 \
           --reward.labels-per-step 0.01 --labels.store-dir runs/preference_store_long \
@@ -78,7 +85,8 @@ case $step in
     wait ;;
   curves-long)  # the long runs (true reward, synthetic pairwise, synthetic sort-tree): game scores, labels, entropy.
     # Each run's curves are also kept in benchmarks/results/pong_long/RUN.csv.gz (run dirs are not in git and a machine
-    # can be replaced between sessions): a run dir that is gone is drawn from its saved curves. GAME=breakout draws
+    # can be replaced between sessions): a run dir that is gone is drawn from its saved curves (Pong: the long runs,
+    # evidence-eps's, evidence-pong-rl-alone's and evidence-pong-dropout-scratch's). GAME=breakout draws
     # the evidence-breakout, evidence-eps, evidence-breakout-eps, evidence-breakout-dropout and
     # evidence-breakout-dropout-scratch Breakout runs instead (saved under benchmarks/results/breakout/).
     GAME=${GAME:-pong} python - <<'PY'
@@ -118,8 +126,12 @@ def curves(run):  # every event file of the run (one per resume), in step order 
                comments="")
     return out
 
-runs = {"rl (true reward), eps 0.1": "runs/pref_pong_rl_long", "synthetic, pairwise": "runs/pref_pong_pairwise_long",
-        "synthetic, sort-tree": "runs/pref_pong_sort-tree_long", "rl (true reward), eps 1e-5": "runs/pref_pong_rl_eps1e-5"}
+runs = {"rl (true reward), eps 0.1": "runs/pref_pong_rl_long",
+        "synthetic, pairwise, eps 0.1, dropout 0.5": "runs/pref_pong_pairwise_long",
+        "synthetic, sort-tree, eps 0.1, dropout 0.5": "runs/pref_pong_sort-tree_long", "rl (true reward), eps 1e-5": "runs/pref_pong_rl_eps1e-5",
+        "rl (true reward), eps 1e-5, alone": "runs/pref_pong_rl_eps1e-5_alone",
+        "synthetic, pairwise, eps 1e-5, dropout 0": "runs/pref_pong_pairwise_d0_scratch",
+        "synthetic, sort-tree, eps 1e-5, dropout 0": "runs/pref_pong_sort-tree_d0_scratch"}
 if GAME == "breakout":
     runs = {"rl (true reward), eps 0.1": "runs/pref_breakout_rl", "synthetic, sort-tree, eps 0.1": "runs/pref_breakout_sort-tree",
             "rl (true reward), eps 1e-5": "runs/pref_breakout_rl_eps1e-5",
@@ -214,7 +226,7 @@ PY
     for rate in 0.1 0.02; do
       python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
           --label "ga3c-synthetic-rate$rate" --train-seconds 150 -- python preference_ga3c_atari.py \
-          --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
+          --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --labels.pretrain 50 --reward.pretrain-epochs 1 \
           --reward.labels-per-step $rate --torch-threads 1 --labels.store-dir runs/preference_store_bench \
           --exp-name "bench$rate"
     done ;;
@@ -222,7 +234,7 @@ PY
     # eating most of its 150 s and another agent's tests running beside it
     python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
         --label "ga3c-synthetic-rate0.1-long" --train-seconds 210 -- python preference_ga3c_atari.py \
-        --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 --reward.pretrain-epochs 1 \
+        --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --labels.pretrain 50 --reward.pretrain-epochs 1 \
         --reward.labels-per-step 0.1 --torch-threads 1 --labels.store-dir runs/preference_store_bench \
         --exp-name bench0.1 ;;
   throughput-precision)  # one window, nothing else running: the baseline, then GA3C in bf16 (auto here) and fp32,
@@ -239,7 +251,7 @@ PY
       rm -rf runs/preference_store_bench_precision
       python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
           --label "ga3c-synthetic-rate0.02-$precision" --train-seconds 180 --counter-tag reward/updates -- \
-          python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+          python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --labels.pretrain 50 \
           --reward.pretrain-epochs 1 --reward.labels-per-step 0.02 --precision $precision \
           --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-$precision"
     done ;;
@@ -247,23 +259,27 @@ PY
     rm -rf runs/preference_store_bench_precision
     python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
         --label "ga3c-synthetic-rate${RATE:-0.003}-bf16" --train-seconds 180 --counter-tag reward/updates -- \
-        python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+        python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --labels.pretrain 50 \
         --reward.pretrain-epochs 1 --reward.labels-per-step "${RATE:-0.003}" \
         --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate" ;;
   throughput-window)  # one quiet window after the byte-mask dropout / NHWC GA3C net change: the baseline, GA3C on
-    # the true reward, the synthetic labeller at two training rates (label samples trained per agent step)
+    # the true reward, the synthetic labeller at two training rates (label samples trained per agent step) with each
+    # reward-model dropout in DROPOUT (0.5 in the windows before the default became 0; "0 0.5": both, in that order)
     python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label trex-policy \
         --train-seconds 120 -- python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
         --reward-model runs/trex_quick/reward_model.pt
     python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --label "ga3c-rl${TAG:-}" \
         --train-seconds 120 -- python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler rl
-    for rate in ${RATES:-0.003 0.02}; do
-      rm -rf runs/preference_store_bench_precision
-      python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
-          --label "ga3c-synthetic-rate$rate${TAG:-}" --train-seconds 180 --counter-tag reward/updates -- \
-          python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
-          --reward.pretrain-epochs 1 --reward.labels-per-step "$rate" \
-          --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate"
+    for dropout in ${DROPOUT:-0.5}; do
+      for rate in ${RATES:-0.003 0.02}; do
+        rm -rf runs/preference_store_bench_precision
+        python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 \
+            --label "ga3c-synthetic-rate$rate$([ "$dropout" = 0.5 ] || echo "-dropout$dropout")${TAG:-}" \
+            --train-seconds 180 --counter-tag reward/updates -- python preference_ga3c_atari.py \
+            --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout "$dropout" --labels.pretrain 50 \
+            --reward.pretrain-epochs 1 --reward.labels-per-step "$rate" \
+            --labels.store-dir runs/preference_store_bench_precision --exp-name "bench-rate"
+      done
     done ;;
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
@@ -286,16 +302,17 @@ PY
         --exp-name breakout_pairwise_eps --run-dir $fork --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 \
         --checkpoint-every-s 300 --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --labels.store-dir $store \
         --reward.dropout 0 >> $fork.log 2>&1 ;;
-  evidence-breakout-dropout-scratch)  # evidence-breakout-eps again from scratch with --reward.dropout 0, nothing else
-    # changed, each feedback mode alone on the VM one after the other (FEEDBACK="sort-tree" runs one), sharing one new
-    # label store as the two eps runs shared theirs (the VM holding those runs and the forked one was replaced): dropout
-    # 0 against the paper's 0.5 from the first label on. Stopped with SIGTERM; resumable: re-run the same line.
+  evidence-breakout-dropout-scratch|evidence-pong-dropout-scratch)  # evidence-{breakout,pong}-eps again from scratch
+    # with --reward.dropout 0, nothing else changed, each feedback mode alone on the VM one after the other
+    # (FEEDBACK="sort-tree" runs one), sharing one new label store per game as the eps runs shared theirs: dropout 0
+    # against the paper's 0.5 from the first label on. Stopped with SIGTERM; resumable: re-run the same line.
+    game=${step#evidence-}; game=${game%%-*}; env_id=$([ "$game" = pong ] && echo PongNoFrameskip-v4 || echo BreakoutNoFrameskip-v4)
     for feedback in ${FEEDBACK:-pairwise sort-tree}; do
-      python preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --feedback $feedback --seed 1 \
-          --exp-name "breakout_${feedback}_d0_scratch" --run-dir "runs/pref_breakout_${feedback}_d0_scratch" \
+      python preference_ga3c_atari.py --env-id $env_id --labeler synthetic --feedback $feedback --seed 1 \
+          --exp-name "${game}_${feedback}_d0_scratch" --run-dir "runs/pref_${game}_${feedback}_d0_scratch" \
           --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 \
           --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --reward.dropout 0 \
-          --labels.store-dir runs/preference_store_breakout_d0_scratch >> "runs/pref_breakout_${feedback}_d0_scratch.log" 2>&1
+          --labels.store-dir "runs/preference_store_${game}_d0_scratch" >> "runs/pref_${game}_${feedback}_d0_scratch.log" 2>&1
     done ;;
   label-fit)  # why the pairwise Breakout run's ensemble ordered its newest labels at chance: how the run's own and the
     # sort-tree run's reward models order its labels, and a fresh predictor trained offline on them for 1,200 updates
@@ -312,7 +329,7 @@ PY
         rm -rf runs/preference_store_bench_nhwc
         python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 32 --train-seconds 120 \
           --label "ga3c-synthetic-rate${RATE:-0.003}-keep-pace-$which" --counter-tag reward/updates -- \
-          python $script --env-id BreakoutNoFrameskip-v4 --labeler synthetic --labels.pretrain 50 \
+          python $script --env-id BreakoutNoFrameskip-v4 --labeler synthetic --reward.dropout 0.5 --labels.pretrain 50 \
           --reward.pretrain-epochs 1 --reward.labels-per-step "${RATE:-0.003}" --reward.keep-pace \
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
