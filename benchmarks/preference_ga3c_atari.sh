@@ -284,7 +284,7 @@ PY
   reward-precision)  # the reward model's training update and the trainer's scoring, bf16 vs fp32 (alone, quiet)
     python benchmarks/preference_reward_precision.py ;;
   reward-diagnostic)  # what each long synthetic run's learned reward pays for: its agent vs a random policy
-    for run in runs/pref_pong_pairwise_long runs/pref_pong_sort-tree_long; do
+    for run in ${RUNS:-runs/pref_pong_pairwise_long runs/pref_pong_sort-tree_long runs/pref_pong_pairwise_d0_scratch}; do
       python benchmarks/preference_reward_diagnostic.py $run
       python benchmarks/preference_reward_diagnostic.py $run --random
     done ;;
@@ -334,6 +334,6 @@ PY
           --labels.store-dir runs/preference_store_bench_nhwc --exp-name bench-nhwc
       done
     done ;;
-  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic|label-fit|evidence-breakout-dropout|evidence-breakout-dropout-scratch"
+  *) echo "usage: $0 evidence|evidence-preferences|evidence-long-rl|evidence-long-preferences|evidence-eps|evidence-breakout|evidence-breakout-eps|curves-long|trex-reward|throughput|throughput-precision|throughput-rate|throughput-window|throughput-nhwc|reward-precision|reward-diagnostic|label-fit|evidence-breakout-dropout|evidence-breakout-dropout-scratch|evidence-pong-dropout-scratch|evidence-pong-rl-alone"
      exit 2 ;;
 esac
