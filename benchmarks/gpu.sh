@@ -46,11 +46,13 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
     --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"
   record ;;
 pairwise)  # synthetic pairwise Pong with the reward model trained at the paper's 0.1 label samples per agent step
-  # (--reward.keep-pace: the agents wait whenever it falls behind), the paper's defaults otherwise; stopped by SIGTERM
+  # (--reward.keep-pace: the agents wait whenever it falls behind), the script's defaults otherwise (reward-model
+  # dropout 0 since 2026-11-26; PAIRWISE_FLAGS="--reward.dropout 0.5" for the paper's); stopped by SIGTERM
   # after PAIRWISE_S seconds (everything saved). On an H200 it ran 2,650 steps/s at this rate, so Pong's ~10M steps take
   # several 15-minute loans: the run dir and its label store come back as $OUT/pairwise.tgz.part-* (15 MB pieces);
-  # copy them into .gpu_carry/ (ignored) and the next session's call resumes the run from them. The CPU run at a
-  # twentieth of this rate hacked its reward (docs/preference_ga3c_atari.md).
+  # copy them into .gpu_carry/ (ignored) and the next session's call resumes the run from them. CPU runs at a
+  # twentieth of this rate hacked its reward with dropout 0.5 and eps 0.1, and learned with 0 and 1e-5 (docs/
+  # preference_ga3c_atari.md).
   install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
   work=${PAIRWISE_DIR:-/tmp/pairwise}; mkdir -p "$work"
   if ls .gpu_carry/pairwise.tgz.part-* > /dev/null 2>&1; then cat .gpu_carry/pairwise.tgz.part-* | tar xzf - -C "$work"; fi
