@@ -965,9 +965,14 @@ class TD3BC:
         self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.critic_target.load_state_dict(self.critic.state_dict())
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        self.a, self.updates = a, 0
+        cuda = device.type == "cuda"  # capturable: the optimisers' step counts live on the GPU, so CudaGraphs can
+        self.actor_opt = torch.optim.Adam(
+            self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay, capturable=cuda
+        )
+        self.critic_opt = torch.optim.Adam(
+            self.critic.parameters(), lr=a.lr, weight_decay=a.weight_decay, capturable=cuda
+        )
+        self.a, self.updates, self.graphs = a, 0, CudaGraphs(self._update) if cuda else None
 
     def bc_update(self, obs, act) -> torch.Tensor:
         loss = F.mse_loss(self.actor(obs), act)
@@ -978,6 +983,12 @@ class TD3BC:
         return loss.detach()
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
+        self.updates += 1
+        policy_step = self.updates % self.a.policy_freq == 0  # the actor and the targets move every policy_freq
+        batch = (obs, act, next_obs, done, reward)
+        return self._update(*batch, policy_step) if self.graphs is None else self.graphs(policy_step, batch)
+
+    def _update(self, obs, act, next_obs, done, reward, policy_step: bool) -> dict[str, torch.Tensor]:
         a = self.a
         with torch.no_grad():
             noise = (torch.randn_like(act) * a.policy_noise).clamp(-a.noise_clip, a.noise_clip)
@@ -990,9 +1001,8 @@ class TD3BC:
         if a.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.critic.parameters(), a.grad_clip)
         self.critic_opt.step()
-        self.updates += 1
         out = {"critic_loss": critic_loss.detach(), "q": q1.detach().mean()}
-        if self.updates % a.policy_freq == 0:
+        if policy_step:
             pi = self.actor(obs)
             actor_loss = td3bc_actor_loss(self.critic(obs, pi)[0], pi, act, a.bc_alpha)
             self.actor_opt.zero_grad(set_to_none=True)
@@ -1019,6 +1029,10 @@ class TD3BC:
         for k in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt"):
             getattr(self, k).load_state_dict(state[k])
         self.updates = state["updates"]
+        for opt in (self.actor_opt, self.critic_opt):  # (a checkpoint from the other kind of device)
+            opt.param_groups[0]["capturable"] = self.graphs is not None
+        if self.graphs is not None:
+            self.graphs = CudaGraphs(self._update)  # new optimiser state tensors: capture again
 
 
 class SAC:
@@ -1424,16 +1438,18 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
 
         # 3. Actor updates on model rollouts (mazes: half model rollouts, half expert transitions, as the reference's
         #    TD3+BC hybrid), all relabelled with the current discriminator.
-        n_model = args.actor.batch_size // 2 if maze else args.actor.batch_size
+        #    The step's minibatches are drawn and relabelled at once (the discriminator is fixed until step 4).
+        U, B = h.updates_per_step, args.actor.batch_size
+        n_model = B // 2 if maze else B
         t0 = time.perf_counter()
-        for _ in range(h.updates_per_step):
-            o, a, no, d = learner.sample(n_model, gen)
-            if maze:
-                eo, ea, en, ed = expert.sample(args.actor.batch_size - n_model, gen)
-                o, a, no, d = torch.cat([o, eo]), torch.cat([a, ea]), torch.cat([no, en]), torch.cat([d, ed])
-            with torch.no_grad():
-                reward = -disc(torch.cat([o, a], -1))
-            last.update(agent.update(o, a, no, d, reward))
+        batch = [x.view(U, n_model, *x.shape[1:]) for x in learner.sample(U * n_model, gen)]
+        if maze:
+            ex = expert.sample(U * (B - n_model), gen)
+            batch = [torch.cat([x, e.view(U, B - n_model, *e.shape[1:])], 1) for x, e in zip(batch, ex)]
+        with torch.no_grad():
+            rewards = -disc(torch.cat(batch[:2], -1))
+        for u in range(U):
+            last.update(agent.update(*(x[u] for x in batch), rewards[u]))
         if h.updates_per_step and step % args.eval.log_frequency == 0:  # timed at logging steps only (a sync)
             float(last["critic_loss"])
             last["actor_updates_per_s"] = h.updates_per_step / (time.perf_counter() - t0)
@@ -2201,6 +2217,44 @@ def check_demos(demos: dict, path, env_id: str, obs_dim: int, act_dim: int, nq: 
         if k in demos:
             demos[k] = demos[k].astype(DEMO_DTYPES[k])
     return demos
+
+
+class CudaGraphs:
+    """Speed, CUDA only: each variant (key) of an update replayed as one CUDA graph, so a small MLP update costs a
+    few microseconds of launch instead of ~100 Python-dispatched kernels. The first WARMUP calls of a variant run
+    eagerly on a side stream (real updates; they create the optimisers' state), the next one captures it on static
+    input tensors; from then on a call copies its batch in and replays. A capture that fails turns graphs off."""
+
+    WARMUP = 3
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.captured, self.broken = fn, {}, {}, False
+
+    def __call__(self, key, batch: tuple):
+        if key in self.captured:
+            graph, static_in, static_out = self.captured[key]
+            for dst, src in zip(static_in, batch):
+                dst.copy_(src)
+            graph.replay()
+            return static_out
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if self.broken or self.calls[key] <= self.WARMUP:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.fn(*batch, key)
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        static_in, graph = tuple(x.clone() for x in batch), torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                static_out = self.fn(*static_in, key)
+        except RuntimeError as e:
+            print(f"[speed] CUDA graph capture failed, updating eagerly: {str(e).splitlines()[0]}", flush=True)
+            self.broken = True
+            return self(key, batch)
+        self.captured[key] = (graph, static_in, static_out)
+        return self(key, batch)
 
 
 def atomic_write(path: Path, write) -> None:

@@ -17,10 +17,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
-install() {
+install() {  # (into /tmp/site once: the steps of one command share it)
+  export PYTHONPATH=/tmp/site
   python3 -c "import gymnasium, ale_py, mujoco, gymnasium_robotics, tyro" 2>/dev/null && return
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*/*.whl
-  export PYTHONPATH=/tmp/site
 }
 record() { cp benchmarks/results/throughput.jsonl "$OUT/throughput.jsonl"; nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; }
 case "${1:-}" in
@@ -33,7 +33,7 @@ wheels)  # here, not on the device: the missing packages as Python 3.12 manylinu
   get .whl/mujoco mujoco==4.0.0 mujoco-core==4.0.0 gymnasium-robotics==1.4.2 pettingzoo==1.27.0 glfw==2.11.0 \
     pyopengl==3.1.10 ;;
 ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper's 0.1 label samples per step
-  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  install
   for workers in ${WORKERS:-64 128}; do
     python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs "$workers" \
       --label "ga3c-rl-gpu-w$workers" --train-seconds "${GA3C_S:-120}" -- python3 preference_ga3c_atari.py \
@@ -53,7 +53,7 @@ pairwise)  # synthetic pairwise Pong with the reward model trained at the paper'
   # copy them into .gpu_carry/ (ignored) and the next session's call resumes the run from them. CPU runs at a
   # twentieth of this rate hacked its reward with dropout 0.5 and eps 0.1, and learned with 0 and 1e-5 (docs/
   # preference_ga3c_atari.md).
-  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  install
   work=${PAIRWISE_DIR:-/tmp/pairwise}; mkdir -p "$work"
   if ls .gpu_carry/pairwise.tgz.part-* > /dev/null 2>&1; then cat .gpu_carry/pairwise.tgz.part-* | tar xzf - -C "$work"; fi
   timeout -s TERM "${PAIRWISE_S:-480}" ${PYTHON:-python3} preference_ga3c_atari.py --env-id PongNoFrameskip-v4 \
@@ -61,15 +61,36 @@ pairwise)  # synthetic pairwise Pong with the reward model trained at the paper'
     --labels.store-dir "$work/store" --exp-name pairwise-gpu ${PAIRWISE_FLAGS:-} > "$OUT/pairwise.log" 2>&1
   tar czf - -C "$work" run store | split -b 15M - "$OUT/pairwise.tgz.part-"
   cp "$work/run/learning_curve.png" "$OUT/" 2> /dev/null; tail -5 "$OUT/pairwise.log"; record ;;
+keep-pace)  # the keep-pace row of `ga3c` again under the script's current defaults (reward-model dropout 0, channels-
+  # last pixels, one sync per ensemble round; the row above ran at commit 76e24d6 with dropout 0.5)
+  install
+  python3 benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 128 \
+    --label ga3c-synthetic-rate0.1-keep-pace-d0-gpu --train-seconds "${SYN_S:-120}" --counter-tag reward/updates -- \
+    python3 preference_ga3c_atari.py --env-id BreakoutNoFrameskip-v4 --labeler synthetic --ga3c.workers 128 \
+    --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 --reward.keep-pace \
+    --labels.store-dir /tmp/store_kp --exp-name bench-kp 2>&1 | tail -6 | tee -a "$OUT/keep_pace.log"
+  record ;;
+hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (benchmarks/mbirl_actor_update.py), then
+  # the HyPER loop at the maze defaults (20 updates per real step, model retrained to patience every 2,000 steps,
+  # 50,000 rollout starts, the discriminator every 100 steps on 4 real trajectories, 150k-step schedule) on AntMaze
+  # UMaze with the shipped controller's expert data, pretraining capped at 100 epochs, stopped after LOOP_S seconds:
+  # its TensorBoard events come back (hyper_loop_tb.tgz) for the real steps per second after exploration.
+  install
+  SECONDS_PER_WAY=${ACTOR_S:-8} python3 benchmarks/mbirl_actor_update.py 2>&1 | tee "$OUT/actor_update.log"
+  timeout -s TERM "${LOOP_S:-270}" python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 \
+    --run-dir /tmp/hyper_loop --expert.experts-dir /tmp/experts --model.pretrain-max-epochs 100 \
+    --eval.frequency 1000000 --eval.log-frequency 100 > "$OUT/hyper_loop.log" 2>&1
+  tar czf "$OUT/hyper_loop_tb.tgz" -C /tmp/hyper_loop --exclude='*.pt' --exclude='*.npz' . ; tail -4 "$OUT/hyper_loop.log"
+  record ;;
 simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates over ~8 minutes, then stopped
-  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  install
   python3 benchmarks/throughput.py atari --env-id PongNoFrameskip-v4 --label simple-paper-gpu --tag sim/SPS \
     --also-tag world_model/steps_per_s --also-tag charts/SPS --train-seconds 480 -- python3 simple_worldmodel_atari.py \
     --env-id PongNoFrameskip-v4 --wm.train-steps 600 --wm.epoch-multiplier 1 --ppo.iterations 50 2>&1 | tail -8 | tee "$OUT/simple.log"
   record ;;
 hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/mbirl_antmaze.sh throughput) as it is
-  install; export PYTHONPATH=${PYTHONPATH:-/tmp/site}
+  install
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 wheels|ga3c|pairwise|simple|hyper" >&2; exit 2 ;;
+*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|hyper-loop" >&2; exit 2 ;;
 esac
