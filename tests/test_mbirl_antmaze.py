@@ -244,6 +244,53 @@ def test_td3bc_actor_loss_hand_value():
     )
 
 
+def td3bc_and_batches(device: str, n: int = 12):
+    torch.manual_seed(0)
+    agent = mb.TD3BC(6, 2, mb.ActorArgs(hidden=32, lr=1e-3, lr_decay=0, policy_noise=0.0), torch.device(device))
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        [x.to(device) for x in (torch.randn(64, 6, generator=g), torch.rand(64, 2, generator=g) * 2 - 1,
+                                torch.randn(64, 6, generator=g), torch.zeros(64), torch.randn(64, generator=g))]
+        for _ in range(n)
+    ]  # fmt: skip
+    return agent, batches
+
+
+def test_td3bc_moves_the_actor_and_targets_every_policy_freq_updates_only():
+    agent, batches = td3bc_and_batches("cpu")
+    actor, critic, target = (copy_params(m) for m in (agent.actor, agent.critic, agent.critic_target))
+    out = agent.update(*batches[0])
+    assert "actor_loss" not in out and same(agent.actor, actor) and same(agent.critic_target, target)
+    assert not same(agent.critic, critic)
+    out = agent.update(*batches[1])
+    assert "actor_loss" in out and not same(agent.actor, actor) and not same(agent.critic_target, target)
+
+
+def copy_params(module):
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same(module, params) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(module.parameters(), params))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (the same check in benchmarks/mbirl_actor_update.py: identical on an H100, 2026-11-27)",
+)
+def test_td3bc_cuda_graphs_compute_what_the_eager_update_computes():
+    eager, batches = td3bc_and_batches("cuda")
+    eager.graphs = None
+    graphed, _ = td3bc_and_batches("cuda")
+    for batch in batches:  # 3 eager warm-up calls per graph, the two captures, then replays
+        eager.update(*batch)
+        graphed.update(*batch)
+    assert len(graphed.graphs.captured) == 2 and not graphed.graphs.broken
+    for a, b in zip(list(eager.actor.parameters()) + list(eager.critic.parameters()),
+                    list(graphed.actor.parameters()) + list(graphed.critic.parameters())):  # fmt: skip
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_model_rollout_keeps_goal_uses_only_elites_and_covers_every_row():
     torch.manual_seed(0)
     model = mb.GaussianEnsemble(6 + 2, 4, ensemble_size=7, hidden=8, layers=2)
