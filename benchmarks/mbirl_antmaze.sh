@@ -73,6 +73,7 @@ fi
 #    Stopped by SIGTERM and resumed with `python mbirl_antmaze.py --run-dir runs/mbirl_evidence/antmaze_umaze_u20`.
 #    Result (seed 1): 0.40 at 4k learner steps, 0.36 at 7k-8k, 0.24 at the end (10k; the 5-update run: 0.24).
 #    Seed 2: 0.36 at 3k and 7k, 0.44 at the end (its 5-update run: 0.16).
+#    Seed 3 (2026-11-27, commit d3d82d8): 0.28 at 4k, 0.32 at 5k and 7k, 0.28 at the end (its 5-update run: 0.20).
 #    More seeds: `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_s2).
 if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:+_s$SEED} --hyper.updates-per-step 20; fi
 
