@@ -10,9 +10,12 @@
 #       the paper's label rate, chained across sessions: copy the returned pairwise.tgz.part-* into .gpu_carry/
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
+#   run(command="bash benchmarks/gpu.sh hyper-loop", carry=[".whl"])  # issue 14: graphed actor update, loop rate
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
 # Run so far (2026-11-26, one H200, 15 minutes): `WORKERS=128 GA3C_S=100 SYN_S=110 ... ga3c` and `HYPER_S=140 ... hyper`
 # in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
+# 2026-11-27, one H100, 15 minutes: `bash benchmarks/gpu.sh hyper-loop; SYN_S=110 bash benchmarks/gpu.sh keep-pace` in one
+# command (8.5 min), then the rl row at 128 workers by hand (records in benchmarks/results/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}

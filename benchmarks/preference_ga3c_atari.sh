@@ -306,13 +306,16 @@ PY
     # with --reward.dropout 0, nothing else changed, each feedback mode alone on the VM one after the other
     # (FEEDBACK="sort-tree" runs one), sharing one new label store per game as the eps runs shared theirs: dropout 0
     # against the paper's 0.5 from the first label on. Stopped with SIGTERM; resumable: re-run the same line.
+    # DROPOUT=0.5 runs the same with the paper's dropout (own run dirs and label store, suffix d0.5): on Pong the
+    # hacked dropout-0.5 run also had ε 0.1, so this isolates dropout.
     game=${step#evidence-}; game=${game%%-*}; env_id=$([ "$game" = pong ] && echo PongNoFrameskip-v4 || echo BreakoutNoFrameskip-v4)
+    d=d${DROPOUT:-0}
     for feedback in ${FEEDBACK:-pairwise sort-tree}; do
       python preference_ga3c_atari.py --env-id $env_id --labeler synthetic --feedback $feedback --seed 1 \
-          --exp-name "${game}_${feedback}_d0_scratch" --run-dir "runs/pref_${game}_${feedback}_d0_scratch" \
+          --exp-name "${game}_${feedback}_${d}_scratch" --run-dir "runs/pref_${game}_${feedback}_${d}_scratch" \
           --torch-threads 1 --ga3c.env-threads 1 --ga3c.rms-eps 1e-5 --checkpoint-every-s 300 \
-          --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --reward.dropout 0 \
-          --labels.store-dir "runs/preference_store_${game}_d0_scratch" >> "runs/pref_${game}_${feedback}_d0_scratch.log" 2>&1
+          --reward.pretrain-epochs 20 --reward.labels-per-step 0.01 --reward.dropout ${DROPOUT:-0} \
+          --labels.store-dir "runs/preference_store_${game}_${d}_scratch" >> "runs/pref_${game}_${feedback}_${d}_scratch.log" 2>&1
     done ;;
   label-fit)  # why the pairwise Breakout run's ensemble ordered its newest labels at chance: how the run's own and the
     # sort-tree run's reward models order its labels, and a fresh predictor trained offline on them for 1,200 updates
