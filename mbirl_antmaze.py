@@ -965,7 +965,7 @@ class TD3BC:
         self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.critic_target.load_state_dict(self.critic.state_dict())
-        cuda = device.type == "cuda"  # capturable: the optimisers' step counts live on the GPU, so CudaGraphs can
+        cuda = device.type == "cuda"  # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
         self.actor_opt = torch.optim.Adam(
             self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay, capturable=cuda
         )
