@@ -43,6 +43,7 @@ with contextlib.redirect_stderr(io.StringIO()):  # its import prints an Adroit n
 gym.register_envs(gymnasium_robotics)
 SCRIPT = "mbirl_antmaze.py"
 GOAL_RADIUS = 0.45  # Gymnasium-Robotics' success test (D4RL used 0.5)
+REAL_ENVS = 5  # real episodes run side by side (evaluation, the discriminator's); a PointMaze env takes ~0.7 s to build
 MAZE_FAMILIES = {"PointMaze_": "pointmaze", "AntMaze_": "antmaze"}
 MUJOCO_IDS = ("Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")  # the locomotion ids with a termination function
 # Ant and Humanoid observe what the reference's model-based runs do: qpos[2:] and qvel, no contact forces or inertias
@@ -250,7 +251,7 @@ class ReacherArgs:
     goal_max: float = 6.0
     """farthest goal (m); the controller sees goal offsets clipped to this length"""
     episode_steps: int = 1000
-    """steps before an episode is cut (bootstrapped); a fall (torso height outside [0.2, 1]) ends it"""
+    """steps before an episode is cut (bootstrapped); a fall (torso height outside [0.2, 1], or upside down) ends it"""
     progress_scale: float = 10.0
     """reward = progress_scale * progress toward the goal (m/s) + 1 while upright - ctrl_cost * |a|^2; 10 as the
     controller behind Minari's antmaze data (turning makes the Ant slower than Ant-v5's forward run)"""
@@ -1125,6 +1126,13 @@ def torso_yaw(quat: np.ndarray) -> np.ndarray:
     return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
 
 
+def upside_down(quat: np.ndarray) -> np.ndarray:
+    """The torso's up axis points below the horizon. A flipped Ant lies at a 'healthy' torso height, so Ant-v5's
+    height test alone lets a controller learn nothing against flipping (and the flipped Ant never gets up)."""
+    _, x, y, _ = np.moveaxis(quat, -1, 0)
+    return 1 - 2 * (x * x + y * y) < 0
+
+
 def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: float) -> np.ndarray:
     """The controller's input: the 27-D ant observation (qpos[2:], qvel; ant[1:5] is the torso quaternion) and the
     goal offset rotated into the torso's heading frame, clipped to max_dist (a far goal reads as 'that way')."""
@@ -1140,7 +1148,7 @@ class GoalReachAnt:
     """num_envs Ant-v5 bodies (the MJCF AntMaze adds its walls to) on an open plane, each walking to a goal
     U(goal_min, goal_max) m away in a uniform direction; a goal reached (within 0.45 m) is replaced by a new one.
     Reward: progress_scale x progress toward the goal in m/s + 1 while upright - ctrl_cost |a|^2. A fall (torso
-    height outside [0.2, 1]) ends the episode; resets face a random heading."""
+    height outside [0.2, 1], or upside down) ends the episode; resets face a random heading."""
 
     def __init__(self, r: ReacherArgs, seed: int, num_envs: int | None = None):
         from gymnasium.envs.mujoco.ant_v5 import AntEnv
@@ -1179,7 +1187,8 @@ class GoalReachAnt:
         term, trunc = np.zeros(n, bool), np.zeros(n, bool)
         for i, env in enumerate(self.envs):
             before = np.linalg.norm(self.goal[i] - self.state[i, :2])
-            state, _, term[i], _, _ = env.step(actions[i])
+            state, _, fell, _, _ = env.step(actions[i])
+            term[i] = fell or upside_down(state[3:7])
             after = np.linalg.norm(self.goal[i] - state[:2])
             progress = self.r.progress_scale * (before - after) / env.dt
             reward[i] = progress + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
@@ -1244,23 +1253,32 @@ def train_goal_reacher(args: Args, run: "RunContext"):
     return c, agent
 
 
-def collect_real_trajectories(env: gym.Env, actor: Actor, n: int, seed: int, rng, p_tremble: float):
-    """n complete real episodes with the deterministic actor (and trembling hand): (s, a) pairs, steps, (x, y)
-    paths, terminations (mazes: the goal was reached) and true returns."""
-    pairs, steps, paths, terminations, returns = [], 0, [], [], []
-    for i in range(n):
-        obs, _ = env.reset(seed=seed + i)
-        path, done, terminated, ret = [obs[:2].copy()], False, False, 0.0
-        while not done:
-            action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
-            pairs.append(np.concatenate([obs, action]))
-            obs, reward, terminated, truncated, _ = env.step(action)
-            path.append(obs[:2].copy())
-            steps, done, ret = steps + 1, terminated or truncated, ret + float(reward)
-        paths.append(np.array(path))
-        terminations.append(bool(terminated))
-        returns.append(ret)
-    return np.array(pairs, np.float32), steps, paths, terminations, returns
+def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float):
+    """n complete real episodes (reset seeds seed, seed + 1, ...) with the deterministic actor and the trembling hand,
+    run side by side on the envs so the actor acts on one batch per step (one call, not one per env: on a GPU each
+    call is a round trip). -> (s, a) pairs, steps, (x, y) paths, terminations (mazes: the goal was reached), returns."""
+    pairs, paths, terminations, returns = [[] for _ in range(n)], [None] * n, [False] * n, [0.0] * n
+    obs, episode, started = [None] * len(envs), [None] * len(envs), 0
+    low, high = envs[0].action_space.low, envs[0].action_space.high
+    while True:
+        for j in range(len(envs)):  # a free env starts the next episode
+            if episode[j] is None and started < n:
+                obs[j], episode[j] = envs[j].reset(seed=seed + started)[0], started
+                paths[started], started = [obs[j][:2].copy()], started + 1
+        live = [j for j in range(len(envs)) if episode[j] is not None]
+        if not live:
+            break
+        actions = actor.act(np.stack([obs[j] for j in live]))
+        for j, action in zip(live, actions):
+            i, action = episode[j], tremble(action, rng, p_tremble, low, high)
+            pairs[i].append(np.concatenate([obs[j], action]))
+            obs[j], reward, terminated, truncated, _ = envs[j].step(action)
+            paths[i].append(obs[j][:2].copy())
+            returns[i] += float(reward)
+            if terminated or truncated:
+                terminations[i], episode[j] = bool(terminated), None
+    flat = np.array([x for p in pairs for x in p], np.float32)
+    return flat, len(flat), [np.array(p) for p in paths], terminations, returns
 
 
 def update_discriminator(
@@ -1282,10 +1300,11 @@ def update_discriminator(
 
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float) -> dict:
     """Deterministic episodes ending at the goal: success rate (goal within 0.45), returns and paths."""
-    env = make_env(env_id)
+    envs = [make_env(env_id) for _ in range(min(episodes, REAL_ENVS))]
     rng = np.random.default_rng(seed)
-    _, steps, paths, successes, returns = collect_real_trajectories(env, actor, episodes, seed, rng, p_tremble)
-    env.close()
+    _, steps, paths, successes, returns = collect_real_trajectories(envs, actor, episodes, seed, rng, p_tremble)
+    for env in envs:
+        env.close()
     return {
         "success_rate": float(np.mean(successes)) if env_family(env_id) != "mujoco" else None,
         "mean_return": float(np.mean(returns)),
@@ -1333,7 +1352,8 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
     """The HyPER loop; returns (counters, agent), or None when interrupted (after saving a checkpoint)."""
     h, device, gen, rng = args.hyper, run.device, run.generator, run.rng
     maze, goal = env_family(args.env_id) != "mujoco", goal_dims(args.env_id)
-    env, disc_env = make_env(args.env_id), make_env(args.env_id)
+    env = make_env(args.env_id)
+    disc_envs = [make_env(args.env_id) for _ in range(min(args.disc.trajectories, REAL_ENVS))]
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
     agent = (TD3BC if maze else SAC)(obs_dim, act_dim, args.actor, device)
@@ -1458,7 +1478,7 @@ def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsem
         if step % args.disc.every == 0:
             seed = args.seed + 1_000_000 + step
             pairs, n, *_ = collect_real_trajectories(
-                disc_env, agent.actor, args.disc.trajectories, seed, rng, h.p_tremble
+                disc_envs, agent.actor, args.disc.trajectories, seed, rng, h.p_tremble
             )
             c["disc_env_steps"] += n
             c["disc_updates"] += 1

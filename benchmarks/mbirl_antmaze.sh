@@ -151,14 +151,16 @@ fi
 # thread; ~80 Ant steps/s on a shared 2-core CPU, ~46 beside a GA3C run). Resumable: re-run the same line. The best
 # so far is controllers/ant_goal_reacher_s4.pt (+ .json); the shipped controllers/ant_goal_reacher.pt is a copy of
 # it (2026-11-24: the 460k-step one, UMaze 42/50 and Large-Diverse 12/30 by expert-rate below).
+# Since 2026-11-27 a flip (upside down) ends a training episode like a fall; SEED picks another run.
 if [ "${1:-}" = reacher ]; then
-  python mbirl_antmaze.py --train-goal-reacher --seed 4 --torch-threads 1 --run-dir runs/ant_goal_reacher_s4 \
-    --reacher.path controllers/ant_goal_reacher_s4.pt
+  python mbirl_antmaze.py --train-goal-reacher --seed "${SEED:-4}" --torch-threads 1 \
+    --run-dir "runs/ant_goal_reacher_s${SEED:-4}" --reacher.path "controllers/ant_goal_reacher_s${SEED:-4}.pt"
 fi
 
 # How often the planner driving an Ant controller reaches the goal: N episodes (reset seeds 0..N-1) of ENV with the
-# controller CTRL, the waypoint offset clipped to REACH m. A fall = the torso height left [0.2, 1] (the controller's
-# training termination); AntMaze itself never ends an episode on a fall, it runs to the time limit.
+# controller CTRL, the waypoint offset clipped to REACH m. A fall = the torso height left [0.2, 1] or the Ant lay
+# upside down (the controller's training termination since 2026-11-27; before, flips were counted as time-outs
+# upright); AntMaze itself never ends an episode on a fall, it runs to the time limit.
 #   CTRL=controllers/ant_goal_reacher.pt ENV=AntMaze_UMaze-v5 N=50 REACH=1.0 bash benchmarks/mbirl_antmaze.sh expert-rate
 if [ "${1:-}" = expert-rate ]; then
   python - <<PY
@@ -167,10 +169,14 @@ e = m.ExpertArgs(num_demos=${N:-50}, reacher_reach=${REACH:-1.0})
 d = m.make_expert_data("${ENV:-AntMaze_UMaze-v5}", e, seed=1, reacher=m.load_policy(m.reacher_file("${CTRL:-controllers/ant_goal_reacher.pt}")))
 ep = d["episode_ids"]
 success = np.array([d["terminals"][ep == i].any() for i in range(e.num_demos)])
-fell = np.array([((d["qpos"][ep == i, 2] < 0.2) | (d["qpos"][ep == i, 2] > 1.0)).any() for i in range(e.num_demos)])
+q = [d["qpos"][ep == i] for i in range(e.num_demos)]
+fell = np.array([((x[:, 2] < 0.2) | (x[:, 2] > 1.0) | m.upside_down(x[:, 3:7])).any() for x in q])
+flipped = np.array([m.upside_down(x[:, 3:7]).any() for x in q])
+stuck = np.array([np.linalg.norm(x[-1, :2] - x[max(0, len(x) - 300), :2]) < 0.5 for x in q])  # < 0.5 m in 300 steps
 lengths = np.bincount(ep)
 print(f"${ENV:-AntMaze_UMaze-v5} ${CTRL:-controllers/ant_goal_reacher.pt} reach ${REACH:-1.0}: {success.sum()}/{e.num_demos} "
-      f"reach the goal, {(fell & ~success).sum()} failures after a fall, {(~fell & ~success).sum()} time-outs upright; "
-      f"mean length {lengths.mean():.0f}, mean return {d['returns'].mean():.3f}")
+      f"reach the goal, {(fell & ~success).sum()} failures after a fall ({(flipped & ~success).sum()} upside down), "
+      f"{(~fell & ~success).sum()} time-outs upright ({(stuck & ~fell & ~success).sum()} stuck: < 0.5 m in their "
+      f"last 300 steps); mean length {lengths.mean():.0f}, mean return {d['returns'].mean():.3f}")
 PY
 fi

@@ -689,6 +689,19 @@ def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
     assert trunc[0] and envs.finished == [{"env": 0, "goals": 1, "length": 5, "fell": False}] and envs.t[0] == 0
 
 
+def test_an_upside_down_ant_is_a_fall_even_at_a_healthy_height():
+    tilt = lambda deg: np.array([math.cos(math.radians(deg) / 2), math.sin(math.radians(deg) / 2), 0, 0])  # noqa: E731
+    assert not mb.upside_down(tilt(0)) and not mb.upside_down(tilt(85)) and mb.upside_down(tilt(95))
+    assert mb.upside_down(np.stack([tilt(180), tilt(30)])).tolist() == [True, False]  # about x or y alike
+    envs = mb.GoalReachAnt(mb.ReacherArgs(num_envs=1), seed=0)
+    env = envs.envs[0]
+    qpos, qvel = env.init_qpos.copy(), env.init_qvel.copy()
+    qpos[2], qpos[3:7] = 0.5, tilt(180)  # on its back, torso within Ant-v5's healthy [0.2, 1]
+    env.set_state(qpos, qvel)
+    *_, term, _ = envs.step(np.zeros((1, 8), np.float32))
+    assert term[0] and envs.finished[0]["fell"] and envs.t[0] == 0  # ended and reset
+
+
 def test_planner_ant_hands_the_current_waypoint_to_the_controller_in_its_frame():
     class Recorder:
         max_dist, inputs = 6.0, []
@@ -897,6 +910,28 @@ def test_schedules_added_after_a_run_stay_off_when_it_resumes(tmp_path):
     assert (new.model.cosine_lr, new.actor.lr_decay) == (True, 10_000)
     with pytest.raises(mb.UsageError, match="lr-decay"):
         _validate(tmp_path, env_id=ENV, actor=mb.ActorArgs(lr_decay=100))
+
+
+def test_real_trajectories_side_by_side_are_the_episodes_one_env_gives():
+    """Episodes of different lengths run on 3 envs (each free env takes the next reset seed) equal those of one env
+    run one after another (to float rounding); the actor acts once per step for all live envs."""
+    torch.manual_seed(3)
+    actor, calls = mb.Actor(11, 3, 16), []
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.mul_(3)  # a sharper untrained policy: Hopper falls after 12-14 steps, depending on the reset seed
+    act = actor.act
+    actor.act = lambda obs: calls.append(len(obs)) or act(obs)
+    rng = np.random.default_rng
+    one = mb.collect_real_trajectories([mb.make_env("Hopper-v5")], actor, 5, 7, rng(0), 0.0)
+    calls_one, calls[:] = len(calls), []
+    three = mb.collect_real_trajectories([mb.make_env("Hopper-v5") for _ in range(3)], actor, 5, 7, rng(0), 0.0)
+    lengths = [len(p) - 1 for p in one[2]]
+    assert len(set(lengths)) > 1 and one[1] == three[1] == sum(lengths) == len(one[0])  # steps: all of them
+    close = lambda a, b: np.allclose(a, b, rtol=1e-4, atol=1e-4)  # noqa: E731 - a batched matmul rounds differently
+    assert close(one[0], three[0]) and one[3] == three[3] and close(one[4], three[4])  # pairs by episode, ends, returns
+    assert all(close(a, b) for a, b in zip(one[2], three[2]))
+    assert calls_one == one[1] and max(calls) == 3 and len(calls) < calls_one
 
 
 def test_discriminator_ensemble_is_the_minimum_of_its_members():
