@@ -638,6 +638,14 @@ def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
     np.savez(path, **(d | {"observations": wide}))  # recorded with Ant-v5's contact forces: the wrong layout
     with pytest.raises(mb.UsageError, match="key observations has shape"):
         _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+    np.savez(path, **antmaze_demos)  # 2 episodes: asking for another number is refused, never silently ignored
+    with pytest.raises(mb.UsageError, match="holds 2 expert episodes, not --expert.num-demos 3"):
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path), num_demos=3))
+    for asked in (2, None):
+        ctx = _validate(
+            tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path), num_demos=asked)
+        )
+        assert ctx.args.expert.num_demos == 2
 
 
 @pytest.mark.slow
