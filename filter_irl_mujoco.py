@@ -72,7 +72,7 @@ class ExpertArgs:  # the comment after each field is its --help line
     experts_dir: str = "experts"  # cache: {experts_dir}/{env_id}/demos.npz (shared with hype_irl_mujoco.py)
     path: Optional[str] = None  # your own demos.npz, or minari:DATASET_ID (no MuJoCo states), instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # env steps of SAC expert training on the true reward
-    num_demos: int = ranged(64, "[1, 1e5]")  # deterministic expert episodes to record (reset seeds 0, 1, 2, ...)
+    num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
     only: bool = False  # stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)
 
 
@@ -732,7 +732,7 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         demos = run.demos
         if demos is None:
             expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
-            demos = write_expert_cache(args, expert, collect_demos(expert, args.env_id, args.expert.num_demos))
+            demos = write_expert_cache(args, expert, collect_demos(expert, args.env_id, args.expert.num_demos or 64))
         if args.expert.only:
             return finish_run(run)
         agent, progress = train_irl(args, run, run.info, demos, run.checkpoints.get("irl"))
@@ -1247,6 +1247,11 @@ def validate(args: Args) -> Run:
         raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz or drop the flag to use the cache")
     path = path or (cache if cache.exists() else None)
     demos = load_demos(path, args.env_id, sizes, 0 if args.expert.only else args.irl.reset_prob) if path else None
+    if demos is not None and args.expert.num_demos not in (None, len(demos["returns"])):  # never a silent mismatch
+        n, flag = len(demos["returns"]), f"--expert.num-demos {args.expert.num_demos}"
+        raise UsageError(
+            f"{path} holds {n} expert episodes, not {flag}: pass another --expert.experts-dir or drop the flag"
+        )
     checkpoints = {}
     if demos is None:
         check_writable(cache.parent, "--expert.experts-dir")

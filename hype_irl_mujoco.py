@@ -84,7 +84,7 @@ class ExpertArgs:  # the comment after each field is its --help line
     experts_dir: str = "experts"  # cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with FILTER)
     path: ExpertPath = None  # your own demos.npz (or minari:DATASET_ID, no MuJoCo states) instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # SAC expert training steps on the true reward (no cached demos)
-    num_demos: int = ranged(64, "[1, 1e5]")  # deterministic complete expert episodes rolled out (reset seeds 0, 1, ...)
+    num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
 
 
 @dataclass
@@ -808,7 +808,7 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         demos = run.demos
         if demos is None:
             expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
-            demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos, args.max_episode_steps)
+            demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos or 64, args.max_episode_steps)
             demos = write_expert_cache(args, expert, demos)
         sac, progress = train_hype(args, run, run.info, demos, run.segments, run.checkpoints.get("irl"))
         results = irl_results(args, demos, progress, run.rho_schedule, time.time() - start, run.device)
@@ -1402,6 +1402,11 @@ def validate(args: Args) -> Run:
         make = f"python mbirl_antmaze.py --env-id {args.env_id}"
         raise UsageError(f"no maze demos at {cache}: make them with `{make}` or pass --expert.expert-path FILE")
     demos = load_demos(path, args.env_id, sizes, args.irl.reset_prob) if path else None
+    if demos is not None and args.expert.num_demos not in (None, len(demos["returns"])):  # never a silent mismatch
+        n, flag = len(demos["returns"]), f"--expert.num-demos {args.expert.num_demos}"
+        raise UsageError(
+            f"{path} holds {n} expert episodes, not {flag}: pass another --expert.experts-dir or drop the flag"
+        )
     checkpoints = {}
     if demos is None:
         check_writable(cache.parent, "--expert.experts-dir")

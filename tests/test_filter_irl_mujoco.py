@@ -536,6 +536,10 @@ def _foreign_dir(run_dir: Path, demos_file: Path) -> list:
         (_missing_keys, "lacks keys next_observations, terminals"),
         (lambda r, d: ["--env-id", "Hopper-v5", "--expert.path", d, "--run-dir", r], "holds demos of InvertedPendulum"),
         (lambda r, d: ["--env-id", PENDULUM, "--expert.path", r.parent / "nope.npz", "--run-dir", r], "does not exist"),
+        (
+            lambda r, d: ["--env-id", PENDULUM, "--expert.path", d, "--expert.num-demos", 999, "--run-dir", r],
+            "expert episodes, not --expert.num-demos 999",
+        ),
         (lambda r, d: ["--env-id", PENDULUM, "--expert.path", d, "--run-dir", "/proc/x/run"], "not writable"),
         (
             lambda r, d: [
@@ -578,6 +582,7 @@ def _foreign_dir(run_dir: Path, demos_file: Path) -> list:
         "missing-keys",
         "env-mismatch",
         "no-file",
+        "other-number-of-demos",
         "unwritable",
         "learning-starts",
         "memory",

@@ -555,6 +555,10 @@ BAD_INPUTS = {
         "expert resets are impossible",
     ),
     "missing expert path": (lambda t, d: ["--expert.path", t / "nope.npz"], "does not exist"),
+    "other number of demos": (
+        lambda t, d: ["--expert.path", _demos_with(t, d), "--expert.num-demos", 999],
+        "expert episodes, not --expert.num-demos 999",
+    ),
     "bad rho": (lambda t, d: ["--irl.rho-schedule", "0.2,0.1"], "--irl.rho-schedule"),
     "bad rho order": (lambda t, d: ["--irl.rho-schedule", "0.2,0.1,100;0.1,0.0,50"], "increasing"),
     "unwritable run dir": (lambda t, d: ["--run-dir", "/proc/x/run"], "not writable"),
