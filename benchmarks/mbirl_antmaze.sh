@@ -87,7 +87,9 @@ if [ "${1:-}" = antmaze_patience ]; then antmaze_umaze antmaze_umaze_patience --
 #    the shipped controller's expert data on it (64 episodes, seed 1, written to $OUT/experts/AntMaze_Large_Diverse_GR-v5/)
 #    and 2c's flags otherwise, evaluated every 2,000 learner steps (a failed episode there runs 1,000 steps); then HyPE
 #    on the same data at about the same real steps (2d's flags). `bash benchmarks/mbirl_antmaze.sh antmaze_large`.
-#    Result (2026-11-26, commit 81d2a35): expert data 34 % successful; HyPER 0.00 at every evaluation, HyPE 0.00.
+#    Result (2026-11-26, commit 81d2a35, the 460k controller): expert data 34 % successful; HyPER 0.00 at every
+#    evaluation, HyPE 0.00. Again on 2026-11-27 (commit 08feb0b, the shipped flip-rule controller; HyPE started beside
+#    HyPER as soon as the data existed instead of after it): expert data 55 %; HyPER 0.00 at every evaluation, HyPE 0.00.
 if [ "${1:-}" = antmaze_large ]; then
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.experts-dir $OUT/experts --run-dir $OUT/antmaze_large${SEED:+_s$SEED} \
@@ -99,6 +101,46 @@ if [ "${1:-}" = antmaze_large ]; then
     --expert.expert-path $OUT/experts/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large${SEED:+_s$SEED} \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
     > $OUT/hype_antmaze_large${SEED:+_s$SEED}.log 2>&1
+fi
+
+# 2f. Large-Diverse with 8x the expert data (512 episodes, ~373k transitions; D4RL's large-diverse: 1M) and more of
+#    the behaviour cloning that decides whether the learner walks at all. DEMOS (64 or 512) picks the data (512 are
+#    cached apart, in $OUT/experts512), BC the BC updates before the loop (default 10,000, the reference's). The loop's
+#    model retrainings are capped at 5 epochs (25 would take ~12 min each on one core with 373k expert rows in the
+#    hybrid buffer); the pretraining keeps 25. Seed 1, 2c''''s flags otherwise.
+#      `DEMOS=512 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`            (run dir antmaze_large_d512)
+#      `DEMOS=512 BC=100000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`  (run dir antmaze_large_d512_bc100k)
+#    The measured d512 run was started with 25-epoch retrainings and resumed with `--model.max-epochs 5
+#    --model.pretrain-max-epochs 25` right after its step-0 evaluation (before any retraining: the settings of the
+#    line above); the bc100k run started from a copy of d512's pretrained ensemble (same seed, data and 25 epochs).
+#    bc_probe: behaviour cloning alone: BC updates, the step-0 evaluation (25 episodes), then stop (no pretraining).
+#      `DEMOS=512 BC=100000 bash benchmarks/mbirl_antmaze.sh bc_probe`             (run dir bc_probe_d512_bc100k)
+#    SEED=n (bc_probe only) picks the actor's seed (run dir ..._sn); the expert data stay seed 1's cache.
+#    Results (2026-11-27; 25 episodes each): data 64 episodes 55 %, 512 episodes 57 % reach the goal. HyPER d512
+#    0.00 at every evaluation; d512_bc100k 0.08 (BC) -> 0.00 / 0.04 / 0.00 / 0.04 -> 0.00 at 10k. BC alone: 64
+#    episodes 100k 0.00; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
+antmaze_large_data_dirs() {
+  EXP=$OUT/experts; [ "${DEMOS:-64}" = 64 ] || EXP=$OUT/experts${DEMOS}
+  NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${SEED:+_s$SEED}
+}
+if [ "${1:-}" = antmaze_large_data ]; then
+  antmaze_large_data_dirs
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed 1 --torch-threads 1 \
+    --expert.experts-dir $EXP --expert.num-demos ${DEMOS:-64} --run-dir $OUT/antmaze_large_$NAME \
+    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps ${BC:-10000} \
+    --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
+    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 5 --model.pretrain-max-epochs 25 \
+    --eval.frequency 2000 --eval.episodes 25 > $OUT/antmaze_large_$NAME.log 2>&1
+fi
+if [ "${1:-}" = bc_probe ]; then
+  antmaze_large_data_dirs
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.experts-dir $EXP --expert.num-demos ${DEMOS:-64} --run-dir $OUT/bc_probe_$NAME --model.pretrain False \
+    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps ${BC:-10000} \
+    --model.max-epochs 1 --eval.frequency 2000 --eval.episodes 25 > $OUT/bc_probe_$NAME.log 2>&1 &
+  pid=$!
+  until grep -q "\[eval\] step 0:" $OUT/bc_probe_$NAME.log 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 10; done
+  kill -TERM $pid 2>/dev/null; wait || true
 fi
 
 # 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
