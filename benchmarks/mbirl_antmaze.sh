@@ -118,7 +118,7 @@ fi
 #    SEED=n (bc_probe only) picks the actor's seed (run dir ..._sn); the expert data stay seed 1's cache.
 #    Results (2026-11-27; 25 episodes each): data 64 episodes 55 %, 512 episodes 57 % reach the goal. HyPER d512
 #    0.00 at every evaluation; d512_bc100k 0.08 (BC) -> 0.00 / 0.04 / 0.00 / 0.04 -> 0.00 at 10k. BC alone: 64
-#    episodes 100k 0.00; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
+#    episodes 100k 0.00, 300k 0.08; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
 antmaze_large_data_dirs() {
   EXP=$OUT/experts; [ "${DEMOS:-64}" = 64 ] || EXP=$OUT/experts${DEMOS}
   NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${SEED:+_s$SEED}
