@@ -884,6 +884,7 @@ def train_ensemble(
     epoch, since_improved, history, batches = 0, 0, [], 0
     while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs) and not (stop and stop()):
         boot = train_idx[torch.randint(n, (E, n), generator=generator)]
+        finite = torch.ones((), dtype=torch.bool, device=inputs.device)  # read once per epoch: no sync per batch
         for start in range(0, n, m.batch_size):
             idx = boot[:, start : start + m.batch_size]
             if cosine_from is not None:
@@ -891,11 +892,12 @@ def train_ensemble(
             batches += 1
             mean, logvar = model(inputs[idx])
             loss = gaussian_nll(mean, logvar, targets[idx]).sum()
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"model training: non-finite NLL at epoch {epoch}; check the expert data")
+            finite &= torch.isfinite(loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        if not finite:
+            raise NonFiniteLoss(f"model training: non-finite NLL in epoch {epoch + 1}; check the expert data")
         with torch.no_grad():
             mean, logvar = model(x_val)
             val_mse = (mean - y_val).pow(2).mean(dim=(1, 2)).cpu()

@@ -132,6 +132,17 @@ def test_ensemble_learns_a_linear_system_held_out_nll_below_bound():
     assert float(held_out.max()) < -3.5, held_out
 
 
+def test_ensemble_training_stops_on_a_non_finite_target_in_the_first_epoch():
+    """The NLL's finiteness is read once per epoch (no host sync per minibatch), so one bad row still stops the
+    first epoch with NonFiniteLoss (the validation rows are clean) instead of selecting elites on NaN weights."""
+    inputs, targets = torch.randn(64, 4), torch.randn(64, 2)
+    targets[0:48:3, 1] = float("nan")  # 16 of the 48 training rows: every bootstrap draws some
+    model = mb.GaussianEnsemble(4, 2, ensemble_size=2, hidden=8, layers=1)
+    m = mb.ModelArgs(ensemble_size=2, num_elites=1, batch_size=16, max_epochs=3)
+    with pytest.raises(mb.NonFiniteLoss, match="epoch 1;"):
+        mb.train_ensemble(model, inputs, targets, torch.arange(48), torch.arange(48, 64), m, torch.Generator())
+
+
 def test_density_binned_split_takes_a_fifth_of_every_occupied_bin():
     xy = np.concatenate([np.zeros((10, 2)), np.ones((5, 2)), np.full((1, 2), 2.0), np.full((4, 2), [0.0, 2.0])])
     train, val = mb.density_binned_split(xy, bins=3, val_ratio=0.2, rng=np.random.default_rng(0))
