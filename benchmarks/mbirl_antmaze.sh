@@ -77,6 +77,13 @@ fi
 #    More seeds: `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_s2).
 if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:+_s$SEED} --hyper.updates-per-step 20; fi
 
+# 2c-long. The 20-update run above with twice the learner steps: 20,000 (2026-11-27; the sliding window follows
+#    training progress, so it moves half as fast as in the 10k runs). Seeds 1 and 2 side by side, one core each:
+#    `bash benchmarks/mbirl_antmaze.sh antmaze_long` and `SEED=2 ...` (run dirs antmaze_umaze_u20_20k[_s2]).
+if [ "${1:-}" = antmaze_long ]; then
+  antmaze_umaze antmaze_umaze_u20_20k${SEED:+_s$SEED} --hyper.updates-per-step 20 --hyper.total-timesteps 20000
+fi
+
 # 2c'. The same run as 2c (same seed, data and flags) except a 12x longer pretraining: 300 epochs instead of 25 (2c
 #    stopped at 25 with the validation MSE still falling steeply). To patience 10 as the reference it was still going
 #    at epoch 863 after 37 min on one shared core, so 300 (~15 min) is the CPU budget's compromise; the loop's
@@ -151,6 +158,15 @@ if [ "${1:-}" = hype_antmaze ]; then
     --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
     > $OUT/hype_antmaze_umaze.log 2>&1
+fi
+
+# 2d-long. HyPE beside 2c-long at about its real steps (~110k incl. the discriminator's): 2d with 30,000 learner
+#    steps, evaluations every 5,000. `[SEED=2] bash benchmarks/mbirl_antmaze.sh hype_antmaze_long`.
+if [ "${1:-}" = hype_antmaze_long ]; then
+  nice -n 10 python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED} \
+    --irl.total-timesteps 30000 --irl.train-every 1000 --eval.frequency 5000 --eval.episodes 25 \
+    > $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED}.log 2>&1
 fi
 
 # 2e. Hopper-v5 (2026-11-25): HyPER on the demos of the 100k-step SAC expert that FILTER/HyPE's evidence run 2 used
