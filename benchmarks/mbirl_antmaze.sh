@@ -80,6 +80,8 @@ if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:
 # 2c-long. The 20-update run above with twice the learner steps: 20,000 (2026-11-27; the sliding window follows
 #    training progress, so it moves half as fast as in the 10k runs). Seeds 1 and 2 side by side, one core each:
 #    `bash benchmarks/mbirl_antmaze.sh antmaze_long` and `SEED=2 ...` (run dirs antmaze_umaze_u20_20k[_s2]).
+#    Result (commit 1e34590's script): final 0.28 / 0.32 at 106,136 / 110,113 real steps, mean over 10k-20k 0.29 both,
+#    best 0.48 (seed 1 at 5k); tabulated by `python benchmarks/mbirl_umaze_long.py`.
 if [ "${1:-}" = antmaze_long ]; then
   antmaze_umaze antmaze_umaze_u20_20k${SEED:+_s$SEED} --hyper.updates-per-step 20 --hyper.total-timesteps 20000
 fi
@@ -162,6 +164,7 @@ fi
 
 # 2d-long. HyPE beside 2c-long at about its real steps (~110k incl. the discriminator's): 2d with 30,000 learner
 #    steps, evaluations every 5,000. `[SEED=2] bash benchmarks/mbirl_antmaze.sh hype_antmaze_long`.
+#    Result (seed 1): 0.00 / 0.04 / 0.04 / 0.00 / 0.00 / 0.00 at 19k ... 112k real steps (seed 2 not run yet).
 if [ "${1:-}" = hype_antmaze_long ]; then
   nice -n 10 python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED} \
