@@ -164,7 +164,8 @@ fi
 
 # 2d-long. HyPE beside 2c-long at about its real steps (~110k incl. the discriminator's): 2d with 30,000 learner
 #    steps, evaluations every 5,000. `[SEED=2] bash benchmarks/mbirl_antmaze.sh hype_antmaze_long`.
-#    Result (seed 1): 0.00 / 0.04 / 0.04 / 0.00 / 0.00 / 0.00 at 19k ... 112k real steps (seed 2 not run yet).
+#    Result: seed 1 0.00 / 0.04 / 0.04 / 0.00 / 0.00 / 0.00 at 19k ... 112k real steps; seed 2 0.00 / 0.16 / 0.12 /
+#    0.28 / 0.24 / 0.24 at 19k ... 108k.
 if [ "${1:-}" = hype_antmaze_long ]; then
   nice -n 10 python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED} \
