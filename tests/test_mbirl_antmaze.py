@@ -133,7 +133,7 @@ def test_ensemble_learns_a_linear_system_held_out_nll_below_bound():
 
 
 def test_ensemble_training_stops_on_a_non_finite_target_in_the_first_epoch():
-    """The NLL's finiteness is read once per epoch (no host sync per minibatch), so one bad row still stops the
+    """The NLL's finiteness is read once per epoch (no host sync per minibatch), so bad rows still stop the
     first epoch with NonFiniteLoss (the validation rows are clean) instead of selecting elites on NaN weights."""
     inputs, targets = torch.randn(64, 4), torch.randn(64, 2)
     targets[0:48:3, 1] = float("nan")  # 16 of the 48 training rows: every bootstrap draws some
