@@ -125,20 +125,25 @@ fi
 #    bc_probe: behaviour cloning alone: BC updates, the step-0 evaluation (25 episodes), then stop (no pretraining).
 #      `DEMOS=512 BC=100000 bash benchmarks/mbirl_antmaze.sh bc_probe`             (run dir bc_probe_d512_bc100k)
 #    SEED=n (bc_probe only) picks the actor's seed (run dir ..._sn); the expert data stay seed 1's cache.
+#    UPD (antmaze_large_data only) sets the actor updates per real step (default 5; the reference: 20) and STEPS the
+#    learner steps (default 10,000). The run with the reference's 20 updates after the paper's 300k BC updates:
+#      `DEMOS=512 BC=300000 UPD=20 STEPS=20000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`
+#                                                          (run dir antmaze_large_d512_bc300k_u20; started 2026-11-27
+#      from a copy of antmaze_large_d512/model_pretrained.pt, the same seed, data and 25 epochs, as bc100k was)
 #    Results (2026-11-27; 25 episodes each): data 64 episodes 55 %, 512 episodes 57 % reach the goal. HyPER d512
 #    0.00 at every evaluation; d512_bc100k 0.08 (BC) -> 0.00 / 0.04 / 0.00 / 0.04 -> 0.00 at 10k. BC alone: 64
 #    episodes 100k 0.00, 300k 0.08; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
 antmaze_large_data_dirs() {
   EXP=$OUT/experts; [ "${DEMOS:-64}" = 64 ] || EXP=$OUT/experts${DEMOS}
-  NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${SEED:+_s$SEED}
+  NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${UPD:+_u$UPD}${SEED:+_s$SEED}
 }
 if [ "${1:-}" = antmaze_large_data ]; then
   antmaze_large_data_dirs
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed 1 --torch-threads 1 \
     --expert.experts-dir $EXP --expert.num-demos ${DEMOS:-64} --run-dir $OUT/antmaze_large_$NAME \
-    --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps ${BC:-10000} \
+    --hyper.total-timesteps ${STEPS:-10000} --hyper.exploration-steps 1000 --hyper.bc-init-steps ${BC:-10000} \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
-    --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 5 --model.pretrain-max-epochs 25 \
+    --hyper.updates-per-step ${UPD:-5} --disc.every 500 --model.max-epochs 5 --model.pretrain-max-epochs 25 \
     --eval.frequency 2000 --eval.episodes 25 > $OUT/antmaze_large_$NAME.log 2>&1
 fi
 if [ "${1:-}" = bc_probe ]; then
