@@ -874,7 +874,20 @@ def train_ensemble(
     `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best weights; elites =
     lowest validation MSE. `cosine_from`: minibatches already run on the cosine learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
-    opt = torch.optim.Adam(model.parameters(), lr=m.lr, weight_decay=m.weight_decay)
+    cuda = inputs.device.type == "cuda"  # a tensor lr and capturable Adam: the step can be one CUDA graph
+    lr = torch.tensor(m.lr, device=inputs.device)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=m.weight_decay, capturable=cuda)
+    finite = torch.ones((), dtype=torch.bool, device=inputs.device)  # read once per epoch: no sync per batch
+
+    def step(idx, size):  # noqa: ARG001 - one minibatch; `size` keys the graph (an epoch's last batch is shorter)
+        mean, logvar = model(inputs[idx])
+        loss = gaussian_nll(mean, logvar, targets[idx]).sum()
+        finite.logical_and_(torch.isfinite(loss))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    graphs = CudaGraphs(step) if cuda else None
     if len(val_idx) == 0:  # too few points to hold any out: score on the training split
         val_idx = train_idx
     x_val, y_val = inputs[val_idx], targets[val_idx]
@@ -883,19 +896,17 @@ def train_ensemble(
     best_params = [p.detach().clone() for p in model.parameters()]
     epoch, since_improved, history, batches = 0, 0, [], 0
     while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs) and not (stop and stop()):
-        boot = train_idx[torch.randint(n, (E, n), generator=generator)]
-        finite = torch.ones((), dtype=torch.bool, device=inputs.device)  # read once per epoch: no sync per batch
+        boot = train_idx[torch.randint(n, (E, n), generator=generator)].to(inputs.device)  # one copy per epoch
+        finite.fill_(True)
         for start in range(0, n, m.batch_size):
             idx = boot[:, start : start + m.batch_size]
             if cosine_from is not None:
-                opt.param_groups[0]["lr"] = cosine_lr(m.lr, cosine_from + batches)
+                lr.fill_(cosine_lr(m.lr, cosine_from + batches))
             batches += 1
-            mean, logvar = model(inputs[idx])
-            loss = gaussian_nll(mean, logvar, targets[idx]).sum()
-            finite &= torch.isfinite(loss)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            if graphs is None:
+                step(idx, None)
+            else:
+                graphs(idx.shape[1], (idx,))
         if not finite:
             raise NonFiniteLoss(f"model training: non-finite NLL in epoch {epoch + 1}; check the expert data")
         with torch.no_grad():

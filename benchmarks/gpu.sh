@@ -74,7 +74,8 @@ keep-pace)  # the keep-pace row of `ga3c` again under the script's current defau
     --labels.store-dir /tmp/store_kp --exp-name bench-kp 2>&1 | tail -6 | tee -a "$OUT/keep_pace.log"
   record ;;
 hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (benchmarks/mbirl_actor_update.py), the
-  # discriminator's real trajectories one env vs side by side (benchmarks/mbirl_real_trajectories.py), then
+  # discriminator's real trajectories one env vs side by side (benchmarks/mbirl_real_trajectories.py), the ensemble's
+  # training step eager vs CUDA-graphed (benchmarks/mbirl_ensemble_step.py, since 2026-11-27), then
   # the HyPER loop at the maze defaults (20 updates per real step, model retrained to patience every 2,000 steps,
   # 50,000 rollout starts, the discriminator every 100 steps on 4 real trajectories, 150k-step schedule) on AntMaze
   # UMaze with the shipped controller's expert data, pretraining capped at 100 epochs, stopped after LOOP_S seconds:
@@ -82,6 +83,7 @@ hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (b
   install
   SECONDS_PER_WAY=${ACTOR_S:-8} python3 benchmarks/mbirl_actor_update.py 2>&1 | tee "$OUT/actor_update.log"
   python3 benchmarks/mbirl_real_trajectories.py 2>&1 | tee "$OUT/real_trajectories.log"  # one env vs side by side
+  python3 benchmarks/mbirl_ensemble_step.py 2>&1 | tee "$OUT/ensemble_step.log"  # model training eager vs graphed
   timeout -s TERM "${LOOP_S:-270}" python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 \
     --run-dir /tmp/hyper_loop --expert.experts-dir /tmp/experts --model.pretrain-max-epochs 100 \
     --eval.frequency 1000000 --eval.log-frequency 100 > "$OUT/hyper_loop.log" 2>&1

@@ -302,6 +302,34 @@ def test_td3bc_cuda_graphs_compute_what_the_eager_update_computes():
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (the same check in benchmarks/mbirl_ensemble_step.py; not yet run on a GPU)",
+)
+def test_ensemble_training_as_cuda_graphs_computes_what_eager_training_computes(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(300, 5, generator=g).cuda(), torch.randn(300, 3, generator=g).cuda()
+    m = mb.ModelArgs(ensemble_size=3, num_elites=2, lr=1e-2, batch_size=64, max_epochs=5, patience=10)
+    real, models, graphs = mb.CudaGraphs, [], []
+
+    def eager(fn):
+        return lambda key, batch: fn(*batch, key)
+
+    def recorded(fn):
+        graphs.append(real(fn))
+        return graphs[-1]
+
+    for wrap in (eager, recorded):  # 250 rows: 3 batches of 64 and a tail of 58, each size its own graph
+        monkeypatch.setattr(mb, "CudaGraphs", wrap)
+        torch.manual_seed(1)
+        models.append(mb.GaussianEnsemble(5, 3, ensemble_size=3, hidden=16, layers=2).cuda())
+        mb.train_ensemble(models[-1], inputs, targets, torch.arange(250), torch.arange(250, 300), m,
+                          torch.Generator().manual_seed(2), cosine_from=0)  # fmt: skip
+    assert sorted(graphs[0].captured) == [58, 64] and not graphs[0].broken
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_model_rollout_keeps_goal_uses_only_elites_and_covers_every_row():
     torch.manual_seed(0)
     model = mb.GaussianEnsemble(6 + 2, 4, ensemble_size=7, hidden=8, layers=2)
