@@ -611,7 +611,7 @@ class GaussianActor(nn.Module):
         """A reparameterised tanh-Gaussian action and its log-probability."""
         h = self.trunk(obs)
         mean, log_std = self.mean(h), self.log_std(h).clamp(-20, 2)
-        eps = torch.randn(mean.shape, generator=generator).to(mean)
+        eps = torch.randn_like(mean) if generator is None else torch.randn(mean.shape, generator=generator).to(mean)
         y = torch.tanh(mean + log_std.exp() * eps)
         logp = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi) - torch.log(1 - y.pow(2) + 1e-6)).sum(-1)
         return y, logp
@@ -1060,23 +1060,31 @@ class SAC:
         self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=a.lr, fused=True)  # fused: ~10 % per update
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=a.lr, fused=True)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=a.lr)
-        self.a, self.target_entropy, self.updates, self.since_restart = a, -float(act_dim), 0, 0
+        self.lr = torch.tensor(a.lr, device=device)  # a tensor the optimisers (and a CUDA graph) read: the lr decay
+        self.cuda = device.type == "cuda"  # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=a.lr, capturable=self.cuda)
+        self.a, self.target_entropy, self.updates = a, -float(act_dim), 0
+        self.restart_schedule()
 
     def restart_schedule(self) -> None:
         """The reference's schedule_actor_lr restart (after each discriminator update): fresh actor and critic
-        optimisers at the full learning rate."""
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.a.lr, fused=True)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.a.lr, fused=True)
-        self.since_restart = 0
+        optimisers at the full learning rate (fused: ~10 % per update on a CPU)."""
+        self.lr.fill_(self.a.lr)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
+        self.since_restart, self.graphs = 0, CudaGraphs(self._update) if self.cuda else None  # new state: recapture
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
+        if self.a.lr_decay:
+            self.lr.fill_(linear_decay_lr(self.a.lr, self.since_restart, self.a.lr_decay))
+        batch = (obs, act, next_obs, done, reward)
+        out = self._update(*batch, None) if self.graphs is None else self.graphs(0, batch)
+        self.updates += 1
+        self.since_restart += 1
+        return out
+
+    def _update(self, obs, act, next_obs, done, reward, key=None) -> dict[str, torch.Tensor]:  # noqa: ARG002
         a, alpha = self.a, self.log_alpha.exp().detach()
-        if a.lr_decay:
-            for opt in (self.actor_opt, self.critic_opt):
-                opt.param_groups[0]["lr"] = linear_decay_lr(a.lr, self.since_restart, a.lr_decay)
         with torch.no_grad():
             next_act, next_logp = self.actor.sample(next_obs)
             q1t, q2t = self.critic_target(next_obs, next_act)
@@ -1102,8 +1110,6 @@ class SAC:
         with torch.no_grad():
             for p, tp in zip(self.critic.parameters(), self.critic_target.parameters()):
                 tp.lerp_(p, a.tau)
-        self.updates += 1
-        self.since_restart += 1
         return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q1.detach().mean(),
                 "alpha": alpha.squeeze()}  # fmt: skip
 
@@ -1123,9 +1129,14 @@ class SAC:
     def load_state_dict(self, state: dict) -> None:
         for k in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt"):
             getattr(self, k).load_state_dict(state[k])
+        for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):  # loading replaces these settings
+            opt.param_groups[0]["capturable"] = self.cuda
+        for opt in (self.actor_opt, self.critic_opt):
+            opt.param_groups[0]["lr"] = self.lr
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.updates, self.since_restart = state["updates"], state.get("since_restart", 0)
+        self.graphs = CudaGraphs(self._update) if self.cuda else None  # new optimiser state tensors: capture again
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
 #   run(command="bash benchmarks/gpu.sh hyper-loop", carry=[".whl"])  # issue 14: graphed actor update, loop rate
+#   run(command="bash benchmarks/gpu.sh reacher", carry=[".whl"])   # issue 14: an Ant controller that flips less
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
 # Run so far (2026-11-26, one H200, 15 minutes): `WORKERS=128 GA3C_S=100 SYN_S=110 ... ga3c` and `HYPER_S=140 ... hyper`
 # in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
@@ -89,6 +90,16 @@ hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (b
     --eval.frequency 1000000 --eval.log-frequency 100 > "$OUT/hyper_loop.log" 2>&1
   tar czf "$OUT/hyper_loop_tb.tgz" -C /tmp/hyper_loop --exclude='*.pt' --exclude='*.npz' . ; tail -4 "$OUT/hyper_loop.log"
   record ;;
+reacher)  # issue 14: the goal-reaching Ant controller trained from scratch on the GPU (its SAC update replayed as a
+  # CUDA graph since 2026-11-27; never run on a GPU yet), stopped after REACHER_S seconds. Every evaluation that beats
+  # the best so far writes $OUT/ant_goal_reacher_gpu_s$SEED.pt (+ .json); the replay (hundreds of MB) stays behind, so
+  # each call starts afresh. Back here: `CTRL=<that .pt> ENV=AntMaze_Large_Diverse_GR-v5 N=64 bash
+  # benchmarks/mbirl_antmaze.sh expert-rate`, and ship it only if it beats the shipped controller's 35/64.
+  install
+  timeout -s TERM "${REACHER_S:-540}" python3 mbirl_antmaze.py --train-goal-reacher --seed "${SEED:-4}" \
+    --run-dir /tmp/reacher --reacher.path "$OUT/ant_goal_reacher_gpu_s${SEED:-4}.pt" > "$OUT/reacher.log" 2>&1
+  tar czf "$OUT/reacher_tb.tgz" -C /tmp/reacher --exclude='*.pt' . ; grep -a "eval\]" "$OUT/reacher.log" | tail -5
+  record ;;
 simple)  # the paper's configuration (stochastic discrete, bf16 auto): its rates over ~8 minutes, then stopped
   install
   python3 benchmarks/throughput.py atari --env-id PongNoFrameskip-v4 --label simple-paper-gpu --tag sim/SPS \
@@ -99,5 +110,5 @@ hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/m
   install
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|hyper-loop" >&2; exit 2 ;;
+*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|hyper-loop|reacher" >&2; exit 2 ;;
 esac

@@ -933,17 +933,17 @@ def test_sac_learning_rate_decays_linearly_and_restarts_with_fresh_optimisers():
     for _ in range(3):
         agent.update(obs, torch.rand(8, 2) * 2 - 1, obs, torch.zeros(8), torch.ones(8))
     # the third update ran at lr x (1 - 2/4), as the reference's step_lr sets after its second
-    assert [o.param_groups[0]["lr"] for o in (agent.actor_opt, agent.critic_opt)] == [pytest.approx(5e-4)] * 2
+    assert [float(o.param_groups[0]["lr"]) for o in (agent.actor_opt, agent.critic_opt)] == [pytest.approx(5e-4)] * 2
     assert agent.since_restart == 3 and agent.actor_opt.state
     saved = agent.state_dict()
     agent.restart_schedule()  # after a discriminator update
     assert agent.since_restart == 0 and not agent.actor_opt.state and not agent.critic_opt.state
-    assert agent.actor_opt.param_groups[0]["lr"] == 1e-3 and agent.updates == 3
+    assert float(agent.actor_opt.param_groups[0]["lr"]) == pytest.approx(1e-3) and agent.updates == 3
     agent.load_state_dict(saved)
-    assert agent.since_restart == 3
+    assert agent.since_restart == 3 and agent.actor_opt.param_groups[0]["lr"] is agent.lr  # the decay reaches it
     constant = mb.SAC(4, 2, mb.ActorArgs(hidden=16, lr=1e-3, lr_decay=0), torch.device("cpu"))
     constant.update(obs, torch.rand(8, 2) * 2 - 1, obs, torch.zeros(8), torch.ones(8))
-    assert constant.actor_opt.param_groups[0]["lr"] == 1e-3
+    assert float(constant.actor_opt.param_groups[0]["lr"]) == pytest.approx(1e-3)
 
 
 def test_schedules_added_after_a_run_stay_off_when_it_resumes(tmp_path):
@@ -989,14 +989,23 @@ def test_discriminator_ensemble_is_the_minimum_of_its_members():
     assert torch.equal(disc(x), members.min(0).values) and not torch.equal(members[0], members[1])
 
 
-def test_sac_update_is_finite_and_fits_a_constant_reward():
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not yet run on one)")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_sac_update_is_finite_and_fits_a_constant_reward(device):
+    """On a GPU the update is replayed as a CUDA graph (after 3 eager calls), the decaying lr read from a tensor."""
     torch.manual_seed(0)
-    agent = mb.SAC(4, 2, mb.ActorArgs(hidden=32, lr=1e-3, gamma=0.0), torch.device("cpu"))
-    obs = torch.randn(64, 4)
+    agent = mb.SAC(4, 2, mb.ActorArgs(hidden=32, lr=1e-3, gamma=0.0, lr_decay=1000), torch.device(device))
+    obs = torch.randn(64, 4, device=device)
     for _ in range(300):
-        out = agent.update(obs, torch.rand(64, 2) * 2 - 1, obs, torch.zeros(64), torch.full((64,), 3.0))
+        act = torch.rand(64, 2, device=device) * 2 - 1
+        out = agent.update(obs, act, obs, torch.zeros(64, device=device), torch.full((64,), 3.0, device=device))
     assert all(torch.isfinite(v) for v in out.values())
     assert abs(float(out["q"]) - 3.0) < 0.3  # gamma = 0: Q is the reward
+    assert float(agent.lr) == pytest.approx(1e-3 * (1 - 299 / 1000))  # the 300th update's
+    if device == "cuda":
+        assert list(agent.graphs.captured) == [0] and not agent.graphs.broken
     a = agent.actor.act(np.zeros((3, 4), np.float32))
     assert a.shape == (3, 2) and np.all(np.abs(a) <= 1)
 
