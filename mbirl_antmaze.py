@@ -1270,8 +1270,10 @@ def train_goal_reacher(args: Args, run: "RunContext"):
         obs = envs.obs()
         c["episodes"] += envs.finished
         envs.finished = []
-        for _ in range(len(obs) if c["step"] >= r.learning_starts else 0):
-            last = agent.update(*replay.sample(r.batch_size, run.generator))
+        if c["step"] >= r.learning_starts:  # one update per Ant step; their minibatches drawn at once (one copy)
+            batch, B = replay.sample(len(obs) * r.batch_size, run.generator), r.batch_size
+            for u in range(len(obs)):
+                last = agent.update(*(x[u * B : (u + 1) * B] for x in batch))
         c["step"] += len(obs)
         run.after_reacher_step(c, last, agent, replay)
     run.save_reacher_checkpoint(agent, replay, c)
