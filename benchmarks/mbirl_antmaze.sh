@@ -130,12 +130,16 @@ fi
 #      `DEMOS=512 BC=300000 UPD=20 STEPS=20000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`
 #                                                          (run dir antmaze_large_d512_bc300k_u20; started 2026-11-27
 #      from a copy of antmaze_large_d512/model_pretrained.pt, the same seed, data and 25 epochs, as bc100k was)
+#    TAG names expert data made by another controller (a cache of their own, $EXP_$TAG, and run dirs ..._$TAG): the
+#    controller shipped on 2026-11-27 at 840k steps (53/64 on Large-Diverse) made TAG=c840k:
+#      `TAG=c840k DEMOS=512 BC=300000 UPD=20 STEPS=20000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`
 #    Results (2026-11-27; 25 episodes each): data 64 episodes 55 %, 512 episodes 57 % reach the goal. HyPER d512
 #    0.00 at every evaluation; d512_bc100k 0.08 (BC) -> 0.00 / 0.04 / 0.00 / 0.04 -> 0.00 at 10k. BC alone: 64
 #    episodes 100k 0.00, 300k 0.08; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
 antmaze_large_data_dirs() {
   EXP=$OUT/experts; [ "${DEMOS:-64}" = 64 ] || EXP=$OUT/experts${DEMOS}
-  NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${UPD:+_u$UPD}${SEED:+_s$SEED}
+  EXP=$EXP${TAG:+_$TAG}
+  NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${UPD:+_u$UPD}${SEED:+_s$SEED}${TAG:+_$TAG}
 }
 if [ "${1:-}" = antmaze_large_data ]; then
   antmaze_large_data_dirs
@@ -217,8 +221,10 @@ fi
 # Phase 0: the goal-reaching Ant controller that makes the AntMaze expert data (seed 4, progress x10, one torch
 # thread; ~80 Ant steps/s on a shared 2-core CPU, ~46 beside a GA3C run). Resumable: re-run the same line. The best
 # so far is controllers/ant_goal_reacher_s4.pt (+ .json); the shipped controllers/ant_goal_reacher.pt is a copy of
-# it (2026-11-27: the flip-rule run's 510k-step one, UMaze 42/50 and Large-Diverse 35/64 by expert-rate below;
-# before, 2026-11-24: the 460k-step one without the flip rule, 42/50 and 22/64).
+# one of its bests (2026-11-27 12:15 UTC: the flip-rule run's 840k-step one, UMaze 45/50 and Large-Diverse 53/64 by
+# expert-rate below, the default 64-episode UMaze data 58/64; copied aside when written, as was the 810k one, 48/64 on
+# Large-Diverse; before, 2026-11-27 05:30: its 510k-step one, 42/50 and 35/64; 2026-11-24: the 460k-step one without
+# the flip rule, 42/50 and 22/64).
 # Since 2026-11-27 a flip (upside down) ends a training episode like a fall; SEED picks another run. With it, seeds
 # 4 and 7 (2026-11-27, side by side, ~73 Ant steps/s each, stopped at 457k / 348k): best 9.3 goals per episode at
 # 380k / 9.6 at 340k; by expert-rate seed 4's Large-Diverse 23/64 and UMaze 41/50, not better than the shipped one.

@@ -812,9 +812,10 @@ def test_goal_reacher_training_writes_the_controller_resumes_and_drives_the_antm
     assert meta["controller"] == "BFS planner + goal-reaching Ant controller reacher.pt" and meta["num_demos"] == 1
 
 
-# The shipped controller (seed 4 with the flip rule, 510k steps) reached the goal in 7 of these 8 episodes when it was
-# committed (42/50 over reset seeds 0-49); 4 leaves room for float differences between machines; random actions: 0.
-SHIPPED_MIN_GOALS = 4
+# The shipped controller (seed 4 with the flip rule, 840k steps) reached the goal in 8 of these 8 episodes when it was
+# committed (45/50 over reset seeds 0-49; the one before, 510k steps: 7/8 and 42/50, held to 4); 5 leaves room for
+# float differences between machines (MuJoCo paths diverge); random actions: 0.
+SHIPPED_MIN_GOALS = 5
 
 
 @pytest.mark.slow
