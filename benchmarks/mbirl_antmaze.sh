@@ -47,10 +47,10 @@ fi
 #    rollout starts per refill, rollout length 1 -> 10 over epochs 1-5, 5 actor updates per real step (the
 #    reference: 20), the discriminator every 500 learner steps (the maze default 100 would spend ~28x the learner's
 #    steps on its fresh trajectories), 25 evaluation episodes every 1,000 steps. ~45 min on one core beside other jobs.
-antmaze_umaze() {  # run dir name, then any extra flags (SEED=n picks the learner's seed; the expert data stay seed 1's)
-  local name=$1; shift
+antmaze_umaze() {  # run dir name, then any extra flags (SEED=n picks the learner's seed; the expert data stay seed 1's;
+  local name=$1${TAG:+_$TAG}; shift  # TAG: the data of another controller, cached in experts_$TAG, see 2f)
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
-    --expert.experts-dir $OUT/experts --run-dir $OUT/$name \
+    --expert.experts-dir $OUT/experts${TAG:+_$TAG} --run-dir $OUT/$name \
     --hyper.total-timesteps 10000 --hyper.exploration-steps 1000 --hyper.bc-init-steps 10000 \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
     --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --eval.frequency 1000 --eval.episodes 25 \
@@ -75,6 +75,8 @@ fi
 #    Seed 2: 0.36 at 3k and 7k, 0.44 at the end (its 5-update run: 0.16).
 #    Seed 3 (2026-11-27, commit d3d82d8): 0.28 at 4k, 0.32 at 5k and 7k, 0.28 at the end (its 5-update run: 0.20).
 #    More seeds: `SEED=2 bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_s2).
+#    On the 840k controller's data (91 % of 64 episodes reach the goal; the runs above: 81 %), 2026-11-27:
+#    `TAG=c840k bash benchmarks/mbirl_antmaze.sh antmaze_updates20` (run dir antmaze_umaze_u20_c840k).
 if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:+_s$SEED} --hyper.updates-per-step 20; fi
 
 # 2c-long. The 20-update run above with twice the learner steps: 20,000 (2026-11-27; the sliding window follows
@@ -163,12 +165,13 @@ fi
 
 # 2d. HyPE on the same AntMaze UMaze expert data as 2c (run it after 2c has written them), at about the same real
 #    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
-#    25 evaluation episodes every 4,000 steps. ~9 min on one core.
+#    25 evaluation episodes every 4,000 steps. ~9 min on one core. TAG=c840k: on the data that the antmaze_updates20
+#    run with TAG=c840k wrote (the 840k controller's, 91 %).
 if [ "${1:-}" = hype_antmaze ]; then
   python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
-    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze \
+    --expert.expert-path $OUT/experts${TAG:+_$TAG}/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze${TAG:+_$TAG} \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
-    > $OUT/hype_antmaze_umaze.log 2>&1
+    > $OUT/hype_antmaze_umaze${TAG:+_$TAG}.log 2>&1
 fi
 
 # 2d-long. HyPE beside 2c-long at about its real steps (~110k incl. the discriminator's): 2d with 30,000 learner
