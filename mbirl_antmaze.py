@@ -1781,13 +1781,16 @@ class RunContext:
 
     def rng_state(self) -> dict:
         return {"python": random.getstate(), "numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
-                "generator": self.generator.get_state()}  # fmt: skip
+                "generator": self.generator.get_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}  # fmt: skip
 
-    def set_rng_state(self, s: dict) -> None:
+    def set_rng_state(self, s: dict) -> None:  # (.cpu(): checkpoints load onto the device, RNG states are on the host)
         random.setstate(s["python"])
         self.rng.bit_generator.state = s["numpy"]
-        torch.set_rng_state(s["torch"])
-        self.generator.set_state(s["generator"])
+        torch.set_rng_state(s["torch"].cpu())
+        self.generator.set_state(s["generator"].cpu())
+        if s.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([t.cpu() for t in s["cuda"]])
 
     # -- phase 0: the goal reacher's checkpoints, logging, evaluation and output ----------------------------------
     def load_reacher_checkpoint(self, agent, replay, c) -> None:

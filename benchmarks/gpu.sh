@@ -17,6 +17,10 @@
 # in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
 # 2026-11-27, one H100, 15 minutes: `bash benchmarks/gpu.sh hyper-loop; SYN_S=110 bash benchmarks/gpu.sh keep-pace` in one
 # command (8.5 min), then the rl row at 128 workers by hand (records in benchmarks/results/).
+# 2026-11-27 afternoon, one H100, 15 minutes: `bash benchmarks/gpu.sh gpu-tests; ACTOR_S=0 LOOP_S=230 bash
+# benchmarks/gpu.sh hyper-loop; REACHER_S=140 bash benchmarks/gpu.sh reacher` (7 min), then the loop resumed for 240 s
+# (the LOOP2_S of hyper-loop, written after: the first resume on a GPU failed on the RNG state and was fixed here).
+# At most 8 files come back from one call: keep the steps of one call under that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -34,6 +38,7 @@ wheels)  # here, not on the device: the missing packages as Python 3.12 manylinu
     --platform manylinux2014_x86_64 --platform any -d "$@"; }
   get .whl/atari gymnasium==1.4.0 ale-py==0.12.1 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.0 \
     farama-notifications==0.0.6
+  get .whl/test pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4
   get .whl/mujoco mujoco==4.0.0 mujoco-core==4.0.0 gymnasium-robotics==1.4.2 pettingzoo==1.27.0 glfw==2.11.0 \
     pyopengl==3.1.10 ;;
 ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper's 0.1 label samples per step
@@ -74,6 +79,12 @@ keep-pace)  # the keep-pace row of `ga3c` again under the script's current defau
     --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 --reward.keep-pace \
     --labels.store-dir /tmp/store_kp --exp-name bench-kp 2>&1 | tail -6 | tee -a "$OUT/keep_pace.log"
   record ;;
+gpu-tests)  # the tests that skip without a GPU (CUDA graphs computing what eager code computes), the GPU visible to
+  # the test process only (TESTS_ON_GPU=1; the scripts' subprocesses stay on the CPU); pytest's wheels in .whl/test
+  install
+  TESTS_ON_GPU=1 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_mbirl_antmaze.py -k cuda -rA 2>&1 \
+    | tail -15 | tee "$OUT/gpu_tests.log"
+  record ;;
 hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (benchmarks/mbirl_actor_update.py), the
   # discriminator's real trajectories one env vs side by side (benchmarks/mbirl_real_trajectories.py), the ensemble's
   # training step eager vs CUDA-graphed (benchmarks/mbirl_ensemble_step.py, since 2026-11-27), then
@@ -82,16 +93,20 @@ hyper-loop)  # issue 14: the actor update per-update / batched / CUDA-graphed (b
   # UMaze with the shipped controller's expert data, pretraining capped at 100 epochs, stopped after LOOP_S seconds:
   # its TensorBoard events come back (hyper_loop_tb.tgz) for the real steps per second after exploration.
   install
-  SECONDS_PER_WAY=${ACTOR_S:-8} python3 benchmarks/mbirl_actor_update.py 2>&1 | tee "$OUT/actor_update.log"
+  [ "${ACTOR_S:-8}" != 0 ] && SECONDS_PER_WAY=${ACTOR_S:-8} python3 benchmarks/mbirl_actor_update.py 2>&1 | tee "$OUT/actor_update.log"
   python3 benchmarks/mbirl_real_trajectories.py 2>&1 | tee "$OUT/real_trajectories.log"  # one env vs side by side
   python3 benchmarks/mbirl_ensemble_step.py 2>&1 | tee "$OUT/ensemble_step.log"  # model training eager vs graphed
-  timeout -s TERM "${LOOP_S:-270}" python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 \
-    --run-dir /tmp/hyper_loop --expert.experts-dir /tmp/experts --model.pretrain-max-epochs 100 \
-    --eval.frequency 1000000 --eval.log-frequency 100 > "$OUT/hyper_loop.log" 2>&1
+  # LOOP2_S: then resume the stopped run for LOOP2_S seconds more (resume on a GPU; more retrainings timed).
+  for s in "${LOOP_S:-270}" ${LOOP2_S:-}; do
+    timeout -s TERM "$s" python3 mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --seed 1 \
+      --run-dir /tmp/hyper_loop --expert.experts-dir /tmp/experts --model.pretrain-max-epochs 100 \
+      --eval.frequency 1000000 --eval.log-frequency 100 >> "$OUT/hyper_loop.log" 2>&1
+  done
   tar czf "$OUT/hyper_loop_tb.tgz" -C /tmp/hyper_loop --exclude='*.pt' --exclude='*.npz' . ; tail -4 "$OUT/hyper_loop.log"
+  python3 benchmarks/mbirl_tb_rates.py /tmp/hyper_loop 2>&1 | tail -1 | tee "$OUT/hyper_loop_rates.json"
   record ;;
 reacher)  # issue 14: the goal-reaching Ant controller trained from scratch on the GPU (its SAC update replayed as a
-  # CUDA graph since 2026-11-27; never run on a GPU yet), stopped after REACHER_S seconds. Every evaluation that beats
+  # CUDA graph since 2026-11-27; ~460 Ant steps/s on an H100, 2026-11-27), stopped after REACHER_S seconds. Every evaluation that beats
   # the best so far writes $OUT/ant_goal_reacher_gpu_s$SEED.pt (+ .json); the replay (hundreds of MB) stays behind, so
   # each call starts afresh. Back here: `CTRL=<that .pt> ENV=AntMaze_Large_Diverse_GR-v5 N=64 bash
   # benchmarks/mbirl_antmaze.sh expert-rate`, and ship it only if it beats the shipped controller's 35/64.
@@ -110,5 +125,5 @@ hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/m
   install
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|hyper-loop|reacher" >&2; exit 2 ;;
+*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|gpu-tests|hyper-loop|reacher" >&2; exit 2 ;;
 esac

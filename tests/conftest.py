@@ -28,8 +28,10 @@ import time
 from pathlib import Path
 
 # Force the CPU and small thread counts before torch is imported anywhere, so results do not
-# depend on the machine the tests run on.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# depend on the machine the tests run on. TESTS_ON_GPU=1 keeps the GPU visible in the test process (not in the
+# scripts' subprocesses) for the GPU-only tests: `bash benchmarks/gpu.sh gpu-tests` on a lent GPU.
+if os.environ.get("TESTS_ON_GPU") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
