@@ -154,6 +154,16 @@ if [ "${1:-}" = antmaze_large_data ]; then
     --hyper.updates-per-step ${UPD:-5} --disc.every 500 --model.max-epochs 5 --model.pretrain-max-epochs 25 \
     --eval.frequency 2000 --eval.episodes 25 > $OUT/antmaze_large_$NAME.log 2>&1
 fi
+#    hype_large_data: HyPE on the same data (DEMOS, TAG as above) for HSTEPS learner steps (default 32,000: ~160k real
+#    steps with its discriminator's, about what HyPER's 20k learner steps use), 25 evaluation episodes every 4,000.
+#      `TAG=c840k DEMOS=512 bash benchmarks/mbirl_antmaze.sh hype_large_data`   (run dir hype_antmaze_large_d512_c840k)
+if [ "${1:-}" = hype_large_data ]; then
+  antmaze_large_data_dirs
+  nice -n 5 python hype_irl_mujoco.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.expert-path $EXP/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large_$NAME \
+    --irl.total-timesteps ${HSTEPS:-32000} --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
+    > $OUT/hype_antmaze_large_$NAME.log 2>&1
+fi
 if [ "${1:-}" = bc_probe ]; then
   antmaze_large_data_dirs
   nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \

@@ -1138,3 +1138,20 @@ def test_minari_maze_dataset_reads_as_the_same_demos(tmp_path, monkeypatch, whic
         mb.load_demos(f"minari:test/{which}/planner-v0", "PointMaze_Medium-v3", dims, 2, nq, nv)
     with pytest.raises(mb.UsageError, match="minari download test/none-v0"):
         mb.load_demos("minari:test/none-v0", env_id, dims, 2, nq, nv)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (written after the H100 run of 2026-11-27)")
+def test_rng_states_loaded_onto_the_gpu_restore_the_host_and_cuda_generators():
+    """A checkpoint loads onto the run's device (map_location): its RNG states arrive as CUDA tensors. The first resume
+    on a GPU failed on exactly this (2026-11-27)."""
+    ctx = type("Ctx", (), {})()  # what rng_state / set_rng_state read: the run's numpy rng and torch generator
+    ctx.rng, ctx.generator = np.random.default_rng(0), torch.Generator().manual_seed(0)
+    saved = mb.RunContext.rng_state(ctx)
+    expected = (ctx.rng.random(), torch.rand(1, generator=ctx.generator), torch.rand(1), torch.rand(1, device="cuda"))
+    on_gpu = {
+        k: (v.cuda() if torch.is_tensor(v) else [t.cuda() for t in v] if isinstance(v, list) else v)
+        for k, v in saved.items()
+    }
+    mb.RunContext.set_rng_state(ctx, on_gpu)
+    again = (ctx.rng.random(), torch.rand(1, generator=ctx.generator), torch.rand(1), torch.rand(1, device="cuda"))
+    assert expected[0] == again[0] and all(torch.equal(a, b) for a, b in zip(expected[1:], again[1:]))
