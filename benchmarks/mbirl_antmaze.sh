@@ -83,7 +83,7 @@ if [ "${1:-}" = antmaze_updates20 ]; then antmaze_umaze antmaze_umaze_u20${SEED:
 #    training progress, so it moves half as fast as in the 10k runs). Seeds 1 and 2 side by side, one core each:
 #    `bash benchmarks/mbirl_antmaze.sh antmaze_long` and `SEED=2 ...` (run dirs antmaze_umaze_u20_20k[_s2]).
 #    Result (commit 1e34590's script): final 0.28 / 0.32 at 106,136 / 110,113 real steps, mean over 10k-20k 0.29 both,
-#    best 0.48 (seed 1 at 5k); tabulated by `python benchmarks/mbirl_umaze_long.py`.
+#    best 0.48 (seed 1 at 5k); tabulated by `python benchmarks/mbirl_curves.py --set long`.
 if [ "${1:-}" = antmaze_long ]; then
   antmaze_umaze antmaze_umaze_u20_20k${SEED:+_s$SEED} --hyper.updates-per-step 20 --hyper.total-timesteps 20000
 fi
@@ -126,7 +126,7 @@ fi
 #    line above); the bc100k run started from a copy of d512's pretrained ensemble (same seed, data and 25 epochs).
 #    bc_probe: behaviour cloning alone: BC updates, the step-0 evaluation (25 episodes), then stop (no pretraining).
 #      `DEMOS=512 BC=100000 bash benchmarks/mbirl_antmaze.sh bc_probe`             (run dir bc_probe_d512_bc100k)
-#    SEED=n (bc_probe only) picks the actor's seed (run dir ..._sn); the expert data stay seed 1's cache.
+#    SEED=n (bc_probe, antmaze_large_data, hype_large_data) picks the learner's seed (run dir ..._sn); the expert data stay seed 1's cache.
 #    UPD (antmaze_large_data only) sets the actor updates per real step (default 5; the reference: 20) and STEPS the
 #    learner steps (default 10,000). The run with the reference's 20 updates after the paper's 300k BC updates:
 #      `DEMOS=512 BC=300000 UPD=20 STEPS=20000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`
@@ -145,9 +145,9 @@ antmaze_large_data_dirs() {
   EXP=$EXP${TAG:+_$TAG}
   NAME=d${DEMOS:-64}${BC:+_bc$((BC / 1000))k}${UPD:+_u$UPD}${SEED:+_s$SEED}${TAG:+_$TAG}
 }
-if [ "${1:-}" = antmaze_large_data ]; then
+if [ "${1:-}" = antmaze_large_data ]; then  # SEED=n: the learner's seed (run dir ..._sn...), the data stay seed 1's
   antmaze_large_data_dirs
-  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed 1 --torch-threads 1 \
+  nice -n 5 python mbirl_antmaze.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
     --expert.experts-dir $EXP --expert.num-demos ${DEMOS:-64} --run-dir $OUT/antmaze_large_$NAME \
     --hyper.total-timesteps ${STEPS:-10000} --hyper.exploration-steps 1000 --hyper.bc-init-steps ${BC:-10000} \
     --hyper.freq-train-model 1000 --hyper.rollout-batch-size 10000 --hyper.rollout-schedule 1,5,1,10 \
@@ -179,11 +179,12 @@ fi
 #    steps including the discriminator's: 20,000 learner steps, discriminator every 1,000 with 4 fresh trajectories,
 #    25 evaluation episodes every 4,000 steps. ~9 min on one core. TAG=c840k: on the data that the antmaze_updates20
 #    run with TAG=c840k wrote (the 840k controller's, 91 %).
+#    SEED=n: the learner's seed (run dir ..._sn_$TAG; the data stay seed 1's), e.g. `SEED=2 TAG=c840k ... hype_antmaze`.
 if [ "${1:-}" = hype_antmaze ]; then
-  python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed 1 --torch-threads 1 \
-    --expert.expert-path $OUT/experts${TAG:+_$TAG}/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze${TAG:+_$TAG} \
-    --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
-    > $OUT/hype_antmaze_umaze${TAG:+_$TAG}.log 2>&1
+  name=hype_antmaze_umaze${SEED:+_s$SEED}${TAG:+_$TAG}
+  python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
+    --expert.expert-path $OUT/experts${TAG:+_$TAG}/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/$name \
+    --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 > $OUT/$name.log 2>&1
 fi
 
 # 2d-long. HyPE beside 2c-long at about its real steps (~110k incl. the discriminator's): 2d with 30,000 learner
