@@ -8,7 +8,7 @@ of each run (success, learner steps, real steps including the discriminator's), 
   c840k-umaze   UMaze on the 840k controller's data: HyPER (`[SEED=n] TAG=c840k ... antmaze_updates20`) and HyPE
                 (`[SEED=n] TAG=c840k ... hype_antmaze`), seeds 1-3
   c840k-large   Large-Diverse on its 512 episodes: HyPER (`TAG=c840k DEMOS=512 BC=300000 UPD=20 STEPS=20000 ...
-                antmaze_large_data`) and HyPE (`TAG=c840k DEMOS=512 ... hype_large_data`)
+                antmaze_large_data`) and HyPE (`TAG=c840k DEMOS=512 ... hype_large_data`), [SEED=2]
 
     python benchmarks/mbirl_curves.py --set long --figure docs/assets/mbirl_antmaze/antmaze_umaze_long.png
 """
@@ -39,6 +39,8 @@ SETS = {  # name -> (title, expert data's success rate, {label: (run dir, line s
     "c840k-large": ("AntMaze Large-Diverse-GR on the 840k controller's 512 episodes", 0.83, {
         "HyPER (300k BC, 20 updates per step), seed 1": ("antmaze_large_d512_bc300k_u20_c840k", "-", "C0"),
         "HyPE, seed 1": ("hype_antmaze_large_d512_c840k", "--", "C1"),
+        "HyPER (300k BC, 20 updates per step), seed 2": ("antmaze_large_d512_bc300k_u20_s2_c840k", "-", "C2"),
+        "HyPE, seed 2": ("hype_antmaze_large_d512_s2_c840k", "--", "C3"),
     }),
 }  # fmt: skip
 
