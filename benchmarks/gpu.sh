@@ -10,6 +10,7 @@
 #       the paper's label rate, chained across sessions: copy the returned pairwise.tgz.part-* into .gpu_carry/
 #   run(command="bash benchmarks/gpu.sh simple", carry=[".whl"])    # issue 13: world-model steps/s, sim SPS, memory
 #   run(command="bash benchmarks/gpu.sh hyper", carry=[".whl"])     # issue 14: rollouts >= 100x the real env
+#   run(command="bash benchmarks/gpu.sh gpu-tests", carry=[".whl"])  # the tests that skip without a GPU (~1 min)
 #   run(command="bash benchmarks/gpu.sh hyper-loop", carry=[".whl"])  # issue 14: graphed actor update, loop rate
 #   run(command="bash benchmarks/gpu.sh reacher", carry=[".whl"])   # issue 14: an Ant controller that flips less
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
