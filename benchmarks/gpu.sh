@@ -110,7 +110,7 @@ reacher)  # issue 14: the goal-reaching Ant controller trained from scratch on t
   # CUDA graph since 2026-11-27; ~460 Ant steps/s on an H100, 2026-11-27), stopped after REACHER_S seconds. Every evaluation that beats
   # the best so far writes $OUT/ant_goal_reacher_gpu_s$SEED.pt (+ .json); the replay (hundreds of MB) stays behind, so
   # each call starts afresh. Back here: `CTRL=<that .pt> ENV=AntMaze_Large_Diverse_GR-v5 N=64 bash
-  # benchmarks/mbirl_antmaze.sh expert-rate`, and ship it only if it beats the shipped controller's 35/64.
+  # benchmarks/mbirl_antmaze.sh expert-rate`, and ship it only if it beats the shipped controller's 53/64.
   install
   timeout -s TERM "${REACHER_S:-540}" python3 mbirl_antmaze.py --train-goal-reacher --seed "${SEED:-4}" \
     --run-dir /tmp/reacher --reacher.path "$OUT/ant_goal_reacher_gpu_s${SEED:-4}.pt" > "$OUT/reacher.log" 2>&1
