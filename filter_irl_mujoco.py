@@ -366,7 +366,8 @@ class ReplayBuffer:
         return out + ((self.rewards[idx],) if self.rewards is not None else ())
 
     def state_dict(self) -> dict:
-        return {"ptr": self.ptr, "full": self.full, **{k: getattr(self, k)[: len(self)].cpu() for k in self.fields}}
+        copy = {k: getattr(self, k)[: len(self)].to("cpu", copy=True) for k in self.fields}  # (a view saves all rows)
+        return {"ptr": self.ptr, "full": self.full, **copy}
 
     def load_state_dict(self, state: dict) -> None:
         self.ptr, self.full = state["ptr"], state["full"]

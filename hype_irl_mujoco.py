@@ -893,7 +893,8 @@ def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: di
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
     rng["np_rng"] = np_rng.bit_generator.state
-    state = {"agent": sac.state_dict(), "learner_rows": storage.learner_rows().cpu(), "progress": progress, "rng": rng}
+    rows = storage.learner_rows().to("cpu", copy=True)  # (a view would save the expert rows and free capacity too)
+    state = {"agent": sac.state_dict(), "learner_rows": rows, "progress": progress, "rng": rng}
     atomic_save(path, state if disc is None else {**state, "disc": disc.state_dict()})
 
 

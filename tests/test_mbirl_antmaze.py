@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -176,7 +177,7 @@ def test_rollout_schedule(epoch, length):
 
 
 # ------------------------------------------------------------------------------------------------ buffers
-def test_hybrid_buffer_fills_expert_and_learner_one_to_one():
+def test_hybrid_buffer_fills_expert_and_learner_one_to_one(tmp_path):
     obs_dim, act_dim = 3, 2
     expert = mb.Buffer(obs_dim, act_dim, 10, torch.device("cpu"))
     expert.add(
@@ -197,6 +198,24 @@ def test_hybrid_buffer_fills_expert_and_learner_one_to_one():
     assert added[0::2].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]  # learner rows, in order
     assert bool((added[1::2] < 0).all())  # each followed by one expert row
     assert policy.rows[:5, 0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # the checkpoint keeps only the 10 added rows (not the expert prefix, the policy copy or the free capacity)...
+    net = torch.nn.Linear(1, 1)
+    ctx = types.SimpleNamespace(run_dir=tmp_path, rng_state=lambda: {})
+    (tmp_path / "checkpoints").mkdir()
+    mb.RunContext.save_checkpoint(ctx, net, net, net, torch.arange(2), hybrid, policy, {"step": 5})
+    ckpt = torch.load(tmp_path / "checkpoints" / "hyper.pt", weights_only=False)
+    assert ckpt["hybrid_added"].untyped_storage().nbytes() == 10 * hybrid.rows.shape[1] * 4
+    # ...and rebuilds both buffers onto a hybrid buffer that holds the expert data
+    hybrid2, policy2 = mb.Buffer(obs_dim, act_dim, 20, torch.device("cpu")), mb.Buffer(obs_dim, act_dim, 5, "cpu")
+    hybrid2.add(*expert.all())
+    mb.RunContext.load_buffers(ckpt, hybrid2, policy2)
+    assert torch.equal(hybrid2.rows, hybrid.rows) and (hybrid2.size, hybrid2.ptr) == (hybrid.size, hybrid.ptr)
+    assert torch.equal(policy2.rows, policy.rows) and policy2.size == 5
+    old = {"hybrid": hybrid.rows[:20], "policy": policy.rows[:5]}  # (the format before 2026-11-27 still loads)
+    hybrid3, policy3 = mb.Buffer(obs_dim, act_dim, 20, torch.device("cpu")), mb.Buffer(obs_dim, act_dim, 5, "cpu")
+    hybrid3.add(*expert.all())
+    mb.RunContext.load_buffers(old, hybrid3, policy3)
+    assert torch.equal(hybrid3.rows, hybrid.rows) and torch.equal(policy3.rows, policy.rows)
 
 
 def test_buffer_ring_wraps_and_reloads():
