@@ -8,7 +8,7 @@ of each run (success, learner steps, real steps including the discriminator's), 
   c840k-umaze   UMaze on the 840k controller's data: HyPER (`[SEED=n] TAG=c840k ... antmaze_updates20`) and HyPE
                 (`[SEED=n] TAG=c840k ... hype_antmaze`), seeds 1-3
   c840k-large   Large-Diverse on its 512 episodes: HyPER (`TAG=c840k DEMOS=512 BC=300000 UPD=20 STEPS=20000 ...
-                antmaze_large_data`) and HyPE (`TAG=c840k DEMOS=512 ... hype_large_data`), [SEED=2]
+                antmaze_large_data`) and HyPE (`TAG=c840k DEMOS=512 ... hype_large_data`), [SEED=2|3]
 
     python benchmarks/mbirl_curves.py --set long --figure docs/assets/mbirl_antmaze/antmaze_umaze_long.png
 """
@@ -41,6 +41,8 @@ SETS = {  # name -> (title, expert data's success rate, {label: (run dir, line s
         "HyPE, seed 1": ("hype_antmaze_large_d512_c840k", "--", "C1"),
         "HyPER (300k BC, 20 updates per step), seed 2": ("antmaze_large_d512_bc300k_u20_s2_c840k", "-", "C2"),
         "HyPE, seed 2": ("hype_antmaze_large_d512_s2_c840k", "--", "C3"),
+        "HyPER (300k BC, 20 updates per step), seed 3": ("antmaze_large_d512_bc300k_u20_s3_c840k", "-", "C4"),
+        "HyPE, seed 3": ("hype_antmaze_large_d512_s3_c840k", "--", "C5"),
     }),
 }  # fmt: skip
 
@@ -68,6 +70,14 @@ def main():
         print("| success | " + " | ".join(f"{h['success_rate']:.2f}" for h in hist) + " |")
         print("| real steps | " + " | ".join(f"{h['total_env_steps'] / 1000:.0f}k" for h in hist) + " |")
         curves.append((label, hist, style, color))
+    by_method = {}  # "HyPER ..., seed n" -> "HyPER ...": the mean over the seeds found
+    for label, hist, _, _ in curves:
+        by_method.setdefault(label.split(", seed")[0], []).append(hist)
+    for method, hists in by_method.items():
+        finals = [h[-1]["success_rate"] for h in hists]
+        real = [h[-1]["total_env_steps"] for h in hists]
+        print(f"\n{method}: final {' / '.join(f'{f:.2f}' for f in finals)} = mean {np.mean(finals):.2f} over"
+              f" {len(finals)} seed(s), at {min(real):,}-{max(real):,} real steps")  # fmt: skip
     if args.figure and curves:
         import matplotlib
 
