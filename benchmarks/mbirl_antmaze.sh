@@ -136,7 +136,9 @@ fi
 #    controller shipped on 2026-11-27 at 840k steps (53/64 on Large-Diverse) made TAG=c840k:
 #      `TAG=c840k DEMOS=512 BC=300000 UPD=20 STEPS=20000 bash benchmarks/mbirl_antmaze.sh antmaze_large_data`
 #    Results (2026-11-27): without TAG (57 % data) BC 0.12 -> 0.00 at 2k (stopped at 3,318); TAG=c840k (83 % data)
-#    BC 0.08 -> 0.04 / 0.20 / 0.12 / 0.12 / 0.12 at 2k-10k learner steps (80,465 real), stopped at ~10k, resumable.
+#    BC 0.08 -> 0.04 / 0.20 / 0.12 / 0.12 / 0.12 at 2k-10k learner steps (80,465 real), resumed to 20k: 0.24.
+#    SEED=2 / SEED=3 (the same evening; seed 2 resumed once): final 0.24 / 0.04 / 0.08 over seeds 1-3 = 0.12, BC starts 0.08 / 0.28 / 0.32;
+#    HyPE (hype_large_data, SEED=1-3) 0.00 on all three at ~160k real steps.
 #    Results (2026-11-27; 25 episodes each): data 64 episodes 55 %, 512 episodes 57 % reach the goal. HyPER d512
 #    0.00 at every evaluation; d512_bc100k 0.08 (BC) -> 0.00 / 0.04 / 0.00 / 0.04 -> 0.00 at 10k. BC alone: 64
 #    episodes 100k 0.00, 300k 0.08; 512 episodes 100k 0.08, 300k 0.12 / 0.16 / 0.12 (seeds 1 / 2 / 3).
