@@ -32,7 +32,52 @@ install() {  # (into /tmp/site once: the steps of one command share it)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*/*.whl
 }
 record() { cp benchmarks/results/throughput.jsonl "$OUT/throughput.jsonl"; nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; }
+# `all`: each step is one harness measurement (raw env for RAW_S seconds, then the script for its seconds, stopped
+# by SIGTERM), under a `timeout` so that one step that hangs cannot eat the others' time. DRY=1 prints the commands
+# and installs, runs and times nothing (the CPU test of this plumbing: tests/test_benchmarks.py).
+RAW_S=${RAW_S:-8}
+S=${S:-40}
+step() {  # step SECONDS COMMAND...: run (or, with DRY=1, print) one measurement within SECONDS + 60 s
+  local secs=$1; shift
+  if [ -n "${DRY:-}" ]; then echo "[$secs s] $*"; return 0; fi
+  timeout -s KILL $((secs + 60)) "$@" 2>&1 | tail -4 | tee -a "$OUT/all.log"
+}
+harness() {  # harness FAMILY ENV_ID NUM_ENVS LABEL SECONDS [harness flags] -- COMMAND...
+  local family=$1 env_id=$2 n=$3 label=$4 secs=$5; shift 5
+  step "$((secs + RAW_S))" python3 benchmarks/throughput.py "$family" --env-id "$env_id" --num-envs "$n" \
+    --seconds "$RAW_S" --train-seconds "$secs" --label "$label-gpu" "$@"
+}
 case "${1:-}" in
+all)  # issue 44: the GPU training SPS of all seven scripts, the raw env's rate beside each, in one device command
+  [ -n "${DRY:-}" ] || install
+  ex=/tmp/gpu_all_experts; py=python3
+  # T-REX: its quick configuration makes the reward model, then the policy phase on it is measured
+  step 60 $py trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --demonstrator.total-timesteps 8192 \
+    --policy.total-timesteps 8192 --reward.num-pairs 300 --reward.epochs 1 --eval.episodes 1 \
+    --env.max-episode-frames 4000 --run-dir /tmp/trex_quick
+  harness atari BreakoutNoFrameskip-v4 8 trex-policy "$S" -- $py trex_ppo_atari.py \
+    --env-id BreakoutNoFrameskip-v4 --reward-model /tmp/trex_quick/reward_model.pt
+  # RND at the paper's 128 envs x 128 steps, the observation-normalisation warm-up skipped
+  harness atari MontezumaRevengeNoFrameskip-v4 128 rnd-128envs "$S" -- $py rnd_ppo_atari.py \
+    --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 128 --rnd.num-iterations-obs-norm-init 0
+  # GA3C with the true reward (the speed limit) at 128 workers
+  harness atari BreakoutNoFrameskip-v4 128 ga3c-rl-w128 "$S" -- $py preference_ga3c_atari.py \
+    --env-id BreakoutNoFrameskip-v4 --labeler rl --ga3c.workers 128
+  # FILTER: a short expert phase fills the demo cache, then the IRL phase's charts/SPS is measured
+  harness mujoco Hopper-v5 1 filter-irl "$((S + 20))" -- $py filter_irl_mujoco.py --env-id Hopper-v5 \
+    --expert.experts-dir "$ex" --expert.timesteps 2000 --expert.num-demos 4 --sac.learning-starts 1000
+  # HyPE on the same cached demos
+  harness mujoco Hopper-v5 1 hype-irl "$S" -- $py hype_irl_mujoco.py --env-id Hopper-v5 \
+    --expert.experts-dir "$ex" --expert.num-demos 4 --sac.learning-starts 1000
+  # HyPER: the model rollouts and the loop's real steps/s on AntMaze UMaze (random-action data)
+  if [ -n "${DRY:-}" ]; then echo "[$((S + 30)) s] HYPER_S=$S bash benchmarks/mbirl_antmaze.sh throughput"
+  else PYTHON=$py LABEL_SUFFIX=-gpu HYPER_S=$S timeout -s KILL $((S + 90)) bash benchmarks/mbirl_antmaze.sh throughput \
+    2>&1 | tail -4 | tee -a "$OUT/all.log"; fi
+  # SimPLe at the paper's sizes: world-model steps/s, then the simulated env's SPS (PPO inside the model)
+  harness atari PongNoFrameskip-v4 16 simple-paper "$((2 * S + 20))" --tag sim/SPS \
+    --also-tag world_model/steps_per_s --also-tag charts/SPS -- $py simple_worldmodel_atari.py \
+    --env-id PongNoFrameskip-v4 --wm.train-steps 100 --wm.epoch-multiplier 1 --ppo.iterations 20
+  [ -n "${DRY:-}" ] || record ;;
 wheels)  # here, not on the device: the missing packages as Python 3.12 manylinux wheels
   get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
@@ -126,5 +171,5 @@ hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/m
   install
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 wheels|ga3c|keep-pace|pairwise|simple|hyper|gpu-tests|hyper-loop|reacher" >&2; exit 2 ;;
+*) echo "usage: $0 all|wheels|ga3c|keep-pace|pairwise|simple|hyper|gpu-tests|hyper-loop|reacher" >&2; exit 2 ;;
 esac

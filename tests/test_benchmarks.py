@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
+import subprocess
 import sys
 import textwrap
 
@@ -122,3 +125,47 @@ def test_gpu_runbook_parses_and_refuses_an_unknown_step(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     proc = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, env={"OUT": str(tmp_path)})
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_gpu_all_dry_run_lists_every_script_within_one_device_command(tmp_path):
+    """`gpu.sh all` is the first thing a lent GPU runs: one measurement per script, inside one 10-minute call."""
+    env = {"PATH": os.environ["PATH"], "OUT": str(tmp_path), "DRY": "1"}
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks" / "gpu.sh"), "all"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    budget = sum(int(re.match(r"\[(\d+) s\]", line).group(1)) for line in lines)
+    assert 300 <= budget <= 540  # leaves room for installs and start-ups inside 600 s
+    scripts = [
+        "trex_ppo_atari.py",
+        "rnd_ppo_atari.py",
+        "preference_ga3c_atari.py",
+        "filter_irl_mujoco.py",
+        "hype_irl_mujoco.py",
+        "mbirl_antmaze.sh throughput",
+        "simple_worldmodel_atari.py",
+    ]
+    for name in scripts:
+        assert any(name in line for line in lines), name
+    labels = re.findall(r"--label (\S+)", proc.stdout)
+    assert len(labels) == 6 and len(set(labels)) == 6 and all(x.endswith("-gpu") for x in labels)
+    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+
+
+def test_gpu_all_uses_only_flags_the_scripts_know():
+    """Every --flag that `gpu.sh all` passes to a script appears in that script's --help."""
+    env = {"PATH": os.environ["PATH"], "OUT": "/tmp", "DRY": "1"}
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks" / "gpu.sh"), "all"], capture_output=True, text=True, env=env
+    ).stdout
+    for line in out.splitlines():
+        m = re.search(r"python3 (\w+\.py) (.*)$", line.split(" -- ")[-1])
+        if m is None:
+            continue
+        script, rest = m.groups()
+        help_text = subprocess.run(
+            [sys.executable, str(REPO_ROOT / script), "--help"], capture_output=True, text=True, cwd=REPO_ROOT
+        ).stdout
+        for flag in re.findall(r"(--[a-z][\w.-]*)", rest):
+            assert flag in help_text, f"{script} has no {flag}"
