@@ -5,7 +5,7 @@ A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the rewar
 started from expert states in a window sliding from the end of the demonstrations back to their start.
 Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
 configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze expert = the planner +
-a goal-reaching Ant controller trained here by --train-goal-reacher (phase 0, SAC); Hopper/Walker2d/Ant/Humanoid:
+a goal-reaching Ant controller trained by mbirl_antmaze_goal_reacher.py (phase 0, SAC); Hopper/Walker2d/Ant/Humanoid:
 SAC on the siblings' expert cache, Ant and Humanoid with the reference's truncated observations; ALL real steps are
 counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
@@ -14,6 +14,7 @@ counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --run-dir runs/x  # same --run-dir again: resumes
     python mbirl_antmaze.py --eval-only runs/x                            # writes runs/x/evaluations/eval_NNN.json
     python mbirl_antmaze.py --train-goal-reacher --run-dir runs/r --reacher.path controllers/mine.pt  # phase 0
+        # (= python mbirl_antmaze_goal_reacher.py --run-dir runs/r --reacher.path controllers/mine.pt)
 Run dir: args.json, events, checkpoints/hyper.pt, model_pretrained.pt, policy.pt, results.json, learning_curve.png,
 maze.png. Expert cache: {experts_dir}/{env_id}/demos.npz (format: docs/mbirl_antmaze.md) + expert_meta.json."""
 
@@ -226,40 +227,12 @@ class DiscArgs:
 
 @dataclass
 class ReacherArgs:
-    """Phase 0 - the Ant goal-reaching controller that makes AntMaze expert data (trained by --train-goal-reacher)."""
+    """AntMaze - the goal-reaching Ant controller that makes the expert data (phase 0: trained by
+    mbirl_antmaze_goal_reacher.py, or this script with --train-goal-reacher)."""
 
     path: str = "controllers/ant_goal_reacher.pt"
     """the controller (relative paths start at this script's folder): read to make AntMaze expert data; written by
     --train-goal-reacher at every evaluation that beats the best so far (never by a new run over an existing file)"""
-    total_timesteps: int = 1_000_000
-    """Ant steps of SAC training on the open plane"""
-    num_envs: int = 4
-    """Ant envs stepped together (one batched policy forward); one SAC update per env step"""
-    learning_starts: int = 10_000
-    """uniformly random steps before the first update"""
-    hidden: int = 256
-    """width of the two hidden layers of actor and critics"""
-    lr: float = 3e-4
-    """Adam learning rate of actor, critics and temperature"""
-    gamma: float = 0.99
-    """discount factor"""
-    batch_size: int = 256
-    """SAC minibatch"""
-    buffer_size: int = 1_000_000
-    """replay capacity (transitions)"""
-    goal_min: float = 1.0
-    """goals are drawn at a distance U(goal_min, goal_max) m in a uniform direction, again whenever one is reached"""
-    goal_max: float = 6.0
-    """farthest goal (m); the controller sees goal offsets clipped to this length"""
-    episode_steps: int = 1000
-    """steps before an episode is cut (bootstrapped); a fall (torso height outside [0.2, 1], or upside down) ends it"""
-    progress_scale: float = 10.0
-    """reward = progress_scale * progress toward the goal (m/s) + 1 while upright - ctrl_cost * |a|^2; 10 as the
-    controller behind Minari's antmaze data (turning makes the Ant slower than Ant-v5's forward run)"""
-    ctrl_cost: float = 0.5
-    """weight of the control cost (Ant-v5's)"""
-    eval_episodes: int = 10
-    """deterministic evaluation episodes (reset seeds seed + 10000 + i) every eval.frequency steps and at the end"""
 
 
 @dataclass
@@ -303,7 +276,8 @@ class Args:
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
     train_goal_reacher: bool = False
-    """train the Ant goal-reaching controller (phase 0, --reacher.*) and write it to --reacher.path; no HyPER"""
+    """train the Ant goal-reaching controller (phase 0) and write it to --reacher.path; no HyPER: runs
+    mbirl_antmaze_goal_reacher.py with the other flags (its --help lists them)"""
     eval_only: str | None = None
     """evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json; no training"""
     torch_threads: int = 0
@@ -455,6 +429,26 @@ class PlannerPD:
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         action = pd_action(obs[:2], obs[2:4], self.waypoint(obs), self.e.kp, self.e.kd)
         return np.clip(action + self.e.action_noise * self.rng.standard_normal(2), -1, 1)
+
+
+REACHER_OBS = 29  # the controller's input: the 27-D ant observation + the goal offset in the torso's frame
+
+
+def torso_yaw(quat: np.ndarray) -> np.ndarray:
+    """Heading of MuJoCo (w, x, y, z) quaternions (..., 4)."""
+    w, x, y, z = np.moveaxis(quat, -1, 0)
+    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: float) -> np.ndarray:
+    """The controller's input: the 27-D ant observation (qpos[2:], qvel; ant[1:5] is the torso quaternion) and the
+    goal offset rotated into the torso's heading frame, clipped to max_dist (a far goal reads as 'that way')."""
+    yaw, d = torso_yaw(ant[..., 1:5]), goal - xy
+    c, s = np.cos(yaw), np.sin(yaw)
+    local = np.stack([c * d[..., 0] + s * d[..., 1], c * d[..., 1] - s * d[..., 0]], -1)
+    norm = np.linalg.norm(local, axis=-1, keepdims=True)
+    local = local * np.minimum(1.0, max_dist / np.maximum(norm, 1e-9))
+    return np.concatenate([ant, local], -1).astype(np.float32)
 
 
 class PlannerAnt(PlannerPD):
@@ -1139,147 +1133,6 @@ class SAC:
         self.graphs = CudaGraphs(self._update) if self.cuda else None  # new optimiser state tensors: capture again
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Phase 0: the goal-reaching Ant controller (SAC on an open plane, AntMaze's own Ant body without the walls)
-# ----------------------------------------------------------------------------------------------------------------
-REACHER_OBS, ANT_ACT = 29, 8  # 27-D ant observation + the goal offset in the torso's frame; 8 joint torques
-
-
-def torso_yaw(quat: np.ndarray) -> np.ndarray:
-    """Heading of MuJoCo (w, x, y, z) quaternions (..., 4)."""
-    w, x, y, z = np.moveaxis(quat, -1, 0)
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
-def upside_down(quat: np.ndarray) -> np.ndarray:
-    """The torso's up axis points below the horizon. A flipped Ant lies at a 'healthy' torso height, so Ant-v5's
-    height test alone lets a controller learn nothing against flipping (and the flipped Ant never gets up)."""
-    _, x, y, _ = np.moveaxis(quat, -1, 0)
-    return 1 - 2 * (x * x + y * y) < 0
-
-
-def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: float) -> np.ndarray:
-    """The controller's input: the 27-D ant observation (qpos[2:], qvel; ant[1:5] is the torso quaternion) and the
-    goal offset rotated into the torso's heading frame, clipped to max_dist (a far goal reads as 'that way')."""
-    yaw, d = torso_yaw(ant[..., 1:5]), goal - xy
-    c, s = np.cos(yaw), np.sin(yaw)
-    local = np.stack([c * d[..., 0] + s * d[..., 1], c * d[..., 1] - s * d[..., 0]], -1)
-    norm = np.linalg.norm(local, axis=-1, keepdims=True)
-    local = local * np.minimum(1.0, max_dist / np.maximum(norm, 1e-9))
-    return np.concatenate([ant, local], -1).astype(np.float32)
-
-
-class GoalReachAnt:
-    """num_envs Ant-v5 bodies (the MJCF AntMaze adds its walls to) on an open plane, each walking to a goal
-    U(goal_min, goal_max) m away in a uniform direction; a goal reached (within 0.45 m) is replaced by a new one.
-    Reward: progress_scale x progress toward the goal in m/s + 1 while upright - ctrl_cost |a|^2. A fall (torso
-    height outside [0.2, 1], or upside down) ends the episode; resets face a random heading."""
-
-    def __init__(self, r: ReacherArgs, seed: int, num_envs: int | None = None):
-        from gymnasium.envs.mujoco.ant_v5 import AntEnv
-
-        self.r, self.rng, n = r, np.random.default_rng(seed), num_envs or r.num_envs
-        self.envs = [
-            AntEnv(exclude_current_positions_from_observation=False, include_cfrc_ext_in_observation=False)
-            for _ in range(n)
-        ]
-        self.state, self.goal = np.zeros((n, 29)), np.zeros((n, 2))  # (qpos, qvel), goal (x, y)
-        self.t, self.reached, self.finished = np.zeros(n, np.int64), np.zeros(n, np.int64), []
-        for i in range(n):
-            self.reset(i, seed + i)
-
-    def reset(self, i: int, seed: int | None = None) -> None:
-        env = self.envs[i]
-        env.reset(seed=seed)
-        qpos, qvel, yaw = env.data.qpos.copy(), env.data.qvel.copy(), self.rng.uniform(-np.pi, np.pi)
-        qpos[3:7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
-        env.set_state(qpos, qvel)
-        self.state[i], self.t[i], self.reached[i] = np.concatenate([qpos, qvel]), 0, 0
-        self.new_goal(i)
-
-    def new_goal(self, i: int) -> None:
-        dist, angle = self.rng.uniform(self.r.goal_min, self.r.goal_max), self.rng.uniform(-np.pi, np.pi)
-        self.goal[i] = self.state[i, :2] + dist * np.array([np.cos(angle), np.sin(angle)])
-
-    def obs(self) -> np.ndarray:
-        return reacher_obs(self.state[:, 2:], self.state[:, :2], self.goal, self.r.goal_max)
-
-    def step(self, actions: np.ndarray):
-        """-> next observations (toward the goals the actions were taken for), rewards, terminated, truncated. Ended
-        envs are reset and reached goals replaced afterwards, so obs() is the next input."""
-        n = len(self.envs)
-        next_obs, reward = np.zeros((n, REACHER_OBS), np.float32), np.zeros(n, np.float32)
-        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
-        for i, env in enumerate(self.envs):
-            before = np.linalg.norm(self.goal[i] - self.state[i, :2])
-            state, _, fell, _, _ = env.step(actions[i])
-            term[i] = fell or upside_down(state[3:7])
-            after = np.linalg.norm(self.goal[i] - state[:2])
-            progress = self.r.progress_scale * (before - after) / env.dt
-            reward[i] = progress + (not term[i]) - self.r.ctrl_cost * np.square(actions[i]).sum()
-            next_obs[i] = reacher_obs(state[2:], state[:2], self.goal[i], self.r.goal_max)
-            self.state[i], self.t[i] = state, self.t[i] + 1
-            trunc[i] = self.t[i] >= self.r.episode_steps
-            if after <= GOAL_RADIUS:
-                self.reached[i] += 1
-                self.new_goal(i)
-            if term[i] or trunc[i]:
-                self.finished.append(
-                    {"env": i, "goals": int(self.reached[i]), "length": int(self.t[i]), "fell": bool(term[i])}
-                )
-                self.reset(i)
-        return next_obs, reward, term, trunc
-
-
-def evaluate_reacher(actor: "GaussianActor", r: ReacherArgs, episodes: int, seed: int) -> dict:
-    """One deterministic episode per env, all envs at once: goals reached per episode (episode_steps steps unless
-    the Ant falls) and the share of falls."""
-    envs, first = GoalReachAnt(r, seed, num_envs=episodes), {}
-    while len(first) < episodes:
-        envs.step(actor.act(envs.obs()))
-        for ep in envs.finished:
-            first.setdefault(ep["env"], ep)
-    goals = [first[i]["goals"] for i in range(episodes)]
-    fell = [first[i]["fell"] for i in range(episodes)]
-    return {"goals_per_episode": float(np.mean(goals)), "fall_rate": float(np.mean(fell)), "goals": goals}
-
-
-def train_goal_reacher(args: Args, run: "RunContext"):
-    """SAC (one update per Ant step, after learning_starts random ones) on GoalReachAnt; returns (counters, agent),
-    or None when interrupted (after saving a checkpoint)."""
-    r, device = args.reacher, run.device
-    envs = GoalReachAnt(r, args.seed)
-    agent = SAC(REACHER_OBS, ANT_ACT, ActorArgs(hidden=r.hidden, lr=r.lr, gamma=r.gamma, grad_clip=0.0), device)
-    replay = Buffer(REACHER_OBS, ANT_ACT, r.buffer_size, device, reward=True)
-    c = {"step": 0, "history": [], "episodes": [], "commands": []}
-    run.load_reacher_checkpoint(agent, replay, c)
-    c["commands"].append(f"python {SCRIPT} " + " ".join(sys.argv[1:]))  # the first one, then every resume
-    run.progress_start(r.total_timesteps, c["step"])
-    obs, last = envs.obs(), {}
-    while c["step"] < r.total_timesteps:
-        if run.stop_requested():
-            run.save_reacher_checkpoint(agent, replay, c)
-            return None
-        if c["step"] < r.learning_starts:
-            action = run.rng.uniform(-1, 1, (len(obs), ANT_ACT)).astype(np.float32)
-        else:
-            with torch.no_grad():
-                action = agent.actor.sample(torch.as_tensor(obs, device=device))[0].cpu().numpy()
-        next_obs, reward, term, _ = envs.step(action)
-        replay.add(*(torch.as_tensor(x, device=device) for x in (obs, action, next_obs, term, reward)))
-        obs = envs.obs()
-        c["episodes"] += envs.finished
-        envs.finished = []
-        if c["step"] >= r.learning_starts:  # one update per Ant step; their minibatches drawn at once (one copy)
-            batch, B = replay.sample(len(obs) * r.batch_size, run.generator), r.batch_size
-            for u in range(len(obs)):
-                last = agent.update(*(x[u * B : (u + 1) * B] for x in batch))
-        c["step"] += len(obs)
-        run.after_reacher_step(c, last, agent, replay)
-    run.save_reacher_checkpoint(agent, replay, c)
-    return c, agent
-
-
 def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float):
     """n complete real episodes (reset seeds seed, seed + 1, ...) with the deterministic actor and the trembling hand,
     run side by side on the envs so the actor acts on one batch per step (one call, not one per env: on a GPU each
@@ -1526,12 +1379,6 @@ def main(args: Args) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     run.start()
-    if args.train_goal_reacher:
-        out = train_goal_reacher(args, run)
-        if out is None:
-            print(f"interrupted: checkpoint saved; re-run with --run-dir {run.run_dir} to resume", file=sys.stderr)
-            raise SystemExit(130)
-        return run.finish_reacher(*out)
     try:
         demos = run.demos
         if demos is None:
@@ -1576,17 +1423,7 @@ class RunContext:
             resolve_defaults(args)
             return self
         if args.train_goal_reacher:
-            resolve_defaults(args)
-            check_numbers(args)
-            self.run_dir = Path(args.run_dir or f"runs/ant_goal_reacher__{args.seed}__{int(time.time())}")
-            self.check_run_dir()
-            out = reacher_file(args.reacher.path)
-            if out.exists() and not (self.run_dir / "args.json").exists():  # a new run never replaces a controller
-                raise UsageError(f"{out} already holds a controller (the shipped one?); pass another --reacher.path")
-            parent = next((p for p in out.parents if p.exists()), Path("/"))
-            if not os.access(parent, os.W_OK):
-                raise UsageError(f"cannot write {out} ({parent} is not writable); pass another --reacher.path")
-            return self
+            raise UsageError("--train-goal-reacher runs mbirl_antmaze_goal_reacher.py: pass it on the command line")
         if args.env_id not in gym.registry:
             import difflib
 
@@ -1609,7 +1446,7 @@ class RunContext:
         resolve_defaults(args)
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        self.check_run_dir()
+        check_run_dir(self.run_dir, SCRIPT, args.env_id, "checkpoints/hyper.pt")
         self.cache = Path(args.expert.experts_dir) / args.env_id
         path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
@@ -1642,33 +1479,8 @@ class RunContext:
             self.controller = f"goal-reaching Ant controller {path.name}"
         return self
 
-    def check_run_dir(self) -> None:
-        """A finished run is never overwritten; an existing run dir must hold a run of the same kind."""
-        args, kind = self.args, "--train-goal-reacher" if self.args.train_goal_reacher else self.args.env_id
-        if (self.run_dir / "results.json").exists():
-            raise UsageError(f"{self.run_dir} already holds a finished run (results.json); pass a new --run-dir")
-        if (self.run_dir / "args.json").exists():
-            try:
-                old = json.loads((self.run_dir / "args.json").read_text())
-            except ValueError:
-                raise UsageError(f"{self.run_dir}/args.json is corrupt; pass a new --run-dir") from None
-            old_kind = "--train-goal-reacher" if old.get("train_goal_reacher") else old.get("env_id")
-            if old.get("script") != SCRIPT or old_kind != kind:
-                raise UsageError(
-                    f"{self.run_dir} holds a {old.get('script')} run on {old_kind}, not {SCRIPT} on {kind}; "
-                    "pass a new --run-dir"
-                )
-        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise UsageError(f"{self.run_dir} exists and is not a run of {SCRIPT}; pass a new --run-dir")
-        ckpt = self.run_dir / "checkpoints" / ("reacher.pt" if args.train_goal_reacher else "hyper.pt")
-        for path in (ckpt, self.run_dir / "model_pretrained.pt"):
-            if path.exists():
-                try:
-                    torch.load(path, map_location="cpu", weights_only=False)
-                except Exception:  # noqa: BLE001 - any unreadable artifact is bad input
-                    raise UsageError(f"{path} is corrupt; delete it to redo that phase") from None
-
-    def start(self) -> None:
+    def start(self, script: str = SCRIPT) -> None:
+        """Signals, seeds, device, the run dir with its args.json (naming the script), TensorBoard."""
         args = self.args
         import signal
 
@@ -1695,7 +1507,7 @@ class RunContext:
         for stale in self.run_dir.rglob("*.tmp*"):  # left by a killed atomic write
             stale.unlink()
         if not (self.run_dir / "args.json").exists():
-            atomic_json(self.run_dir / "args.json", {"script": SCRIPT, **dataclasses.asdict(args)})
+            atomic_json(self.run_dir / "args.json", {"script": script, **dataclasses.asdict(args)})
         print(f"run dir: {self.run_dir}", flush=True)
         if args.track:
             import wandb
@@ -1803,99 +1615,10 @@ class RunContext:
         if s.get("cuda") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([t.cpu() for t in s["cuda"]])
 
-    # -- phase 0: the goal reacher's checkpoints, logging, evaluation and output ----------------------------------
-    def load_reacher_checkpoint(self, agent, replay, c) -> None:
-        path = self.run_dir / "checkpoints" / "reacher.pt"
-        if path.exists():
-            ckpt = torch.load(path, map_location=self.device, weights_only=False)
-            agent.load_state_dict(ckpt["agent"])
-            replay.load_rows(ckpt["replay"])
-            c.update(ckpt["counters"])
-            self.set_rng_state(ckpt["rng"])
-            print(f"resumed at step {c['step']} (new episodes start from here)", flush=True)
-
-    def save_reacher_checkpoint(self, agent, replay, c) -> None:
-        atomic_torch_save(
-            self.run_dir / "checkpoints" / "reacher.pt",
-            {
-                "agent": agent.state_dict(),
-                "replay": replay.rows[: replay.size].to("cpu", copy=True),  # (not the whole capacity)
-                "counters": c,
-                "rng": self.rng_state(),
-            },
-        )
-
-    def after_reacher_step(self, c, last, agent, replay) -> None:
-        e, r, step = self.args.eval, self.args.reacher, c["step"]
-        n = r.num_envs
-        self.bar.update(n)
-        crossed = lambda every: step // every != (step - n) // every  # noqa: E731
-        if crossed(e.log_frequency) and last:
-            scalars = {k: float(v) for k, v in last.items()}
-            if not all(math.isfinite(v) for v in scalars.values()):
-                raise NonFiniteLoss(f"goal reacher: non-finite SAC losses at step {step}; lower --reacher.lr")
-            for k, v in scalars.items():
-                self.writer.add_scalar(f"reacher/{k}", v, step)
-            recent = c["episodes"][-20:]
-            if recent:
-                self.writer.add_scalar("reacher/train_goals", np.mean([ep["goals"] for ep in recent]), step)
-                self.writer.add_scalar("reacher/train_fall_rate", np.mean([ep["fell"] for ep in recent]), step)
-            self.writer.add_scalar("charts/SPS", (step - self.sps_step) / max(1e-9, time.time() - self.sps_t0), step)
-        if crossed(e.frequency) or step >= r.total_timesteps:
-            self.reacher_eval(c, agent)
-        if crossed(e.checkpoint_frequency) and step < r.total_timesteps:
-            self.save_reacher_checkpoint(agent, replay, c)
-
-    def reacher_eval(self, c, agent) -> None:
-        """Evaluate; a new best (more goals, then fewer falls) is written to --reacher.path at once, so a running or
-        stopped training always leaves its best controller so far."""
-        r = self.args.reacher
-        res = {"step": c["step"], **evaluate_reacher(agent.actor, r, r.eval_episodes, self.args.seed + 10_000)}
-        c["history"].append(res)
-        self.writer.add_scalar("charts/goals_per_episode", res["goals_per_episode"], c["step"])
-        self.writer.add_scalar("charts/fall_rate", res["fall_rate"], c["step"])
-        self.bar.write(
-            f"[eval] step {c['step']}: {res['goals_per_episode']:.1f} goals per {r.episode_steps}-step episode, "
-            f"falls {res['fall_rate']:.0%}"
-        )
-        best = c.get("best")
-        if best is None or (res["goals_per_episode"], -res["fall_rate"]) > (
-            best["goals_per_episode"],
-            -best["fall_rate"],
-        ):
-            c["best"] = res
-            out = reacher_file(r.path)
-            meta = {
-                "script": SCRIPT,
-                "made_by": c["commands"],
-                "env": "Ant-v5 body (gymnasium's ant.xml, as in AntMaze v5) on an open plane, goals 0.45 m",
-                "algorithm": "SAC, one update per env step; the best evaluation so far is kept",
-                "eval": res,
-                "steps_trained": c["step"],
-                "settings": dataclasses.asdict(r),
-                "seed": self.args.seed,
-                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            }
-            save_policy(out, agent.actor, "goal-reacher", max_dist=r.goal_max, meta=meta)
-            atomic_json(out.with_suffix(".json"), meta)
-
-    def finish_reacher(self, c: dict, agent) -> None:
-        self.bar.close()
-        if not c["history"] or c["history"][-1]["step"] != c["step"]:  # resumed with a smaller total: evaluate now
-            self.reacher_eval(c, agent)
-        results = {"script": SCRIPT, "steps": c["step"], "best": c["best"], "commands": c["commands"],
-                   "wall_time_s": time.time() - self.t0, "history": c["history"]}  # fmt: skip
-        atomic_json(self.run_dir / "results.json", results)
-        self.writer.close()
-        best, out = c["best"], reacher_file(self.args.reacher.path)
-        print(f"goal reacher: best {best['goals_per_episode']:.1f} goals per episode (falls {best['fall_rate']:.0%}) "
-              f"at step {best['step']} -> {out}")  # fmt: skip
-
     # -- progress, evaluation, logging --------------------------------------------------------------------------
-    def progress_start(self, total: int, step: int) -> None:
+    def progress_start(self, total: int, step: int, desc: str = "hyper") -> None:
         from tqdm import tqdm
 
-        desc = "reacher" if self.args.train_goal_reacher else "hyper"
         self.bar = tqdm(total=total, initial=step, desc=desc, mininterval=5, file=sys.stdout)
         self.sps_t0, self.sps_step = time.time(), step
 
@@ -2002,92 +1725,102 @@ class RunContext:
         )
 
 
-def check_numbers(args: Args) -> None:
+def check_run_dir(run_dir: Path, script: str, kind: str, checkpoint: str) -> None:
+    """A finished run is never overwritten; an existing run dir must hold a run of the same script and kind (env)."""
+    if (run_dir / "results.json").exists():
+        raise UsageError(f"{run_dir} already holds a finished run (results.json); pass a new --run-dir")
+    if (run_dir / "args.json").exists():
+        try:
+            old = json.loads((run_dir / "args.json").read_text())
+        except ValueError:
+            raise UsageError(f"{run_dir}/args.json is corrupt; pass a new --run-dir") from None
+        old_kind = old.get("env_id", "the Ant")
+        if old.get("script") != script or old_kind != kind:
+            raise UsageError(
+                f"{run_dir} holds a {old.get('script')} run on {old_kind}, not {script} on {kind}; pass a new --run-dir"
+            )
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise UsageError(f"{run_dir} exists and is not a run of {script}; pass a new --run-dir")
+    for path in (run_dir / checkpoint, run_dir / "model_pretrained.pt"):
+        if path.exists():
+            try:
+                torch.load(path, map_location="cpu", weights_only=False)
+            except Exception:  # noqa: BLE001 - any unreadable artifact is bad input
+                raise UsageError(f"{path} is corrupt; delete it to redo that phase") from None
+
+
+RANGES = {
+    "expert": {
+        "num_demos": (1, 1e6),
+        "kp": (0, 1e4),
+        "kd": (0, 1e4),
+        "waypoint_jitter": (0, 0.5),
+        "action_noise": (0, 1),
+        "reacher_reach": (0.01, 100),
+    },
+    "model": {
+        "ensemble_size": (1, 64),
+        "num_elites": (1, 64),
+        "hidden": (1, 8192),
+        "layers": (1, 16),
+        "clip_output": (0, 1e6),
+        "lr": (1e-12, 1),
+        "weight_decay": (0, 1),
+        "batch_size": (1, 1e6),
+        "val_ratio": (1e-6, 0.9),
+        "patience": (1, 1e6),
+        "max_epochs": (0, 1e9),
+        "pretrain_max_epochs": (0, 1e9),
+        "pretrain_bins": (1, 10_000),
+    },
+    "hyper": {
+        "total_timesteps": (1, 1e10),
+        "exploration_steps": (0, 1e10),
+        "bc_init_steps": (0, 1e10),
+        "freq_train_model": (1, 1e10),
+        "rollout_batch_size": (1, 1e8),
+        "epoch_length": (1, 1e10),
+        "retain_epochs": (1, 1000),
+        "window": (1e-6, 1),
+        "updates_per_step": (0, 10_000),
+        "p_tremble": (0, 1),
+    },
+    "actor": {
+        "hidden": (1, 8192),
+        "lr": (1e-12, 1),
+        "weight_decay": (0, 1),
+        "gamma": (0, 0.9999),
+        "tau": (1e-9, 1),
+        "policy_noise": (0, 10),
+        "noise_clip": (0, 10),
+        "policy_freq": (1, 1000),
+        "bc_alpha": (0, 1e6),
+        "expl_noise": (0, 10),
+        "batch_size": (2, 1e6),
+        "grad_clip": (0, 1e6),
+        "lr_decay": (0, 1e10),
+    },
+    "disc": {
+        "every": (1, 1e10),
+        "lr": (1e-12, 10),
+        "batch_size": (1, 1e7),
+        "trajectories": (1, 10_000),
+        "gp_weight": (0, 1e6),
+        "gp_target": (0, 1e3),
+        "hidden": (1, 8192),
+        "ensemble": (1, 64),
+    },
+    "eval": {
+        "frequency": (1, 1e10),
+        "episodes": (1, 1e5),
+        "log_frequency": (1, 1e10),
+        "checkpoint_frequency": (1, 1e10),
+    },
+}
+
+
+def check_ranges(args, ranges: dict) -> None:
     """Every numeric setting in range, before any work (exit 2 naming the flag)."""
-    ranges = {
-        "expert": {
-            "num_demos": (1, 1e6),
-            "kp": (0, 1e4),
-            "kd": (0, 1e4),
-            "waypoint_jitter": (0, 0.5),
-            "action_noise": (0, 1),
-            "reacher_reach": (0.01, 100),
-        },
-        "model": {
-            "ensemble_size": (1, 64),
-            "num_elites": (1, 64),
-            "hidden": (1, 8192),
-            "layers": (1, 16),
-            "clip_output": (0, 1e6),
-            "lr": (1e-12, 1),
-            "weight_decay": (0, 1),
-            "batch_size": (1, 1e6),
-            "val_ratio": (1e-6, 0.9),
-            "patience": (1, 1e6),
-            "max_epochs": (0, 1e9),
-            "pretrain_max_epochs": (0, 1e9),
-            "pretrain_bins": (1, 10_000),
-        },
-        "hyper": {
-            "total_timesteps": (1, 1e10),
-            "exploration_steps": (0, 1e10),
-            "bc_init_steps": (0, 1e10),
-            "freq_train_model": (1, 1e10),
-            "rollout_batch_size": (1, 1e8),
-            "epoch_length": (1, 1e10),
-            "retain_epochs": (1, 1000),
-            "window": (1e-6, 1),
-            "updates_per_step": (0, 10_000),
-            "p_tremble": (0, 1),
-        },
-        "actor": {
-            "hidden": (1, 8192),
-            "lr": (1e-12, 1),
-            "weight_decay": (0, 1),
-            "gamma": (0, 0.9999),
-            "tau": (1e-9, 1),
-            "policy_noise": (0, 10),
-            "noise_clip": (0, 10),
-            "policy_freq": (1, 1000),
-            "bc_alpha": (0, 1e6),
-            "expl_noise": (0, 10),
-            "batch_size": (2, 1e6),
-            "grad_clip": (0, 1e6),
-            "lr_decay": (0, 1e10),
-        },
-        "disc": {
-            "every": (1, 1e10),
-            "lr": (1e-12, 10),
-            "batch_size": (1, 1e7),
-            "trajectories": (1, 10_000),
-            "gp_weight": (0, 1e6),
-            "gp_target": (0, 1e3),
-            "hidden": (1, 8192),
-            "ensemble": (1, 64),
-        },
-        "reacher": {
-            "total_timesteps": (1, 1e10),
-            "num_envs": (1, 1024),
-            "learning_starts": (0, 1e10),
-            "hidden": (1, 8192),
-            "lr": (1e-12, 1),
-            "gamma": (0, 0.9999),
-            "batch_size": (2, 1e6),
-            "buffer_size": (1, 1e8),
-            "goal_min": (0.46, 100),
-            "goal_max": (0.46, 100),
-            "episode_steps": (1, 1e7),
-            "progress_scale": (1e-6, 1000),
-            "ctrl_cost": (0, 100),
-            "eval_episodes": (1, 1e4),
-        },
-        "eval": {
-            "frequency": (1, 1e10),
-            "episodes": (1, 1e5),
-            "log_frequency": (1, 1e10),
-            "checkpoint_frequency": (1, 1e10),
-        },
-    }
     for group, fields in ranges.items():
         for name, (lo, hi) in fields.items():
             v = getattr(getattr(args, group), name)
@@ -2095,8 +1828,10 @@ def check_numbers(args: Args) -> None:
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 raise UsageError(f"--{group}.{name.replace('_', '-')} must lie in [{lo:g}, {hi:g}], not {v}")
-    if args.reacher.goal_min > args.reacher.goal_max:
-        raise UsageError("--reacher.goal-min must not exceed --reacher.goal-max")
+
+
+def check_numbers(args: Args) -> None:
+    check_ranges(args, RANGES)
     if args.model.num_elites > args.model.ensemble_size:
         raise UsageError("--model.num-elites must not exceed --model.ensemble-size")
     if args.hyper.exploration_steps >= args.hyper.total_timesteps:
@@ -2479,6 +2214,19 @@ def record_video(actor: Actor, env_id: str, path: Path, seed: int) -> None:
     os.replace(tmp, path)
 
 
+def saved_script(argv: list[str]) -> str | None:
+    """The script named in the args.json of the --run-dir on the command line, if any."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--run-dir", "--run_dir")
+    run_dir = parser.parse_known_args(argv)[0].run_dir
+    try:
+        return json.loads((Path(run_dir) / "args.json").read_text()).get("script") if run_dir else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def args_from_dict(saved: dict) -> Args:
     groups = {
         "expert": ExpertArgs,
@@ -2499,8 +2247,14 @@ def args_from_dict(saved: dict) -> Args:
 
 
 def cli(argv: list[str] | None = None) -> Args:
-    """Parse the command line; an existing --run-dir's args.json gives the defaults (`--run-dir X` resumes)."""
+    """Parse the command line; an existing --run-dir's args.json gives the defaults (`--run-dir X` resumes).
+    --train-goal-reacher (or a run dir of it) runs mbirl_antmaze_goal_reacher.py with the other flags."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--train-goal-reacher" in argv or saved_script(argv) == "mbirl_antmaze_goal_reacher.py":
+        import mbirl_antmaze_goal_reacher as phase0
+
+        phase0.main(phase0.cli([a for a in argv if a != "--train-goal-reacher"]))
+        raise SystemExit(0)
     args = tyro.cli(Args, args=argv)
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
     if saved is not None and saved.exists():

@@ -16,6 +16,7 @@ from conftest import REPO_ROOT, interrupt_when_exists
 
 sys.path.insert(0, str(REPO_ROOT))
 import mbirl_antmaze as mb  # noqa: E402
+import mbirl_antmaze_goal_reacher as gr  # noqa: E402
 
 ENV = "PointMaze_UMaze-v3"
 TINY = [
@@ -523,20 +524,30 @@ def _validate(tmp_path, **overrides):
 
 
 def _numeric_fields():
-    for group in ("expert", "model", "hyper", "actor", "disc", "reacher", "eval"):
-        for f in dataclasses.fields(getattr(mb.Args(), group)):
-            if f.type in (int, float, int | None, float | None):
-                yield group, f.name
+    for script, groups in (("mbirl_antmaze", ("expert", "model", "hyper", "actor", "disc", "eval")),
+                           ("mbirl_antmaze_goal_reacher", ("reacher", "eval"))):  # fmt: skip
+        module = mb if script == "mbirl_antmaze" else gr
+        for group in groups:
+            for f in dataclasses.fields(getattr(module.Args(), group)):
+                if f.type in (int, float, int | None, float | None):
+                    yield script, group, f.name
 
 
-@pytest.mark.parametrize("group, name", list(_numeric_fields()))
-def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name):
+def _valid_args(script, tmp_path):
+    if script == "mbirl_antmaze":
+        return mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
+    return gr.Args(run_dir=str(tmp_path / "run"), reacher=gr.ReacherArgs(path=str(tmp_path / "ctl.pt")))
+
+
+@pytest.mark.parametrize("script, group, name", list(_numeric_fields()))
+def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, script, group, name):
+    validate = mb.RunContext.validate if script == "mbirl_antmaze" else gr.ReacherRun.validate
     for bad in (-1, float("nan"), 1e15):
-        args = mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
+        args = _valid_args(script, tmp_path)
         setattr(getattr(args, group), name, bad)
         with pytest.raises(mb.UsageError, match=name.replace("_", "-")):
-            mb.RunContext.validate(args)
-    args = mb.Args(run_dir=str(tmp_path / "run"), expert=mb.ExpertArgs(experts_dir=str(tmp_path / "e")))
+            validate(args)
+    args = _valid_args(script, tmp_path)
     setattr(getattr(args, group), name, 0)
     assert getattr(getattr(args, group), name) == 0
     zero_ok = {
@@ -565,10 +576,10 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, group, name
         "lr_decay",
     }
     if name in zero_ok:  # 0 is a documented valid value
-        mb.RunContext.validate(args)
+        validate(args)
     else:
         with pytest.raises(mb.UsageError):
-            mb.RunContext.validate(args)
+            validate(args)
     assert not (tmp_path / "run").exists()
 
 
@@ -738,8 +749,8 @@ def test_torso_yaw_and_the_controller_input_in_the_heading_frame():
 
 
 def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
-    r = mb.ReacherArgs(num_envs=1, episode_steps=5)
-    envs = mb.GoalReachAnt(r, seed=0)
+    r = gr.ReacherArgs(num_envs=1, episode_steps=5)
+    envs = gr.GoalReachAnt(r, seed=0)
     xy = envs.state[0, :2].copy()
     envs.goal[0] = xy + [3.0, 0.0]
     action = np.full((1, 8), 0.5, np.float32)
@@ -757,9 +768,9 @@ def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
 
 def test_an_upside_down_ant_is_a_fall_even_at_a_healthy_height():
     tilt = lambda deg: np.array([math.cos(math.radians(deg) / 2), math.sin(math.radians(deg) / 2), 0, 0])  # noqa: E731
-    assert not mb.upside_down(tilt(0)) and not mb.upside_down(tilt(85)) and mb.upside_down(tilt(95))
-    assert mb.upside_down(np.stack([tilt(180), tilt(30)])).tolist() == [True, False]  # about x or y alike
-    envs = mb.GoalReachAnt(mb.ReacherArgs(num_envs=1), seed=0)
+    assert not gr.upside_down(tilt(0)) and not gr.upside_down(tilt(85)) and gr.upside_down(tilt(95))
+    assert gr.upside_down(np.stack([tilt(180), tilt(30)])).tolist() == [True, False]  # about x or y alike
+    envs = gr.GoalReachAnt(gr.ReacherArgs(num_envs=1), seed=0)
     env = envs.envs[0]
     qpos, qvel = env.init_qpos.copy(), env.init_qvel.copy()
     qpos[2], qpos[3:7] = 0.5, tilt(180)  # on its back, torso within Ant-v5's healthy [0.2, 1]
@@ -852,24 +863,29 @@ def test_shipped_controller_makes_expert_data_that_reach_the_goal_on_antmaze_uma
 
 
 def test_goal_reacher_bad_input(tmp_path):
+    def validate(run_dir=tmp_path / "run", **reacher):
+        return gr.ReacherRun.validate(gr.Args(run_dir=str(run_dir), reacher=gr.ReacherArgs(**reacher)))
+
     with pytest.raises(mb.UsageError, match="goal-min"):
-        _validate(tmp_path, train_goal_reacher=True, reacher=mb.ReacherArgs(goal_min=7.0, goal_max=6.0))
+        validate(goal_min=7.0, goal_max=6.0)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
     try:
         if not os.access(locked, os.W_OK):  # (root writes anywhere)
             with pytest.raises(mb.UsageError, match="not writable"):
-                _validate(tmp_path, train_goal_reacher=True, reacher=mb.ReacherArgs(path=str(locked / "a" / "c.pt")))
+                validate(path=str(locked / "a" / "c.pt"))
     finally:
         locked.chmod(0o700)
     other = tmp_path / "run"
     other.mkdir()
     (other / "args.json").write_text(json.dumps({"script": "mbirl_antmaze.py", "env_id": ENV}))
-    with pytest.raises(mb.UsageError, match="not mbirl_antmaze.py on --train-goal-reacher"):
-        _validate(tmp_path, train_goal_reacher=True)
+    with pytest.raises(mb.UsageError, match="not mbirl_antmaze_goal_reacher.py on the Ant"):
+        validate(path=str(tmp_path / "c.pt"))
     assert not (tmp_path / "run" / "checkpoints").exists()
     with pytest.raises(mb.UsageError, match="already holds a controller.*reacher.path"):  # the shipped one is kept
+        validate(run_dir=tmp_path / "new")
+    with pytest.raises(mb.UsageError, match="mbirl_antmaze_goal_reacher.py"):  # the flag is for the command line
         _validate(tmp_path / "new", train_goal_reacher=True)
 
 
