@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.distributions import Categorical
+from tqdm import tqdm
 
 
 @dataclass
@@ -125,6 +126,10 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
     envs = AtariVectorEnv(game=rom, num_envs=num_envs, grayscale=True, img_height=84, img_width=84, **settings)
     envs.reset(seed=np.arange(seed, seed + num_envs, dtype=np.int64))
     return envs
+
+
+def rom_to_camel(rom: str) -> str:
+    return "".join(part.capitalize() for part in rom.split("_"))
 
 
 def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
@@ -336,6 +341,26 @@ def intrinsic_rewards(raw: torch.Tensor, filter_state: torch.Tensor, reward_rms:
     return raw / torch.sqrt(reward_rms.var.float()).clamp_min(1e-8), filter_state
 
 
+# ---- How a run ends early (main turns these into exit codes 2, 3 and 130), and its progress bars
+class UsageError(Exception):
+    """A bad input the user can fix: main prints it as one line and exits 2."""
+
+
+class NonFiniteLoss(Exception):
+    """A loss or statistic became NaN or infinite: main exits 3."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: a snapshot was saved; main exits 130."""
+
+
+STOP = {"signal": 0}  # set by the SIGINT/SIGTERM handler that start_run installs
+
+
+def progress(total: int, desc: str, enabled: bool, initial: int = 0):
+    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step", mininterval=2.0)
+
+
 # ---- Phases: observation-normaliser warm-up, training (rollout, bonus, PPO update), evaluation
 def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World", writer) -> None:
     """Whiten RND inputs from random-agent steps (paper: 50 rollouts x 128 steps per env, last frame only). One
@@ -484,33 +509,68 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", p
     return sums
 
 
-def train(args: Args, ctx: dict, world: "World", writer) -> dict:
-    """PPO + RND until the budget, the target score, or a signal. Resumes from the snapshot validate loaded."""
-    device, ppo, ckpt, num_iterations = ctx["device"], args.ppo, ctx["ckpt"], ctx["num_iterations"]
-    T, N, batch_size = ppo.num_steps, ppo.num_envs, ctx["batch_size"]
-    run = {"iteration": 0, "global_step": 0, "rooms_seen": set(), "stop_reason": "budget", "sps": float("nan")}
-    run["history"] = {k: [] for k in ("step", "avg_return", "int_reward", "eval_step", "eval_return", "eval_rooms")}
-    env_seed = args.seed * 100_003 + world.rank * N + (ckpt["iteration"] if ckpt else 0) * 1_000_003
-    envs = make_envs(args.env, ctx["rom"], N, env_seed)
-    agent = Agent(envs.single_action_space.n, args.policy.rnn_hidden_layers, args.policy.rnn_hidden_size, args.env_id)
+def diagnostics(losses: dict, batch: dict, reward_rms: RunningMeanStd) -> dict:
+    """What one iteration logs, as tensors: PPO's losses and the two reward streams."""
+    logs = {f"losses/{k}": v for k, v in losses.items()}
+    logs |= {
+        "rnd/predictor_loss": losses["predictor_loss"],
+        "rnd/intrinsic_reward_raw": batch["raw_int"].mean(),
+        "rnd/intrinsic_reward": batch["int_rewards"].mean(),
+        "rnd/intrinsic_return": batch["int_returns"].mean(),
+        "rnd/extrinsic_return": batch["ext_returns"].mean(),
+        "rnd/extrinsic_reward": batch["ext_rewards"].mean(),
+        "rnd/intrinsic_return_std": torch.sqrt(reward_rms.var.float()),
+        "losses/explained_variance": explained_variance(batch["v_ext"], batch["ext_returns"]),
+        "losses/explained_variance_int": explained_variance(batch["v_int"], batch["int_returns"]),
+    }
+    return logs
+
+
+def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: float) -> None:
+    """Rank 0: the scalars to TensorBoard, the progress bar, and the history the plot draws."""
+    step = run["global_step"]
+    for tag, value in (logs | {"charts/learning_rate": lr}).items():
+        writer.add_scalar(tag, value, step)
+    if np.isfinite(avg_return):
+        writer.add_scalar("charts/avg_episodic_return", avg_return, step)
+    if np.isfinite(run["sps"]):
+        writer.add_scalar("charts/SPS", run["sps"], step)
+    writer.flush()
+    int_reward = logs["rnd/intrinsic_reward"]
+    for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward)):
+        run["history"][key].append(value)
+    bar.update(step - bar.n)  # the bar counts global steps (and starts at the resumed one)
+    bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
+
+
+def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict], world: "World", writer):
+    """PPO + RND until the budget, the target score or a signal; resumes from `snapshot` (checked by validate).
+    Returns the agent and the run's record (counters, scores, why it stopped)."""
+    ppo, T, N = args.ppo, args.ppo.num_steps, args.ppo.num_envs
+    batch_size = N * T * world.size
+    num_iterations = ppo.total_timesteps // batch_size
+    start = snapshot["iteration"] if snapshot else 0
+    env_seed = args.seed * 100_003 + world.rank * N + start * 1_000_003
+    envs = make_envs(args.env, rom, N, env_seed)
+    policy = args.policy
+    agent = Agent(envs.single_action_space.n, policy.rnn_hidden_layers, policy.rnn_hidden_size, args.env_id)
     agent, rnd = agent.to(device), RNDModel().to(device)
     params = [p for p in list(agent.parameters()) + list(rnd.parameters()) if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=ppo.learning_rate, eps=ppo.adam_eps)
     obs_rms, reward_rms = RunningMeanStd((84, 84), device), RunningMeanStd((), device)
-    filter_state, recent = torch.zeros(N, device=device), deque(maxlen=ppo.target_score_window)
-    learner = {"agent": agent, "rnd": rnd, "optimizer": optimizer, "obs_rms": obs_rms, "reward_rms": reward_rms}
-    if ckpt:
-        filter_state = restore_snapshot(ckpt, learner, run, recent, world, args.seed, N, device)
-    else:
+    recent = deque(maxlen=ppo.target_score_window)  # the scores the target score is checked on
+    learner = dict(agent=agent, rnd=rnd, optimizer=optimizer, obs_rms=obs_rms, reward_rms=reward_rms)
+    run, filter_state = resume(snapshot, learner, recent, world, args.seed, torch.zeros(N, device=device))
+    if snapshot is None:
         world.same_start(learner, args.seed)
         if args.rnd.num_iterations_obs_norm_init > 0:
             init_obs_normalization(envs, obs_rms, args, world, writer)
     player, buf = Player(envs, agent, env_seed, device), Rollout(T, N, device)
-    bar = progress(num_iterations * batch_size, "training", args.progress_bar and world.rank == 0, run["global_step"])
+    show = args.progress_bar and world.rank == 0
+    bar = progress(num_iterations * batch_size, "training", show, run["global_step"])
     sps_start = None
     try:
-        while run["iteration"] < num_iterations:
-            iteration = run["iteration"] + 1
+        for iteration in range(start + 1, num_iterations + 1):
             if ppo.anneal_lr:
                 optimizer.param_groups[0]["lr"] = ppo.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
             for step, score, length in player.rollout(agent, buf):
@@ -525,37 +585,27 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
             losses = ppo_update(agent, rnd, optimizer, batch, args, world, params)
 
             # one host sync per iteration: diagnostics, the NaN guard and the stop conditions of all ranks
-            diagnostics = {f"losses/{k}": v for k, v in losses.items()} | {
-                "rnd/predictor_loss": losses["predictor_loss"],
-                "rnd/intrinsic_reward_raw": batch["raw_int"].mean(),
-                "rnd/intrinsic_reward": batch["int_rewards"].mean(),
-                "rnd/intrinsic_return": batch["int_returns"].mean(),
-                "rnd/extrinsic_return": batch["ext_returns"].mean(),
-                "rnd/extrinsic_reward": buf.ext_rewards.mean(),
-                "rnd/intrinsic_return_std": torch.sqrt(reward_rms.var.float()),
-                "losses/explained_variance": explained_variance(buf.v_ext, batch["ext_returns"]),
-                "losses/explained_variance_int": explained_variance(buf.v_int, batch["int_returns"]),
-            }
-            values = torch.stack([v.float() for v in diagnostics.values()])
+            logs = diagnostics(losses, batch, reward_rms)
+            values = torch.stack([v.float() for v in logs.values()])
             flags = torch.tensor([STOP["signal"] > 0, sum(recent), len(recent), 0], dtype=torch.double, device=device)
             flags[3] = (~torch.isfinite(values)).any().double()
             world.all_reduce_sum(flags)  # every rank stops at the same iteration, on the same averaged score
             if flags[3].item() > 0:
                 hint = "lower --ppo.learning-rate or set --ppo.max-grad-norm"
                 raise NonFiniteLoss(f"non-finite loss at iteration {iteration}: {hint}")
-            diagnostics = dict(zip(diagnostics, values.tolist()))
+            logs = dict(zip(logs, values.tolist()))
             run["iteration"], avg_return = iteration, float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
             if sps_start is None:
                 sps_start = (time.perf_counter(), run["global_step"])  # SPS is measured from the end of iteration 1
             elif run["global_step"] > sps_start[1]:
                 run["sps"] = (run["global_step"] - sps_start[1]) / (time.perf_counter() - sps_start[0])
             if writer is not None:
-                log_iteration(writer, bar, run, diagnostics, avg_return, optimizer.param_groups[0]["lr"])
-            if world.rank == 0 and args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
-                evaluate_during_training(args, ctx, agent, run, writer)
+                log_iteration(writer, bar, run, logs, avg_return, optimizer.param_groups[0]["lr"])
+                if args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
+                    evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
             stop, reached = flags[0].item() > 0, ppo.target_score is not None and avg_return >= ppo.target_score
             if stop or reached or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
-                save_snapshot(ctx, learner, run, recent, filter_state, world)
+                checkpoint(run_dir, rom, args, learner, run, recent, filter_state, world)
             if stop:
                 raise Interrupted(f"stopped by signal at iteration {iteration}; a snapshot is saved")
             if reached:
@@ -566,17 +616,17 @@ def train(args: Args, ctx: dict, world: "World", writer) -> dict:
         envs.close()
     run["train_mean_return"] = float(np.mean(recent)) if recent else float("nan")
     run["train_episodes_in_mean"] = len(recent)
-    run["rank_checksums"] = rank_checksums(world, agent, player.next_obs, obs_rms, reward_rms)
-    return {"agent": agent, **run}
+    return agent, run | world.checksums(agent, player.next_obs, obs_rms, reward_rms)
 
 
 @torch.no_grad()
-def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, video_path=None) -> dict:
-    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms read from RAM."""
+def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False) -> dict:
+    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms read from RAM;
+    with `render`, the frames of the first episode."""
     if episodes == 0:
-        return {"returns": [], "lengths": [], "rooms": []}
+        return {"returns": [], "lengths": [], "rooms": [], "frames": []}
     ram_addr = ROOM_RAM_ADDRESS.get(rom)
-    envs = [make_eval_env(env_args, rom, seed + i, render=video_path is not None and i == 0) for i in range(episodes)]
+    envs = [make_eval_env(env_args, rom, seed + i, render=render and i == 0) for i in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns, lengths, rooms = np.zeros(episodes), np.zeros(episodes, dtype=np.int64), [set() for _ in range(episodes)]
     active, frames = np.ones(episodes, dtype=bool), []
@@ -590,36 +640,36 @@ def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, s
             returns[i], lengths[i] = returns[i] + reward, lengths[i] + 1
             if ram_addr is not None:
                 rooms[i].add(int(envs[i].unwrapped.ale.getRAM()[ram_addr]))
-            if i == 0 and video_path is not None:
+            if i == 0 and render:
                 frames.append(envs[i].render())
             active[i] = not (term or trunc)
     for env in envs:
         env.close()
-    if frames:
-        write_video(video_path, frames)
     room_lists = [sorted(r) for r in rooms] if ram_addr is not None else None
-    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": room_lists}
+    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": room_lists, "frames": frames}
 
 
 def main(args: Args) -> Optional[dict]:
+    """Check every input, then train and evaluate (or only evaluate); exit codes as in docs/CONTRACT.md."""
     world = World()
     try:
-        ctx = validate(args, world)  # rank 0 checks the run dir and tells the other ranks
+        inputs = validate(args, world)  # rank 0 checks the run dir and tells the other ranks
     except UsageError as e:
         if world.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if ctx.get("finished") is not None:  # (the other ranks of an --eval-only run also wait here for rank 0)
+    run_dir, device, rom = inputs.run_dir, inputs.device, inputs.rom
+    if inputs.finished is not None:  # (the other ranks of an --eval-only run also wait here for rank 0)
         world.close()
         if world.rank == 0:
-            print(f"{ctx['run_dir']} is finished (results.json is never overwritten); evaluate it with --eval-only")
-        return ctx["finished"] if world.rank == 0 else None
-    writer, restore_signals = start_run(args, ctx, world)
+            print(f"{run_dir} is finished (results.json is never overwritten); evaluate it with --eval-only")
+        return inputs.finished if world.rank == 0 else None
+    writer, restore_signals = start_run(args, inputs, world)
     try:
         if args.eval_only:
-            return evaluate_only(args, ctx)
-        run = train(args, ctx, world, writer)
-        return finish(args, ctx, world, writer, run) if world.rank == 0 else None
+            return evaluate_only(args, inputs.policy, rom, device, run_dir, inputs.eval_path)
+        agent, run = train(args, rom, device, run_dir, inputs.snapshot, world, writer)
+        return finish(args, agent, run, rom, device, run_dir, world, writer) if world.rank == 0 else None
     except NonFiniteLoss as e:
         if world.rank == 0:
             print(f"error: {e}; the last good snapshot is in checkpoints/", file=sys.stderr)
@@ -634,26 +684,18 @@ def main(args: Args) -> Optional[dict]:
         restore_signals()
         world.close()
         if world.rank == 0:
-            print(f"run dir: {ctx['run_dir']}", flush=True)
+            print(f"run dir: {run_dir}", flush=True)
 
 
 # ---- run management ----
-class UsageError(Exception):
-    """A bad input the user can fix: main prints it as one line and exits 2."""
-
-
-class NonFiniteLoss(Exception):
-    """A loss or statistic became NaN or infinite: main exits 3."""
-
-
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: a snapshot was saved; main exits 130."""
-
-
-STOP = {"signal": 0}
 SCRIPT = os.path.basename(__file__)
+VERSION = 1  # of the files `save` writes; `load` refuses any other
+REQUIRED = {  # the keys `load` checks for each kind of file
+    "policy": {"env_id", "network", "config", "state_dict"},
+    "snapshot": {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "rng", "iteration"},
+}
+REQUIRED["snapshot"] |= {"global_step", "recent_returns", "history", "rooms_seen", "config"}
 ARCHITECTURE = ("rnn_hidden_layers", "rnn_hidden_size")  # a snapshot cannot be resumed with other values
-SNAPSHOT_KEYS = {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "iteration", "config", "rng"}
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
 # Every numeric flag's valid range, "name low high" (NaN fails every range test).
@@ -668,14 +710,16 @@ rnd.obs_clip 1e-6 1e6 | policy.rnn_hidden_layers 0 16 | policy.rnn_hidden_size 1
 eval.every 0 1e9"""
 
 
-def progress(total: int, desc: str, enabled: bool, initial: int = 0):
-    from tqdm import tqdm
+class Inputs(NamedTuple):
+    """What validation checked and loaded, for main to hand to the phases."""
 
-    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step", mininterval=2.0)
-
-
-def rom_to_camel(rom: str) -> str:
-    return "".join(part.capitalize() for part in rom.split("_"))
+    run_dir: Path
+    device: torch.device
+    rom: str = ""
+    snapshot: Optional[dict] = None  # the latest snapshot, to resume from
+    policy: Optional[Agent] = None  # --eval-only: the policy, and the record its evaluation goes to
+    eval_path: Optional[Path] = None
+    finished: Optional[dict] = None  # results.json of a finished run ({} on the other ranks)
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -698,8 +742,8 @@ def resolve_env_id(env_id: str) -> str:
     raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
-def check_args(args: Args, world_size: int) -> dict:
-    """Every numeric flag in its range and the rules between flags; returns the derived batch arithmetic."""
+def check_args(args: Args, world_size: int) -> None:
+    """Every numeric flag in its range and the rules between flags."""
     for name, low, high in (item.split() for item in RANGES.replace("\n", "|").split("|") if item.strip()):
         group, _, attr = name.rpartition(".")
         value = getattr(getattr(args, group) if group else args, attr)
@@ -710,50 +754,47 @@ def check_args(args: Args, world_size: int) -> dict:
         raise UsageError("--ppo.num-envs must be a multiple of num-minibatches (a minibatch is whole envs)")
     if ppo.total_timesteps < batch:
         raise UsageError(f"--ppo.total-timesteps is below one iteration ({batch} steps): raise --ppo.total-timesteps")
-    return {"batch_size": batch, "num_iterations": ppo.total_timesteps // batch, "world_size": world_size}
 
 
-def validate(args: Args, world: "World") -> dict:
+def validate(args: Args, world: "World") -> Inputs:
     """Every check on user input before anything is written; rank 0 checks the run dir and tells the other ranks.
     Returns what it loaded (the latest snapshot, or the policy for --eval-only)."""
-    ctx = check_args(args, world.size)
-    if not args.eval_only:
-        ctx["rom"] = resolve_env_id(args.env_id)
+    check_args(args, world.size)
+    rom = "" if args.eval_only else resolve_env_id(args.env_id)
     use_cuda = args.cuda and torch.cuda.is_available()
-    ctx["device"] = torch.device(f"cuda:{world.local_rank % max(torch.cuda.device_count(), 1)}" if use_cuda else "cpu")
-    world.init(ctx["device"])
-    message = None
+    device = torch.device(f"cuda:{world.local_rank % max(torch.cuda.device_count(), 1)}" if use_cuda else "cpu")
+    world.init(device)
+    inputs, message = Inputs(Path(), device, rom), None
     if world.rank == 0:
         try:
-            ctx |= validate_eval_only(args) if args.eval_only else validate_run_dir(args)
+            inputs = validate_eval_only(args, device) if args.eval_only else validate_run_dir(args, device, rom)
         except UsageError as e:
             message = str(e)
-    run_dir, message, finished = world.broadcast_object((str(ctx.get("run_dir", "")), message, "finished" in ctx))
+    run_dir, message, finished = world.broadcast_object((str(inputs.run_dir), message, inputs.finished is not None))
     if message is not None:
         raise UsageError(message)
     if world.rank != 0:  # the other ranks read the snapshot rank 0 has checked (--eval-only runs on rank 0 alone)
-        ctx["run_dir"] = Path(run_dir)
         if finished or args.eval_only:
-            return ctx | {"finished": {}}
-        ctx["ckpt"] = load_latest_snapshot(ctx["run_dir"])
-    return ctx
+            return Inputs(Path(run_dir), device, rom, finished={})
+        return Inputs(Path(run_dir), device, rom, latest_snapshot(Path(run_dir)))
+    return inputs
 
 
-def validate_run_dir(args: Args) -> dict:
+def validate_run_dir(args: Args, device, rom: str) -> Inputs:
     default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = Path(args.run_dir or default)
     check_run_dir(run_dir, args.env_id)
     if (run_dir / "results.json").exists():
-        return {"run_dir": run_dir, "finished": read_json(run_dir / "results.json")}
-    ckpt = load_latest_snapshot(run_dir)
-    changed = [k for k in ARCHITECTURE if ckpt and ckpt["config"][k] != getattr(args.policy, k)]
+        return Inputs(run_dir, device, rom, finished=read_json(run_dir / "results.json"))
+    snapshot = latest_snapshot(run_dir)
+    changed = [k for k in ARCHITECTURE if snapshot and snapshot["config"][k] != getattr(args.policy, k)]
     if changed:
-        was = " ".join(f"--policy.{k.replace('_', '-')} {ckpt['config'][k]}" for k in changed)
+        was = " ".join(f"--policy.{k.replace('_', '-')} {snapshot['config'][k]}" for k in changed)
         raise UsageError(f"{run_dir} was trained with {was}: resume with the same values or pass a new --run-dir")
-    return {"run_dir": run_dir, "ckpt": ckpt}
+    return Inputs(run_dir, device, rom, snapshot)
 
 
-def validate_eval_only(args: Args) -> dict:
+def validate_eval_only(args: Args, device) -> Inputs:
     run_dir = Path(args.eval_only)
     if not (run_dir / "policy.pt").is_file():
         raise UsageError(f"--eval-only {run_dir}: no policy.pt there; pass the run dir of a finished training run")
@@ -761,7 +802,7 @@ def validate_eval_only(args: Args) -> dict:
     policy = load_policy(str(run_dir / "policy.pt"))
     numbers = [int(p.stem[5:]) for p in (run_dir / "evaluations").glob("eval_*.json") if p.stem[5:].isdigit()]
     eval_path = run_dir / "evaluations" / f"eval_{max(numbers, default=0) + 1:03d}.json"
-    return {"run_dir": run_dir, "policy": policy, "eval_path": eval_path, "rom": resolve_env_id(policy.env_id)}
+    return Inputs(run_dir, device, resolve_env_id(policy.env_id), policy=policy, eval_path=eval_path)
 
 
 def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
@@ -788,26 +829,39 @@ def read_json(path: Path):
         raise UsageError(f"{path} is corrupt: delete it (it is rewritten) or pass a new --run-dir") from None
 
 
+def save(path: Path, kind: str, **payload) -> None:
+    """The one writer of .pt files: {script, kind, version, **payload}, atomically (name.tmp, then os.replace)."""
+    atomic_write(path, {"script": SCRIPT, "kind": kind, "version": VERSION, **payload})
+
+
+def load(path: Path, kind: str) -> dict:
+    """The one reader: a file `save` wrote, checked (this script's, this kind and version, every key); otherwise a
+    UsageError naming the file. A policy is read with weights_only (plain tensors and numbers)."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=kind == "policy")
+    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
+        saved = None
+    header = {"script": SCRIPT, "kind": kind, "version": VERSION}
+    if isinstance(saved, dict) and header.items() <= saved.items() and REQUIRED[kind] <= set(saved):
+        return saved
+    fix = "delete it to resume from the previous snapshot" if kind == "snapshot" else f"pass a {kind} of {SCRIPT}"
+    raise UsageError(f"{path} is not a readable {kind} of {SCRIPT} (corrupt, or written by another script): {fix}")
+
+
 def checkpoint_paths(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
 
 
-def load_latest_snapshot(run_dir: Path) -> Optional[dict]:
-    """The newest checkpoints/ckpt_*.pt with every key a resume needs, or None when there is none."""
+def latest_snapshot(run_dir: Path) -> Optional[dict]:
+    """The newest checkpoints/ckpt_*.pt, checked, or None when there is none."""
     paths = checkpoint_paths(run_dir)
-    if not paths:
-        return None
-    try:
-        ckpt = torch.load(paths[-1], map_location="cpu", weights_only=False)
-        if isinstance(ckpt, dict) and SNAPSHOT_KEYS <= set(ckpt):
-            return ckpt
-    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
-        pass
-    raise UsageError(f"snapshot {paths[-1]} is corrupt or unreadable: delete it to resume from the previous snapshot")
+    return load(paths[-1], "snapshot") if paths else None
 
 
-def save_snapshot(ctx: dict, learner: dict, run: dict, recent, filter_state, world: "World") -> None:
-    """Rank 0: model, optimizer, normalisers, reward filter, RNG states, counters; keeps the newest ones."""
+def checkpoint(
+    run_dir: Path, rom: str, args: Args, learner: dict, run: dict, recent, filter_state, world: "World"
+) -> None:
+    """Rank 0: model, optimizer, normalisers, reward filter, RNG states, counters; keeps the newest snapshots."""
     if world.rank != 0:
         return
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -815,20 +869,25 @@ def save_snapshot(ctx: dict, learner: dict, run: dict, recent, filter_state, wor
     state = {k: v.state_dict() for k, v in learner.items()} | {"iteration": run["iteration"], "rng": rng}
     state |= {"global_step": run["global_step"], "filter_state": filter_state.cpu(), "recent_returns": list(recent)}
     state |= {"history": run["history"], "rooms_seen": sorted(run["rooms_seen"]), "config": learner["agent"].config}
-    atomic_write(ctx["run_dir"] / "checkpoints" / f"ckpt_{run['iteration']:08d}.pt", state)
-    for old in checkpoint_paths(ctx["run_dir"])[: -ctx["keep_checkpoints"]]:
+    save(run_dir / "checkpoints" / f"ckpt_{run['iteration']:08d}.pt", "snapshot", **state)
+    for old in checkpoint_paths(run_dir)[: -args.keep_checkpoints]:
         old.unlink(missing_ok=True)
-    plot_curves(run["history"], ctx)
+    plot_curves(run["history"], rom, args.env_id, run_dir)
 
 
-def restore_snapshot(ckpt, learner: dict, run: dict, recent, world, seed: int, num_envs: int, device):
-    """Loads a snapshot into the learner and the counters; returns the reward filter's state."""
+def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, filter_state: torch.Tensor):
+    """A fresh run record, or the snapshot loaded into the learner, the counters and the RNGs. Returns the record and
+    the reward filter's state (the snapshot's when --ppo.num-envs is unchanged)."""
+    run = {"iteration": 0, "global_step": 0, "rooms_seen": set(), "stop_reason": "budget", "sps": float("nan")}
+    run["history"] = {k: [] for k in ("step", "avg_return", "int_reward", "eval_step", "eval_return", "eval_rooms")}
+    if snapshot is None:
+        return run, filter_state
     for name, obj in learner.items():
-        obj.load_state_dict(ckpt[name])
-    run.update(iteration=ckpt["iteration"], global_step=ckpt["global_step"], history=ckpt["history"])
-    run["rooms_seen"] = set(ckpt["rooms_seen"])
-    recent.extend(ckpt["recent_returns"])
-    rng = ckpt["rng"]
+        obj.load_state_dict(snapshot[name])
+    run.update(iteration=snapshot["iteration"], global_step=snapshot["global_step"], history=snapshot["history"])
+    run["rooms_seen"] = set(snapshot["rooms_seen"])
+    recent.extend(snapshot["recent_returns"])
+    rng = snapshot["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
@@ -839,30 +898,16 @@ def restore_snapshot(ckpt, learner: dict, run: dict, recent, world, seed: int, n
         np.random.seed(seed + world.rank + 7 * run["iteration"])
     if world.rank == 0:
         print(f"resumed from iteration {run['iteration']} (global step {run['global_step']})", flush=True)
-    same_envs = ckpt["filter_state"].shape == (num_envs,)  # --ppo.num-envs may change on resume
-    return ckpt["filter_state"].to(device) if same_envs else torch.zeros(num_envs, device=device)
+    if snapshot["filter_state"].shape == filter_state.shape:  # --ppo.num-envs may change on resume
+        filter_state = snapshot["filter_state"].to(filter_state.device)
+    return run, filter_state
 
 
-def log_iteration(writer, bar, run: dict, diagnostics: dict, avg_return: float, lr: float) -> None:
-    step = run["global_step"]
-    for tag, value in (diagnostics | {"charts/learning_rate": lr}).items():
-        writer.add_scalar(tag, value, step)
-    if np.isfinite(avg_return):
-        writer.add_scalar("charts/avg_episodic_return", avg_return, step)
-    if np.isfinite(run["sps"]):
-        writer.add_scalar("charts/SPS", run["sps"], step)
-    writer.flush()
-    int_reward = diagnostics["rnd/intrinsic_reward"]
-    for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward)):
-        run["history"][key].append(value)
-    bar.update(step - bar.n)  # the bar counts global steps (and starts at the resumed one)
-    bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
-
-
-def evaluate_during_training(args: Args, ctx: dict, agent: Agent, run: dict, writer) -> dict:
-    video = ctx["run_dir"] / "videos" / f"eval_{run['global_step']:010d}.webm" if args.capture_video else None
+def evaluate_during_training(args: Args, agent: Agent, rom: str, device, run_dir: Path, run: dict, writer) -> dict:
     seed = args.seed + 10_000 + run["iteration"]
-    result = evaluate(agent, args.env, ctx["rom"], args.eval.episodes, ctx["device"], seed, video)
+    result = evaluate(agent, args.env, rom, args.eval.episodes, device, seed, args.capture_video)
+    if result["frames"]:
+        write_video(run_dir / "videos" / f"eval_{run['global_step']:010d}.webm", result["frames"])
     step, history = run["global_step"], run["history"]
     if result["returns"]:
         mean = float(np.mean(result["returns"]))
@@ -877,11 +922,13 @@ def evaluate_during_training(args: Args, ctx: dict, agent: Agent, run: dict, wri
     return result
 
 
-def finish(args: Args, ctx: dict, world, writer, run: dict) -> dict:
+def finish(args: Args, agent: Agent, run: dict, rom: str, device, run_dir: Path, world, writer) -> dict:
     """Rank 0 after training: the final evaluation, policy.pt, the plot and results.json."""
-    result = evaluate_during_training(args, ctx, run["agent"], run, writer)
-    save_policy(run["agent"], args.env, ctx["run_dir"] / "policy.pt")
-    returns, rooms = result["returns"], ROOM_RAM_ADDRESS.get(ctx["rom"]) is not None
+    result = evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
+    config = agent.config | {"env_config": dataclasses.asdict(args.env)}
+    policy = dict(env_id=agent.env_id, network="Agent", config=config, state_dict=agent.state_dict())
+    save(run_dir / "policy.pt", "policy", **policy)
+    returns, rooms = result["returns"], ROOM_RAM_ADDRESS.get(rom) is not None
     mean, std = (float(f(returns)) if returns else float("nan") for f in (np.mean, np.std))
     results = {"env_id": args.env_id, "policy": "gru" if args.policy.rnn_hidden_layers else "cnn", "seed": args.seed}
     results |= {"world_size": world.size, "num_envs_total": args.ppo.num_envs * world.size}
@@ -890,22 +937,24 @@ def finish(args: Args, ctx: dict, world, writer, run: dict) -> dict:
     results |= {"eval_mean_return": mean, "eval_std_return": std, "eval_lengths": result["lengths"]}
     results |= {"eval_rooms_per_episode": result["rooms"], "visited_rooms": len(run["rooms_seen"]) if rooms else None}
     results |= {"rooms_seen": sorted(run["rooms_seen"]) if rooms else None, "sps": run["sps"]}
-    results |= {k: run[k] for k in ("train_mean_return", "train_episodes_in_mean")} | run["rank_checksums"]
+    results |= {k: run[k] for k in ("train_mean_return", "train_episodes_in_mean")}
+    results |= {k: run[k] for k in ("rank_param_checksums", "rank_obs_checksums", "rank_normaliser_checksums")}
     results["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    plot_curves(run["history"], ctx, final_eval=mean)
-    atomic_write(ctx["run_dir"] / "results.json", results)
+    plot_curves(run["history"], rom, args.env_id, run_dir, final_eval=mean)
+    atomic_write(run_dir / "results.json", results)
     rooms_text = f", visited rooms {len(run['rooms_seen'])}" if rooms else ""
     summary = f"{run['global_step']} steps, eval return {mean:.1f} over {len(returns)} episodes"
-    print(f"done: {summary}{rooms_text}; results in {ctx['run_dir'] / 'results.json'}", flush=True)
+    print(f"done: {summary}{rooms_text}; results in {run_dir / 'results.json'}", flush=True)
     return results
 
 
-def evaluate_only(args: Args, ctx: dict) -> dict:
+def evaluate_only(args: Args, policy: Agent, rom: str, device, run_dir: Path, path: Path) -> dict:
     """--eval-only RUN_DIR: RUN_DIR/policy.pt with --eval.episodes, into evaluations/eval_NNN.json (a new file)."""
-    policy, path = ctx["policy"].to(ctx["device"]), ctx["eval_path"]
+    policy = policy.to(device)
     env_args = EnvArgs(**{k: policy.env_config[k] for k in ("sticky_action_prob", "max_episode_frames")})
-    video = ctx["run_dir"] / "videos" / f"{path.stem}.webm" if args.capture_video else None
-    result = evaluate(policy, env_args, ctx["rom"], args.eval.episodes, ctx["device"], args.seed + 20_000, video)
+    result = evaluate(policy, env_args, rom, args.eval.episodes, device, args.seed + 20_000, args.capture_video)
+    if result["frames"]:
+        write_video(run_dir / "videos" / f"{path.stem}.webm", result["frames"])
     mean = float(np.mean(result["returns"])) if result["returns"] else float("nan")
     out = {"env_id": policy.env_id, "policy": "policy.pt", "eval_returns": result["returns"], "eval_mean_return": mean}
     atomic_write(path, out | {"eval_lengths": result["lengths"], "eval_rooms_per_episode": result["rooms"]})
@@ -913,21 +962,9 @@ def evaluate_only(args: Args, ctx: dict) -> dict:
     return out
 
 
-def save_policy(agent: Agent, env_args: EnvArgs, path: Path) -> None:
-    config = agent.config | {"env_config": dataclasses.asdict(env_args)}
-    policy = {"script": SCRIPT, "env_id": agent.env_id, "network": "Agent", "config": config}
-    atomic_write(path, policy | {"state_dict": agent.state_dict()})
-
-
 def load_policy(path: str, device="cpu") -> Agent:
     """policy.pt -> the Agent in eval mode on `device`, with .act(obs) and .env_id (see docs/CONTRACT.md)."""
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        assert isinstance(saved, dict)
-    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
-        raise UsageError(f"{path} is not a readable policy: pass the policy.pt of a run of {SCRIPT}") from None
-    if saved.get("script") != SCRIPT or saved.get("network") != "Agent":
-        raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
+    saved = load(Path(path), "policy")
     config = dict(saved["config"])
     agent = Agent(**{k: v for k, v in config.items() if k != "env_config"}, env_id=saved["env_id"])
     agent.env_config = config["env_config"]
@@ -938,14 +975,6 @@ def load_policy(path: str, device="cpu") -> Agent:
 def make_policy_envs(policy: Agent, num_envs: int):
     """The vector envs a loaded policy was trained on, made with the settings saved in policy.pt."""
     return make_envs(EnvArgs(**policy.env_config), resolve_env_id(policy.env_id), num_envs, seed=0)
-
-
-def rank_checksums(world, agent, next_obs, obs_rms, reward_rms) -> dict:
-    """Every rank must end with the same weights and normalisers (and its own envs): checksums of each rank."""
-    params = float(sum(p.double().sum().item() for p in agent.state_dict().values()))
-    norms = float(obs_rms.mean.sum().item() + obs_rms.var.sum().item() + reward_rms.var.item())
-    gathered = [world.all_gather_object(x) for x in (params, int(next_obs.sum().item()), norms)]
-    return dict(zip(("rank_param_checksums", "rank_obs_checksums", "rank_normaliser_checksums"), gathered))
 
 
 def atomic_write(path: Path, content, suffix: str = "") -> None:
@@ -976,14 +1005,14 @@ def write_video(path: Path, frames: list, fps: int = 30) -> None:
     atomic_write(path, write, suffix=".webm")  # opencv picks the container from the file's extension
 
 
-def plot_curves(history: dict, ctx: dict, final_eval: Optional[float] = None) -> None:
+def plot_curves(history: dict, rom: str, env_id: str, run_dir: Path, final_eval: Optional[float] = None) -> None:
     """Score (evaluations, the final one marked), visited rooms (room games only), intrinsic reward vs agent steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rooms = ROOM_RAM_ADDRESS.get(ctx["rom"]) is not None
+    rooms = ROOM_RAM_ADDRESS.get(rom) is not None
     fig, axes = plt.subplots(1, 3 if rooms else 2, figsize=(13 if rooms else 9, 3.4))
     axes[0].plot(history["step"], history["avg_return"], label="training (avg of last episodes)")
     if history["eval_step"]:
@@ -1000,9 +1029,9 @@ def plot_curves(history: dict, ctx: dict, final_eval: Optional[float] = None) ->
     for ax in axes:
         ax.set_xlabel("agent steps")
         ax.grid(alpha=0.3)
-    fig.suptitle(ctx["env_id"], fontsize=9)
+    fig.suptitle(env_id, fontsize=9)
     fig.tight_layout()
-    atomic_write(ctx["run_dir"] / "curves.png", lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
+    atomic_write(run_dir / "curves.png", lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     plt.close(fig)
 
 
@@ -1015,21 +1044,19 @@ def keep_freed_memory() -> None:
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-def start_run(args: Args, ctx: dict, world: "World"):
+def start_run(args: Args, inputs: Inputs, world: "World"):
     """After validation: seeds, memory, the run dir (stale *.tmp removed, args.json), signals, logging (rank 0)."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    if ctx["device"].type == "cuda":
-        torch.cuda.set_device(ctx["device"])
+    if inputs.device.type == "cuda":
+        torch.cuda.set_device(inputs.device)
     keep_freed_memory()
-    ctx["env_id"] = ctx["policy"].env_id if args.eval_only else args.env_id
-    ctx["keep_checkpoints"] = args.keep_checkpoints
     signals = (signal.SIGINT, signal.SIGTERM)
     handlers = {s: signal.signal(s, lambda signum, _: STOP.update(signal=signum)) for s in signals}
     STOP["signal"] = 0
-    writer, run_dir = None, ctx["run_dir"]
+    writer, run_dir = None, inputs.run_dir
     if world.rank == 0:
         print(f"run dir: {run_dir}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -1037,7 +1064,9 @@ def start_run(args: Args, ctx: dict, world: "World"):
             stale.unlink()
     if world.rank == 0 and not args.eval_only:
         saved = {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)}
-        saved |= {k: ctx[k] for k in ("batch_size", "num_iterations", "world_size")}
+        batch_size = args.ppo.num_envs * args.ppo.num_steps * world.size
+        saved |= {"batch_size": batch_size, "num_iterations": args.ppo.total_timesteps // batch_size}
+        saved |= {"world_size": world.size}
         atomic_write(run_dir / "args.json", saved)
         from torch.utils.tensorboard import SummaryWriter
 
@@ -1048,7 +1077,7 @@ def start_run(args: Args, ctx: dict, world: "World"):
             options |= dict(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args))
             wandb.init(**options)
         writer = SummaryWriter(str(run_dir), flush_secs=10)
-        if ctx["ckpt"] is None:
+        if inputs.snapshot is None:
             table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
             writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     return writer, lambda: [signal.signal(s, h) for s, h in handlers.items()]
@@ -1094,6 +1123,13 @@ class World:
         if self.enabled:
             dist.all_gather_object(out, obj)
         return out
+
+    def checksums(self, agent, next_obs, obs_rms, reward_rms) -> dict:
+        """Every rank must end with the same weights and normalisers (and its own envs): checksums of each rank."""
+        params = float(sum(p.double().sum().item() for p in agent.state_dict().values()))
+        norms = float(obs_rms.mean.sum().item() + obs_rms.var.sum().item() + reward_rms.var.item())
+        gathered = [self.all_gather_object(x) for x in (params, int(next_obs.sum().item()), norms)]
+        return dict(zip(("rank_param_checksums", "rank_obs_checksums", "rank_normaliser_checksums"), gathered))
 
     def same_start(self, learner: dict, seed: int) -> None:
         """Identical initial weights on every rank (same seed, then a broadcast); then rank-specific sampling."""

@@ -544,14 +544,12 @@ def test_resume_with_a_different_network_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "MontezumaRevengeNoFrameskip-v4"}))
-    snapshot = {k: {} for k in ("agent", "rnd", "optimizer", "obs_rms", "reward_rms", "rng")}
-    snapshot |= {
-        "filter_state": torch.zeros(4),
-        "iteration": 3,
-        "config": {"rnn_hidden_layers": 0, "rnn_hidden_size": 256},
-    }
-    torch.save(snapshot, run_dir / "checkpoints" / "ckpt_00000003.pt")
-    assert rnd.validate_run_dir(rnd.parse_args(["--run-dir", str(run_dir)]))["ckpt"]["iteration"] == 3
+    snapshot = {k: {} for k in ("agent", "rnd", "optimizer", "obs_rms", "reward_rms", "rng", "history")}
+    snapshot |= {"filter_state": torch.zeros(4), "iteration": 3, "global_step": 192, "recent_returns": []}
+    snapshot |= {"rooms_seen": [], "config": {"rnn_hidden_layers": 0, "rnn_hidden_size": 256}}
+    rnd.save(run_dir / "checkpoints" / "ckpt_00000003.pt", "snapshot", **snapshot)
+    inputs = rnd.validate_run_dir(rnd.parse_args(["--run-dir", str(run_dir)]), "cpu", "montezuma_revenge")
+    assert inputs.snapshot["iteration"] == 3
     args = rnd.parse_args(["--run-dir", str(run_dir), "--policy.rnn-hidden-layers", "1"])
     assert "--policy.rnn-hidden-layers 0: resume with the same values" in one_line_exit_2(lambda: rnd.main(args))
 
