@@ -354,6 +354,11 @@ def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
     return segments
 
 
+def rho_schedule(args: Args) -> str:
+    """--irl.rho-schedule, or the reference's schedule for the env (Hopper's for an env it does not list)."""
+    return args.irl.rho_schedule or RHO_SCHEDULES.get(args.env_id.split("-")[0], RHO_SCHEDULES["Hopper"])
+
+
 def terminal_reward(args: Args) -> str:
     """min on MuJoCo (termination = a fall, the worst outcome); none on mazes, whose episodes end AT the goal."""
     return args.irl.terminal_reward or ("none" if is_maze(args.env_id) else "min")
@@ -536,6 +541,17 @@ class Storage:
 
 
 # ---------------------------------------------------------------------------------------------------- Phases
+@dataclass
+class Run:
+    """Where a phase writes: the run dir, TensorBoard and the device; SIGINT/SIGTERM set `stop_requested`, and
+    the loops save a checkpoint and stop at the next step."""
+
+    dir: Path
+    writer: object  # torch.utils.tensorboard.SummaryWriter
+    device: torch.device
+    stop_requested: bool = False
+
+
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, max_episode_steps=None, video=None):
     """True returns of deterministic actions, trembling as in training (reference); `video`: the first episode's.
     Returns (returns, successes): on a maze whether each episode reached its goal (within 0.45), else None."""
@@ -560,8 +576,9 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     return returns, (successes if is_maze(env_id) else None)
 
 
-def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
-    """Expert phase: SAC on the TRUE env reward for `expert.timesteps`; resumable from checkpoints/expert.pt."""
+def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list]:
+    """Expert phase: SAC on the TRUE env reward for `expert.timesteps`; resumable from checkpoints/expert.pt.
+    Returns the expert and its learning curve [(step, episodic return)]."""
     env, horizon = make_env(args.env_id, args.max_episode_steps)
     sac = SAC(info, args.sac, run.device)
     storage = Storage(info.obs_dim, info.act_dim, min(args.sac.buffer_size, args.expert.timesteps), run.device)
@@ -569,7 +586,6 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
         progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
-    run.expert_curve = progress["curve"]
     ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
     progress["episodes"] += 1
@@ -603,7 +619,7 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
             bar.update(1)
     save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
     env.close()
-    return sac
+    return sac, progress["curve"]
 
 
 def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Optional[int] = None) -> dict:
@@ -665,7 +681,7 @@ def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg
     return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
 
 
-def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: float) -> float:
+def evaluate_learner(sac: SAC, args: Args, run: Run, progress: dict, expert_return: float, expert_curve) -> float:
     """Evaluate, append to the history, log, and redraw the learning curve; returns the mean return."""
     seed, step = args.seed + 10_000, progress["step"]
     returns, successes = evaluate(
@@ -680,11 +696,11 @@ def evaluate_learner(sac: SAC, args: Args, run, progress: dict, expert_return: f
         run.writer.add_scalar("eval/success_rate", success_rate, step)
     if math.isfinite(expert_return) and expert_return != 0:
         run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
     return mean
 
 
-def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt: Optional[dict]) -> tuple:
+def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve: list, run: Run, ckpt: Optional[dict]) -> tuple:
     """IRL phase (HyPE). At the start of every outer iteration (each `irl.train_every` policy steps) collect fresh
     learner episodes and update f; every step: act, store the transition with a NaN reward, maybe start the next
     episode at an expert state; every minibatch: round(rho * batch) expert rows + learner rows, rewards relabelled
@@ -700,6 +716,7 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     expert_sa = torch.from_numpy(np.concatenate(obs_act, -1)).to(run.device)
     expert_return = float(np.mean(demos["returns"]))
     disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
+    segments = parse_rho_schedule(rho_schedule(args))
     np_rng = np.random.default_rng(args.seed + 1000)
     progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "resumed_from_step": 0}
     if ckpt:
@@ -743,7 +760,7 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
                 log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
             if step >= next_eval:
                 next_eval += args.eval.frequency
-                mean = meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return)
+                mean = meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return, expert_curve)
                 success = progress["history"][-1]["success_rate"]
                 reached = f", success rate {success:.2f}" if success is not None else ""
                 bar.write(f"[irl] step {step}: eval return {mean:.1f} (expert {expert_return:.1f}){reached}")
@@ -753,9 +770,9 @@ def train_hype(args: Args, run, info: EnvInfo, demos: dict, segments: list, ckpt
     if losses:
         check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
     if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
-        evaluate_learner(sac, args, run, progress, expert_return)
+        evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
     progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
     save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
     env.close()
     disc_env.close()
@@ -795,25 +812,25 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
             return evaluate_saved_policy(args)
-        run = validate(args)
+        run_dir, info, demos, checkpoints = validate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    if run.finished:
-        print(f"{run.dir} already holds a finished run (results.json); nothing to do")
+    if info is None:
+        print(f"{run_dir} already holds a finished run (results.json); nothing to do")
         return
     start = time.time()
-    start_run(args, run)
+    run = start_run(args, run_dir)
     try:
-        demos = run.demos
+        expert_curve = []
         if demos is None:
-            expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
+            expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
             demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos or 64, args.max_episode_steps)
             demos = write_expert_cache(args, expert, demos)
-        sac, progress = train_hype(args, run, run.info, demos, run.segments, run.checkpoints.get("irl"))
-        results = irl_results(args, demos, progress, run.rho_schedule, time.time() - start, run.device)
+        sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
+        results = irl_results(args, demos, progress, time.time() - start, run.device)
         if args.save_model:
-            save_policy(run.dir / "policy.pt", sac.actor, args, run.info)
+            save_policy(run.dir / "policy.pt", sac.actor, args, info)
         if args.capture_video:
             video = run.dir / "videos" / "final.webm"
             evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
@@ -834,21 +851,6 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
 # Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
 MINARI_PREFIX = "minari:"
 VIDEO_SIZE = 240  # rendered frame width and height
-
-
-@dataclass
-class Run:  # what validation loaded (demos None: the expert phase runs), then what start_run adds
-    dir: Path
-    info: Optional[EnvInfo] = None
-    demos: Optional[dict] = None
-    checkpoints: dict = field(default_factory=dict)
-    segments: list = field(default_factory=list)
-    rho_schedule: str = ""
-    finished: bool = False
-    writer: object = None  # torch.utils.tensorboard.SummaryWriter
-    device: Optional[torch.device] = None
-    stop_requested: bool = False  # set by SIGINT/SIGTERM; the loops save a checkpoint and stop at the next step
-    expert_curve: list = field(default_factory=list)
 
 
 class SPSMeter:
@@ -915,7 +917,7 @@ def restore_checkpoint(ckpt: dict, phase: str, sac: SAC, storage: Storage, np_rn
     return dict(ckpt["progress"])
 
 
-def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall_time: float, device) -> dict:
+def irl_results(args: Args, demos: dict, progress: dict, wall_time: float, device) -> dict:
     """results.json: the final evaluation, budget and env-step counts, SPS, rho and the evaluation history."""
     final, expert_return, steps = progress["history"][-1], float(np.mean(demos["returns"])), progress["step"]
     results = dict(env_id=args.env_id, method="HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE", seed=args.seed)
@@ -924,7 +926,9 @@ def irl_results(args: Args, demos: dict, progress: dict, rho_schedule: str, wall
     results["normalized_return"] = final["mean"] / expert_return if expert_return else float("nan")
     results["success_rate"] = final["success_rate"]  # mazes: the share of evaluation episodes reaching the goal
     results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
-    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule)
+    results.update(
+        total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], rho_schedule=rho_schedule(args)
+    )
     results.update(final_rho=progress["final_rho"], reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble)
     results.update(terminal_reward=terminal_reward(args), resumed_from_step=progress["resumed_from_step"])
     results.update(wall_time_s=wall_time, device=str(device), date=dt.datetime.now(dt.timezone.utc).isoformat())
@@ -1369,13 +1373,13 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     return args
 
 
-def validate(args: Args) -> Run:
-    """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
+def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]:
+    """Check every input before anything is written; return what was loaded: (run dir, env sizes, demos (None: the
+    expert phase runs), checkpoints by phase). A finished run dir returns (run dir, None, None, {})."""
     check_args(args)
     info, sizes = check_env_id(args.env_id)
-    rho_schedule = args.irl.rho_schedule or RHO_SCHEDULES.get(args.env_id.split("-")[0], RHO_SCHEDULES["Hopper"])
     try:
-        segments = parse_rho_schedule(rho_schedule)
+        parse_rho_schedule(rho_schedule(args))
     except ValueError as e:
         raise UsageError(str(e))
     row_bytes = 4 * (2 * info.obs_dim + info.act_dim + 2)
@@ -1393,7 +1397,7 @@ def validate(args: Args) -> Run:
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
         read_json(run_dir / "results.json")
-        return Run(run_dir, finished=True)
+        return run_dir, None, None, {}
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
@@ -1415,11 +1419,11 @@ def validate(args: Args) -> Run:
             raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
         checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
     checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
-    return Run(run_dir, info, demos, checkpoints, segments, rho_schedule)
+    return run_dir, info, demos, checkpoints
 
 
 # ---- starting and ending a run
-def start_run(args: Args, run: Run) -> None:
+def start_run(args: Args, run_dir: Path) -> Run:
     """Seeds, the run dir (stale .tmp files removed), args.json, TensorBoard (and wandb), device and signals."""
     from torch.utils.tensorboard import SummaryWriter
 
@@ -1430,6 +1434,8 @@ def start_run(args: Args, run: Run) -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    run = Run(run_dir, None, device)
     run.dir.mkdir(parents=True, exist_ok=True)
     for stale in [*run.dir.rglob("*.tmp"), *run.dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
@@ -1445,10 +1451,10 @@ def start_run(args: Args, run: Run) -> None:
     run.writer = SummaryWriter(str(run.dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     run.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    run.device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop at the next step
         signal.signal(signum, lambda *_: setattr(run, "stop_requested", True))
     print(f"run dir: {run.dir}")
+    return run
 
 
 def finish_run(run: Run, message: Optional[str] = None) -> None:
