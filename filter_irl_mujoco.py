@@ -27,6 +27,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,13 @@ class NonFiniteLoss(Exception):
 
 class Interrupted(Exception):
     """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
+
+
+STOP = threading.Event()  # set by SIGINT/SIGTERM: the training loops save a checkpoint and raise Interrupted
+
+
+def pick_device(args: Args) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
 @dataclass
@@ -486,23 +494,25 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     return returns
 
 
-def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
-    """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`; resumable from checkpoints/expert.pt."""
-    env = make_env(args.env_id, args.seed)
-    agent = SAC(info, args.sac, run.device)
+def train_expert(args: Args, info: EnvInfo, ckpt: Optional[dict], run_dir: Path, writer) -> tuple[SAC, list]:
+    """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`; resumable from checkpoints/expert.pt.
+    Returns the agent and its training curve [(step, episodic return)]."""
+    env, device = make_env(args.env_id, args.seed), pick_device(args)
+    agent = SAC(info, args.sac, device)
     np_rng = np.random.default_rng(args.seed)
-    rb = ReplayBuffer(info.obs_dim, info.act_dim, buffer_rows(args.sac, args.expert.timesteps, ckpt), run.device, True)
+    rows = buffer_rows(args.sac, args.expert.timesteps, ckpt)
+    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=True)
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
-        progress = restore_checkpoint(ckpt, agent, rb, np_rng, [env])
+        progress = restore_checkpoint(ckpt, np_rng, [env], agent=agent, rb=rb)
         print(f"expert phase: resuming at step {progress['step']}", file=sys.stderr)
-    run.expert_curve, ckpt_path = progress["curve"], run.dir / "checkpoints" / "expert.pt"
+    ckpt_path = run_dir / "checkpoints" / "expert.pt"
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
     with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", dynamic_ncols=True, mininterval=2) as bar:
         while step < args.expert.timesteps:
-            if run.stop:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+            if STOP.is_set():
+                save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
                 raise Interrupted("expert phase", step)
             explore = step < args.sac.learning_starts  # uniform random actions first
             action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
@@ -510,8 +520,8 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
             rb.add(obs, action, next_obs, terminated, reward)
             ret, length, obs = ret + float(reward), length + 1, next_obs
             if terminated or truncated:
-                run.writer.add_scalar("expert/episodic_return", ret, step)
-                run.writer.add_scalar("expert/episodic_length", length, step)
+                writer.add_scalar("expert/episodic_return", ret, step)
+                writer.add_scalar("expert/episodic_length", length, step)
                 bar.set_postfix(ret=f"{ret:.0f}")
                 progress["episodes"] += 1
                 progress["curve"].append((step, ret))
@@ -521,14 +531,14 @@ def train_expert(args: Args, run, info: EnvInfo, ckpt: Optional[dict]) -> SAC:
                 meter.start(step - 1)
                 losses = sac_train_step(agent, rb, step)
                 if step % args.log_frequency == 0:
-                    log_losses(run.writer, "expert", losses, agent, step, meter)
+                    log_losses(writer, "expert", losses, agent, step, meter)
             if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
-                plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+                save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
+                plot_curves(run_dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
             bar.update(1)
-    save_checkpoint(ckpt_path, agent, rb, np_rng, [env], progress)
+    save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
     env.close()
-    return agent
+    return agent, progress["curve"]
 
 
 def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
@@ -586,22 +596,30 @@ def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: in
     return {**stats, "disc_learning_rate": lr}
 
 
-def evaluate_learner(agent: SAC, args: Args, run, progress: dict, expert_return: float) -> dict:
-    """Evaluate, append to the history, log, and redraw the learning curve."""
+def evaluate_learner(agent: SAC, args: Args, progress: dict, expert_return: float, writer) -> dict:
+    """Evaluate, append to the history and log."""
     rets = evaluate(agent.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble)
     mean, step, total = float(np.mean(rets)), progress["step"], progress["step"] + progress["disc_env_steps"]
     normalized = float(mean / expert_return) if expert_return != 0 else float("nan")
     entry = dict(policy_steps=step, total_env_steps=total, mean=mean, std=float(np.std(rets)), normalized=normalized)
     entry["returns"] = rets
     progress["history"].append(entry)
-    run.writer.add_scalar("eval/episodic_return", mean, step)
-    run.writer.add_scalar("eval/normalized_return", entry["normalized"], step)
-    run.writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, entry["total_env_steps"])
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
+    writer.add_scalar("eval/episodic_return", mean, step)
+    writer.add_scalar("eval/normalized_return", entry["normalized"], step)
+    writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, entry["total_env_steps"])
     return entry
 
 
-def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict], env_fn=make_env) -> tuple:
+def train_irl(
+    args: Args,
+    info: EnvInfo,
+    demos: dict,
+    ckpt: Optional[dict],
+    run_dir: Path,
+    writer,
+    expert_curve=(),
+    env_fn=make_env,
+) -> tuple:
     """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
     steps, every sampled transition relabelled by the current discriminator) -> (agent, progress). `env_fn`: tests."""
     env, disc_env = envs = [env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)]
@@ -610,34 +628,35 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
     disc_reset_prob = args.irl.reset_prob if args.disc.reset else 0.0
     disc_learner_env = LearnerEnv(disc_env, demos, disc_reset_prob, args.irl.p_tremble, np_rng)
     disc_env.reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; later resets continue it
-    agent = SAC(info, args.sac, run.device)
-    disc = Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).to(run.device)
-    expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=run.device)
+    device = pick_device(args)
+    agent = SAC(info, args.sac, device)
+    disc = Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).to(device)
+    expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=device)
     expert_return = float(np.mean(demos["returns"]))
     rows = buffer_rows(args.sac, args.irl.total_timesteps, ckpt)
-    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, run.device, with_rewards=False)  # rewards: discriminator's
+    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=False)  # rewards: discriminator's
     progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval.frequency}
     if ckpt:
-        progress = restore_checkpoint(ckpt, agent, rb, np_rng, envs, disc)
+        progress = restore_checkpoint(ckpt, np_rng, envs, agent=agent, rb=rb, disc=disc)
         print(f"IRL phase: resuming at step {progress['step']} (outer iteration {progress['k']})", file=sys.stderr)
-    ckpt_path, absorbing, meter = run.dir / "checkpoints" / "irl.pt", args.irl.terminal_reward == "min", SPSMeter()
+    ckpt_path, absorbing, meter = run_dir / "checkpoints" / "irl.pt", args.irl.terminal_reward == "min", SPSMeter()
     obs = learner_env.reset(seed=args.seed + progress["episodes"])
     ret, length, step = 0.0, 0, progress["step"]
     desc = f"IRL (reset {args.irl.reset_prob})"
     with tqdm(total=args.irl.total_timesteps, initial=step, desc=desc, dynamic_ncols=True, mininterval=2) as bar:
         while step < args.irl.total_timesteps:
-            if run.stop:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
+            if STOP.is_set():
+                save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
                 raise Interrupted("IRL phase", step)
             if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
                 # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
                 pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
                 progress["disc_env_steps"] += n
-                pairs = torch.as_tensor(pairs, device=run.device)
+                pairs = torch.as_tensor(pairs, device=device)
                 stats = update_discriminator(disc, expert_pairs, pairs, progress["k"], args.disc)
                 stats.update(outer_iteration=progress["k"], disc_env_steps=progress["disc_env_steps"])
                 for name, value in stats.items():
-                    run.writer.add_scalar(f"irl/{name}", value, step)
+                    writer.add_scalar(f"irl/{name}", value, step)
                 progress["k"] += 1
             explore = step < args.sac.learning_starts  # uniform random actions first
             action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
@@ -646,10 +665,10 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
             ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
             if terminated or truncated:
                 if learner_env.from_expert:  # a partial return: logged apart from charts/episodic_return
-                    run.writer.add_scalar("irl/reset_episodic_return", ret, step)
+                    writer.add_scalar("irl/reset_episodic_return", ret, step)
                 else:
-                    run.writer.add_scalar("charts/episodic_return", ret, step)
-                    run.writer.add_scalar("charts/episodic_length", length, step)
+                    writer.add_scalar("charts/episodic_return", ret, step)
+                    writer.add_scalar("charts/episodic_length", length, step)
                     bar.set_postfix(ret=f"{ret:.0f}")
                 progress["episodes"] += 1
                 obs, ret, length = learner_env.reset(), 0.0, 0
@@ -658,21 +677,23 @@ def train_irl(args: Args, run, info: EnvInfo, demos: dict, ckpt: Optional[dict],
                 meter.start(step - 1)
                 losses = sac_train_step(agent, rb, step, lambda o, a: relabel_rewards(disc, o, a), absorbing)
                 if step % args.log_frequency == 0:
-                    log_losses(run.writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
+                    log_losses(writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
             if step >= progress["next_eval"]:
-                entry = meter.pause_while(evaluate_learner, agent, args, run, progress, expert_return)
+                with meter.paused():  # evaluation time is not training time
+                    entry = evaluate_learner(agent, args, progress, expert_return, writer)
+                    plot_curves(run_dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
                 progress["next_eval"] += args.eval.frequency
                 bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
                 if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
                     break
             if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
+                save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
-        evaluate_learner(agent, args, run, progress, expert_return)
+        evaluate_learner(agent, args, progress, expert_return, writer)
     progress["SPS"] = meter.sps(progress["step"])
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, run.expert_curve)
-    save_checkpoint(ckpt_path, agent, rb, np_rng, envs, progress, disc)
+    plot_curves(run_dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
+    save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
     env.close()
     disc_env.close()
     return agent, progress
@@ -683,12 +704,12 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     config.update(low=info.low.tolist(), high=info.high.tolist())
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
     saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config}
-    atomic_save(path, {**saved, "state_dict": state})
+    save(path, "policy", **saved, state_dict=state)
 
 
 def load_policy(path, device="cpu") -> Actor:
     """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)
+    saved = load(Path(path), "policy")
     config = saved["config"]
     low, high = np.array(config["low"]), np.array(config["high"])
     actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
@@ -721,37 +742,40 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
             return evaluate_saved_policy(args)
-        run = validate(args)
+        run_dir, info, demos, checkpoints = validate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
-    if run.finished:
-        print(f"{run.dir} already holds a finished run (results.json); nothing to do")
+    if info is None:
+        print(f"{run_dir} already holds a finished run (results.json); nothing to do")
         return
-    start_run(args, run)
+    writer = start_run(args, run_dir)
     try:
-        demos = run.demos
-        if demos is None:
-            expert = train_expert(args, run, run.info, run.checkpoints.get("expert"))
-            demos = write_expert_cache(args, expert, collect_demos(expert, args.env_id, args.expert.num_demos or 64))
+        expert_curve = []
+        if demos is None:  # no cached or given demos: train the expert and record them
+            expert, expert_curve = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
+            demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
+            demos = write_expert_cache(args, expert, demos)
         if args.expert.only:
-            return finish_run(run)
-        agent, progress = train_irl(args, run, run.info, demos, run.checkpoints.get("irl"))
+            return finish_run(run_dir, writer)
+        agent, progress = train_irl(args, info, demos, checkpoints.get("irl"), run_dir, writer, expert_curve)
         results = irl_results(args, demos, progress)
         if args.save_model:
-            save_policy(run.dir / "policy.pt", agent.actor, args, run.info)
+            save_policy(run_dir / "policy.pt", agent.actor, args, info)
         if args.capture_video:
-            evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, run.dir / "videos/final.webm")
-        atomic_save(run.dir / "results.json", results)
+            video = run_dir / "videos/final.webm"
+            evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, video)
+        save(run_dir / "results.json", "results", **results)
         mean, std, normalized = results["eval_mean"], results["eval_std"], results["normalized_return"]
         print(f"final eval return {mean:.1f} +- {std:.1f} ({normalized:.2f} of expert)")
     except NonFiniteLoss as e:
-        finish_run(run, f"error: {e}; lower the learning rates or check the demos")
+        finish_run(run_dir, writer, f"error: {e}; lower the learning rates or check the demos")
         raise SystemExit(3)
     except Interrupted as e:
-        finish_run(run, f"interrupted in the {e.args[0]} at step {e.args[1]}: checkpoint saved; re-run to resume")
+        phase, step = e.args
+        finish_run(run_dir, writer, f"interrupted in the {phase} at step {step}: checkpoint saved; re-run to resume")
         raise SystemExit(130)
-    finish_run(run)
+    finish_run(run_dir, writer)
 
 
 # ---- run management ----
@@ -760,57 +784,70 @@ MINARI_PREFIX = "minari:"
 VIDEO_SIZE = 240  # rendered frame width and height
 
 
-@dataclass
-class Run:
-    """What validation loaded (the env's sizes, the demos or None: expert phase, checkpoints), then start_run's."""
-
-    dir: Path
-    info: Optional[EnvInfo] = None
-    demos: Optional[dict] = None
-    checkpoints: dict = field(default_factory=dict)
-    finished: bool = False  # results.json exists: nothing to do
-    writer: object = None  # torch.utils.tensorboard.SummaryWriter
-    device: torch.device = torch.device("cpu")
-    stop: bool = False  # set by SIGINT/SIGTERM: the training loops save a checkpoint and stop at the next step
-    expert_curve: list = field(default_factory=list)
-
-
 class SPSMeter:
     """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
 
-    t0, s0, paused = None, 0, 0.0
+    t0, s0, paused_s = None, 0, 0.0
 
     def start(self, step: int) -> None:
         if self.t0 is None:
             self.t0, self.s0 = time.perf_counter(), step
 
-    def pause_while(self, fn, *args):
+    @contextlib.contextmanager
+    def paused(self):
         t = time.perf_counter()
-        out = fn(*args)
-        self.paused += time.perf_counter() - t
-        return out
+        yield
+        self.paused_s += time.perf_counter() - t
 
     def sps(self, step: int) -> Optional[float]:
         if self.t0 is not None and step > self.s0:
-            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused_s)
 
 
-# ---- checkpoints, atomic writes, RNG state
-def atomic_save(path: Path, obj) -> None:
-    """Write to the fixed `name.tmp` beside `path`, then os.replace (start_run removes stale ones); by the suffix:
-    JSON, .npz (a dict of arrays), .png (a matplotlib figure), else torch.save."""
+# ---- the one save and the one load, checkpoints and RNG state
+VERSION = 1  # of the .pt files `save` writes; `load` refuses any other
+KINDS = {  # kind of .pt file: (the keys load requires, how to fix a bad one)
+    "policy": (("script", "env_id", "network", "config", "state_dict"), "re-run the training to rewrite it"),
+    "expert_checkpoint": (("agent", "rb", "progress", "rng"), "delete it to redo that phase"),
+    "irl_checkpoint": (("agent", "rb", "progress", "rng", "disc"), "delete it to redo that phase"),
+}
+
+
+def save(path: Path, kind: str, **payload) -> None:
+    """Atomic write: the fixed `name.tmp` beside `path`, then os.replace (start_run removes stale ones). A .pt file
+    holds {"kind", "version", **payload} for `load` to check; .json (plain records), .npz (the demos format shared
+    with hype_irl_mujoco.py) and .png (payload `figure`) hold the payload alone."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".json":
-        tmp.write_text(json.dumps(obj, indent=2))
+        tmp.write_text(json.dumps(payload, indent=2))
     elif path.suffix == ".npz":
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, **obj)
+            np.savez_compressed(f, **payload)
     elif path.suffix == ".png":
-        obj.savefig(tmp, format="png")
+        payload["figure"].savefig(tmp, format="png")
     else:
-        torch.save(obj, tmp)
+        torch.save({"kind": kind, "version": VERSION, **payload}, tmp)
     os.replace(tmp, path)
+
+
+def load(path: Path, kind: str) -> dict:
+    """Read back a file `save` wrote, checked: a JSON object, or a .pt file of this kind and VERSION with its keys.
+    Anything else (truncated, random bytes, another script's file) is a one-line UsageError naming the file."""
+    keys, fix = KINDS.get(kind, ((), "delete it (or the run dir) and re-run"))
+    try:
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+        else:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, random bytes, not a file we wrote
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}); {fix}")
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a {kind} record; {fix}")
+    stored = (kind, VERSION) if path.suffix == ".json" else (data.get("kind"), data.get("version"))
+    if stored != (kind, VERSION) or any(k not in data for k in keys):
+        raise UsageError(f"{path} is not a {SCRIPT} file of kind {kind!r}, version {VERSION}; {fix}")
+    return data
 
 
 def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
@@ -818,20 +855,19 @@ def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
     return min(cfg.buffer_size, max(budget, len(ckpt["rb"]["obs"]) if ckpt else 0))
 
 
-def save_checkpoint(path: Path, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, progress: dict, disc=None) -> None:
+def save_checkpoint(path: Path, kind: str, np_rng, envs: list, progress: dict, **parts) -> None:
+    """save() of the parts' state dicts (agent, replay, discriminator), the progress counters and every RNG."""
     rng = {"python": random.getstate(), "numpy": np_rng.bit_generator.state, "torch": torch.get_rng_state()}
     rng["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     rng["envs"] = [env.unwrapped.np_random.bit_generator.state for env in envs]
-    state = {"agent": agent.state_dict(), "rb": rb.state_dict(), "progress": progress, "rng": rng}
-    atomic_save(path, state if disc is None else {**state, "disc": disc.state_dict()})
+    states = {name: part.state_dict() for name, part in parts.items()}
+    save(path, kind, **states, progress=progress, rng=rng)
 
 
-def restore_checkpoint(ckpt: dict, agent: SAC, rb: ReplayBuffer, np_rng, envs: list, disc=None) -> dict:
-    """Load a validated checkpoint into the phase's objects and RNGs; returns its progress counters."""
-    agent.load_state_dict(ckpt["agent"])
-    rb.load_state_dict(ckpt["rb"])
-    if disc is not None:
-        disc.load_state_dict(ckpt["disc"])
+def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
+    """Load a validated checkpoint into the phase's parts and RNGs; returns its progress counters."""
+    for name, part in parts.items():
+        part.load_state_dict(ckpt[name])
     rng = ckpt["rng"]
     random.setstate(rng["python"])
     np_rng.bit_generator.state = rng["numpy"]
@@ -891,7 +927,7 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     method = "FILTER" if args.irl.reset_prob > 0 else "MM"
     fig.suptitle(f"{args.env_id}: {method} (reset {args.irl.reset_prob}), seed {args.seed}")
     fig.tight_layout()
-    atomic_save(path, fig)
+    save(path, "plot", figure=fig)
 
 
 def write_video(path: Path, frames: list, fps: int) -> None:
@@ -917,7 +953,7 @@ def evaluate_saved_policy(args: Args) -> None:
     check_args(args)
     try:
         policy = load_policy(path)
-    except Exception as e:  # any unreadable or foreign file is bad input
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # a policy.pt of other networks
         raise UsageError(f"{path} is not a readable policy.pt ({type(e).__name__}); re-run the training to rewrite it")
     if policy.script != SCRIPT:
         raise UsageError(f"{path} was written by {policy.script}; evaluate it with that script")
@@ -930,7 +966,7 @@ def evaluate_saved_policy(args: Args) -> None:
     rets = evaluate(policy, policy.env_id, args.eval.episodes, seed, args.irl.p_tremble, video)
     record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
     record.update(episodes=args.eval.episodes, seed=seed, p_tremble=args.irl.p_tremble)
-    atomic_save(out, record)
+    save(out, "evaluation", **record)
     print(f"eval return {record['mean']:.1f} +- {record['std']:.1f} over {len(rets)} episodes -> {out}")
 
 
@@ -942,16 +978,16 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
         print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
         with np.load(cache / "demos.npz") as z:
             return {k: z[k] for k in z.files}
-    atomic_save(cache / "demos.npz", demos)
+    save(cache / "demos.npz", "demos", **demos)
     returns = demos["returns"]
     actor = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
     actor.update(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
     actor.update(total_timesteps=args.expert.timesteps, mean_return=float(returns.mean()))
-    atomic_save(cache / "expert_actor.pt", actor)
+    save(cache / "expert_actor.pt", "expert_actor", **actor)
     meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
     meta["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    atomic_save(cache / "expert_meta.json", meta)
+    save(cache / "expert_meta.json", "expert_meta", **meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
 
@@ -1143,32 +1179,24 @@ def check_writable(path: Path, flag_name: str) -> None:
         raise UsageError(f"{flag_name} {path} is not writable here; pass a path you can write")
 
 
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path} is unreadable ({type(e).__name__}); delete it (or the run dir) and re-run")
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a JSON object; delete it (or the run dir) and re-run")
-    return data
-
-
-def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> Optional[dict]:
+def load_checkpoint(path: Path, args: Args, info: EnvInfo, kind: str) -> Optional[dict]:
     """A phase's checkpoint, loaded and checked against this run's networks; None when there is none."""
     if not path.exists():
         return None
+    ckpt, why = load(path, kind), ""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
         SAC(info, args.sac, torch.device("cpu")).load_state_dict(ckpt["agent"])
-        if with_disc:
+        if kind == "irl_checkpoint":
             Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).load_state_dict(ckpt["disc"])
-        rb, progress = ckpt["rb"], ckpt["progress"]
+        rb, step = ckpt["rb"], ckpt["progress"]["step"]
         widths = (rb["obs"].shape[1], rb["next_obs"].shape[1], rb["actions"].shape[1])
-        assert widths == (info.obs_dim, info.obs_dim, info.act_dim) and isinstance(progress["step"], int)
-        assert len({len(rb[k]) for k in ("obs", "next_obs", "actions", "dones")}) == 1 and len(ckpt["rng"]["envs"])
-    except Exception as e:  # truncated, random bytes, another script's or another configuration's file
-        problem = f"is corrupt or from another configuration ({type(e).__name__})"
-        raise UsageError(f"{path} {problem}; delete it to redo that phase")
+        rows = {len(rb[k]) for k in ("obs", "next_obs", "actions", "dones")}
+        fits = widths == (info.obs_dim, info.obs_dim, info.act_dim) and len(rows) == 1
+        fits = fits and isinstance(step, int) and len(ckpt["rng"]["envs"]) > 0
+    except Exception as e:  # another configuration's networks, or a structure that is not ours
+        fits, why = False, f" ({type(e).__name__})"
+    if not fits:
+        raise UsageError(f"{path} is corrupt or from another configuration{why}; delete it to redo that phase")
     return ckpt
 
 
@@ -1210,7 +1238,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
     if saved_path is None or not saved_path.exists():
         return args
-    saved = read_json(saved_path)
+    saved = load(saved_path, "args")
     if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
         other = saved.get("script") or "another script"
         raise UsageError(f"{args.run_dir} is a run dir of {other}, not {SCRIPT}; pass another --run-dir")
@@ -1222,8 +1250,9 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     return args
 
 
-def validate(args: Args) -> Run:
-    """Check every input before anything is written; return what was loaded (demos, checkpoints, env sizes)."""
+def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]:
+    """Check every input before anything is written; return the run dir and what was loaded: the env's sizes (None:
+    the run is finished), the demos (None: the expert phase makes them) and the phases' checkpoints."""
     check_args(args)
     info, sizes = check_env_id(args.env_id)
     row_bytes = 4 * (2 * info.obs_dim + info.act_dim + 2)
@@ -1240,8 +1269,8 @@ def validate(args: Args) -> Run:
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / "args.json").exists():
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
-        read_json(run_dir / "results.json")
-        return Run(run_dir, finished=True)
+        load(run_dir / "results.json", "results")
+        return run_dir, None, None, {}
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
     if path and not path.startswith(MINARI_PREFIX) and not Path(path).is_file():
@@ -1258,14 +1287,15 @@ def validate(args: Args) -> Run:
         check_writable(cache.parent, "--expert.experts-dir")
         if args.sac.learning_starts >= args.expert.timesteps:
             raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
-        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
+        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, "expert_checkpoint")
     if not args.expert.only:
-        checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
-    return Run(run_dir, info, demos, checkpoints)
+        checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, "irl_checkpoint")
+    return run_dir, info, demos, checkpoints
 
 
 # ---- starting and ending a run
-def start_run(args: Args, run: Run) -> None:
+def start_run(args: Args, run_dir: Path):
+    """Seeds, threads, args.json, TensorBoard (and wandb), signal handlers; returns the SummaryWriter."""
     from torch.utils.tensorboard import SummaryWriter
 
     # glibc keeps freed memory instead of re-faulting fresh pages for every update's tensors (up to 16 % of a SAC
@@ -1280,29 +1310,30 @@ def start_run(args: Args, run: Run) -> None:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    run.dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*run.dir.rglob("*.tmp"), *run.dir.rglob("*.tmp.webm")]:  # left by a killed write
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*run_dir.rglob("*.tmp"), *run_dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
-    atomic_save(run.dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)})
+    save(run_dir / "args.json", "args", script=SCRIPT, env_id=args.env_id, args=dataclasses.asdict(args))
     if args.track:
         import wandb
 
-        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run.dir.name)
+        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_dir.name)
         wandb.init(**names, sync_tensorboard=True, config=dataclasses.asdict(args), save_code=True)
-    writer = SummaryWriter(str(run.dir))
+    writer = SummaryWriter(str(run_dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
+    STOP.clear()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: setattr(run, "stop", True))
-    run.writer, run.device = writer, torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    print(f"run dir: {run.dir}")
+        signal.signal(signum, lambda *_: STOP.set())
+    print(f"run dir: {run_dir}")
+    return writer
 
 
-def finish_run(run: Run, message: Optional[str] = None) -> None:
-    run.writer.close()
+def finish_run(run_dir: Path, writer, message: Optional[str] = None) -> None:
+    writer.close()
     if message:
         print(message, file=sys.stderr)
-    print(f"run dir: {run.dir}")
+    print(f"run dir: {run_dir}")
 
 
 if __name__ == "__main__":

@@ -102,10 +102,15 @@ def small_args(**groups) -> fi.Args:
     return args
 
 
-def in_process_run(tmp_path: Path, name: str) -> fi.Run:
+def train_irl_in(run_dir: Path, args: fi.Args, demos: dict, env_fn) -> tuple[fi.SAC, dict]:
+    """The IRL phase in-process, on InvertedPendulum-v5, logging into ``run_dir``."""
     from torch.utils.tensorboard import SummaryWriter
 
-    return fi.Run(tmp_path / name, writer=SummaryWriter(str(tmp_path / name)), device=CPU)
+    writer = SummaryWriter(str(run_dir))
+    try:
+        return fi.train_irl(args, pendulum_info(), demos, None, run_dir, writer, env_fn=env_fn)
+    finally:
+        writer.close()
 
 
 def pendulum_info() -> fi.EnvInfo:
@@ -331,9 +336,7 @@ def test_learner_never_reads_env_reward(tmp_path, pendulum_demos):
     agents = []
     for name, env_fn in (("real", fi.make_env), ("nan", poisoned_env)):
         torch.manual_seed(3)
-        run = in_process_run(tmp_path, name)
-        agent, progress = fi.train_irl(args, run, pendulum_info(), pendulum_demos, None, env_fn=env_fn)
-        run.writer.close()
+        agent, progress = train_irl_in(tmp_path / name, args, pendulum_demos, env_fn)
         assert progress["step"] == 300 and math.isfinite(progress["history"][-1]["mean"])
         agents.append(torch.load(tmp_path / name / "checkpoints" / "irl.pt", weights_only=False))
     for part in ("actor", "qf"):
@@ -365,9 +368,7 @@ def test_filter_learner_reaches_expert_on_inverted_pendulum_without_env_reward(t
         eval=dict(frequency=2000),
         top=dict(seed=1, checkpoint_frequency=10**9),
     )
-    run = in_process_run(tmp_path, "run")
-    _, progress = fi.train_irl(args, run, pendulum_info(), pendulum_demos, None, env_fn=poisoned_env)
-    run.writer.close()
+    _, progress = train_irl_in(tmp_path / "run", args, pendulum_demos, poisoned_env)
     res = fi.irl_results(args, pendulum_demos, progress)
     assert res["expert_return"] == 1000.0
     assert res["eval_mean"] >= 0.9 * res["expert_return"], [(h["policy_steps"], h["mean"]) for h in res["history"]]
