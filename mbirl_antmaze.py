@@ -54,26 +54,6 @@ TRUNCATED_OBS = {
     "Humanoid-v5": dict.fromkeys(("include_cinert_in_observation", "include_cvel_in_observation",
                                   "include_qfrc_actuator_in_observation", "include_cfrc_ext_in_observation"), False),
 }  # fmt: skip
-# Settings that differ per env in the reference (garage's hyper.yaml overrides); a flag left unset takes these.
-# A run resumed from an args.json written before a setting existed keeps running without it (ADDED_SINCE).
-_MUJOCO = {"model.pretrain": False, "hyper.exploration_steps": 1000, "hyper.rollout_schedule": "20,100,1,25",
-           "hyper.freq_train_model": 125, "hyper.retain_epochs": 1, "hyper.p_tremble": 0.01, "actor.hidden": 1024,
-           "actor.lr": 1e-4, "disc.every": 1000, "disc.lr": 8e-4, "disc.ensemble": 7, "eval.episodes": 10,
-           "model.clip_output": 0.0, "model.cosine_lr": False, "actor.lr_decay": 0}  # fmt: skip
-ADDED_SINCE = {"model": {"cosine_lr": False}, "actor": {"lr_decay": 0}}
-FAMILY_DEFAULTS = {
-    "maze": {"model.hidden": 200, "model.pretrain": True, "hyper.exploration_steps": 10_000,
-             "hyper.rollout_schedule": "20,100,1,25", "hyper.freq_train_model": 2000, "hyper.retain_epochs": 2,
-             "hyper.updates_per_step": 20, "hyper.p_tremble": 0.0, "actor.hidden": 256, "actor.lr": 3e-4,
-             "disc.every": 100, "disc.lr": 8e-3, "disc.ensemble": 1, "eval.episodes": 25, "model.clip_output": 0.0,
-             "model.cosine_lr": True, "actor.lr_decay": 0},
-    "Hopper": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
-    "Walker2d": {**_MUJOCO, "model.hidden": 200, "hyper.updates_per_step": 10, "model.clip_output": 40.0,
-                 "model.cosine_lr": True, "actor.lr_decay": 10_000},
-    "Ant": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "disc.every": 200, "model.clip_output": 40.0},
-    "Humanoid": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 10, "hyper.rollout_schedule": "20,300,1,25",
-                 "actor.lr_decay": 10_000},
-}  # fmt: skip
 
 
 @dataclass
@@ -109,17 +89,17 @@ class ModelArgs:
     """members of the Gaussian ensemble"""
     num_elites: int = 5
     """members with the lowest validation MSE, used for rollouts"""
-    hidden: int | None = None
-    """width of each member's hidden layers (default: mazes 200, Walker2d 200, Hopper/Ant/Humanoid 400)"""
+    hidden: int = 200
+    """width of each member's hidden layers (Walker2d too; Hopper/Ant/Humanoid 400)"""
     layers: int = 4
     """hidden layers per member"""
-    clip_output: float | None = None
-    """clamp the predicted Δstate means to [-x, x]; 0 = off (default: Ant and Walker2d 40 as the reference, else 0)"""
+    clip_output: float = 0.0
+    """clamp the predicted Δstate means to [-x, x]; 0 = off (Ant and Walker2d 40, as the reference)"""
     lr: float = 3e-4
     """Adam learning rate"""
-    cosine_lr: bool | None = None
+    cosine_lr: bool = True
     """the loop's retrainings anneal the learning rate on the reference's cosine (to 1e-9 over 30,000 minibatches and
-    back, counted across retrainings; default: mazes and Walker2d on, as the reference, else off)"""
+    back, counted across retrainings; Walker2d too; Hopper/Ant/Humanoid off, as the reference)"""
     weight_decay: float = 5e-5
     """Adam weight decay"""
     batch_size: int = 256
@@ -134,8 +114,8 @@ class ModelArgs:
     """cap on the pretraining's epochs alone (default: --model.max-epochs; 0 = to patience)"""
     pretrain_bins: int = 50
     """bins per axis of the (x, y) histogram of the pretraining split"""
-    pretrain: bool | None = None
-    """pretrain the model on the expert data before the loop (default: on for mazes, the reference's antmaze recipe)"""
+    pretrain: bool = True
+    """pretrain the model on the expert data before the loop (the reference's antmaze recipe; MuJoCo ids off)"""
 
 
 @dataclass
@@ -144,43 +124,43 @@ class HyperArgs:
 
     total_timesteps: int = 150_000
     """real env steps of the learner (the discriminator's real rollouts are counted separately, and reported)"""
-    exploration_steps: int | None = None
-    """first real steps without model or policy updates, counted in the budget unlike the reference (default: mazes
-    10,000, MuJoCo 1,000); 0 = none"""
+    exploration_steps: int = 10_000
+    """first real steps without model or policy updates, counted in the budget unlike the reference (MuJoCo ids
+    1,000); 0 = none"""
     bc_init_steps: int = 10_000
     """behaviour-cloning updates of the TD3+BC actor (mazes) before any real step; 0 = none"""
-    freq_train_model: int | None = None
-    """retrain the model on the hybrid buffer and refill the model rollouts every this many real steps (default:
-    mazes 2,000, MuJoCo 125)"""
+    freq_train_model: int = 2000
+    """retrain the model on the hybrid buffer and refill the model rollouts every this many real steps (MuJoCo ids
+    125)"""
     rollout_batch_size: int = 50_000
     """start states per rollout refill (reference antmaze: 800,000)"""
-    rollout_schedule: str | None = None
+    rollout_schedule: str = "20,100,1,25"
     """rollout length: 'e0,e1,l0,l1' goes from l0 at epoch e0 to l1 at epoch e1 (epochs of epoch_length steps;
-    default: 20,100,1,25, Humanoid 20,300,1,25)"""
+    Humanoid 20,300,1,25)"""
     epoch_length: int = 1000
     """real steps per epoch of the rollout schedule"""
-    retain_epochs: int | None = None
-    """epochs of rollout refills kept in the learner buffer (default: mazes 2, MuJoCo 1)"""
+    retain_epochs: int = 2
+    """epochs of rollout refills kept in the learner buffer (MuJoCo ids 1)"""
     window: float = 0.1
     """width of the sliding backward window over expert time, as a fraction of the demo horizon"""
-    updates_per_step: int | None = None
-    """actor updates per real step (default: mazes 20, Hopper/Ant 30, Walker2d/Humanoid 10); 0 = none"""
-    p_tremble: float | None = None
+    updates_per_step: int = 20
+    """actor updates per real step (Hopper/Ant 30, Walker2d/Humanoid 10); 0 = none"""
+    p_tremble: float = 0.0
     """trembling hand: probability of a uniform random action in real steps, discriminator rollouts and evaluation
-    (default: mazes 0, MuJoCo 0.01)"""
+    (MuJoCo ids 0.01)"""
 
 
 @dataclass
 class ActorArgs:
     """Phase 3 - the actor: TD3+BC hybrid on mazes, SAC on the MuJoCo locomotion ids."""
 
-    hidden: int | None = None
-    """width of the two hidden layers of actor and critics (default: TD3+BC 256, SAC Hopper 512, others 1024)"""
-    lr: float | None = None
-    """actor and critic learning rate (default: 3e-4; Walker2d/Ant/Humanoid 1e-4)"""
-    lr_decay: int | None = None
+    hidden: int = 256
+    """width of the two hidden layers of actor and critics (TD3+BC; SAC: Hopper 512, Walker2d/Ant/Humanoid 1024)"""
+    lr: float = 3e-4
+    """actor and critic learning rate (Walker2d/Ant/Humanoid 1e-4)"""
+    lr_decay: int = 0
     """SAC: the learning rate falls linearly to ~0 over this many updates and restarts, with fresh optimisers, at
-    each discriminator update (the reference's schedule_actor_lr; default: Walker2d/Humanoid 10,000, else 0 = off)"""
+    each discriminator update (the reference's schedule_actor_lr; Walker2d/Humanoid 10,000); 0 = off"""
     weight_decay: float = 1e-4
     """actor and critic weight decay"""
     gamma: float = 0.99
@@ -207,10 +187,10 @@ class ActorArgs:
 class DiscArgs:
     """Phase 3 - the discriminator f(s, a); the policy's reward is -f."""
 
-    every: int | None = None
-    """real learner steps between discriminator updates (default: mazes 100, Ant 200, other MuJoCo 1,000)"""
-    lr: float | None = None
-    """lr0; update k uses lr0 / k with a fresh Adam (default: mazes 8e-3, MuJoCo 8e-4)"""
+    every: int = 100
+    """real learner steps between discriminator updates (Ant 200, other MuJoCo ids 1,000)"""
+    lr: float = 8e-3
+    """lr0; update k uses lr0 / k with a fresh Adam (MuJoCo ids 8e-4)"""
     batch_size: int = 4096
     """expert and learner (s, a) pairs per step"""
     trajectories: int = 4
@@ -221,8 +201,8 @@ class DiscArgs:
     """gradient-penalty target norm"""
     hidden: int = 256
     """width of the two hidden layers"""
-    ensemble: int | None = None
-    """members; f is their minimum, so the reward -f is optimistic (default: mazes 1, MuJoCo 7)"""
+    ensemble: int = 1
+    """members; f is their minimum, so the reward -f is optimistic (MuJoCo ids 7)"""
 
 
 @dataclass
@@ -241,9 +221,9 @@ class EvalArgs:
 
     frequency: int = 10_000
     """evaluate every this many real steps (and at the end)"""
-    episodes: int | None = None
-    """evaluation episodes, reset seeds seed + 10000, +1, ... (default: mazes 25, success = goal within 0.45;
-    MuJoCo 10, return)"""
+    episodes: int = 25
+    """evaluation episodes, reset seeds seed + 10000, +1, ... (mazes: success = goal within 0.45; MuJoCo ids 10,
+    return)"""
     log_frequency: int = 1000
     """TensorBoard scalars every this many real steps"""
     checkpoint_frequency: int = 5000
@@ -291,6 +271,57 @@ class Args:
     eval: EvalArgs = field(default_factory=EvalArgs)
 
 
+# The reference's settings where a MuJoCo id differs from the mazes (Args' defaults; garage's hyper.yaml overrides).
+# A flag not given takes them: `python mbirl_antmaze.py --env-id Hopper-v5 --help` shows them as the defaults.
+_MUJOCO = {
+    "model.pretrain": False,
+    "model.cosine_lr": False,
+    "hyper.exploration_steps": 1000,
+    "hyper.freq_train_model": 125,
+    "hyper.retain_epochs": 1,
+    "hyper.p_tremble": 0.01,
+    "actor.hidden": 1024,
+    "actor.lr": 1e-4,
+    "disc.every": 1000,
+    "disc.lr": 8e-4,
+    "disc.ensemble": 7,
+    "eval.episodes": 10,
+}
+ENV_PRESETS = {
+    "Hopper-v5": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
+    "Walker2d-v5": {
+        **_MUJOCO,
+        "hyper.updates_per_step": 10,
+        "model.clip_output": 40.0,
+        "model.cosine_lr": True,
+        "actor.lr_decay": 10_000,
+    },
+    "Ant-v5": {
+        **_MUJOCO,
+        "model.hidden": 400,
+        "hyper.updates_per_step": 30,
+        "disc.every": 200,
+        "model.clip_output": 40.0,
+    },
+    "Humanoid-v5": {
+        **_MUJOCO,
+        "model.hidden": 400,
+        "hyper.updates_per_step": 10,
+        "hyper.rollout_schedule": "20,300,1,25",
+        "actor.lr_decay": 10_000,
+    },
+}
+
+
+def preset(env_id: str, **top) -> Args:
+    """Args with the reference's defaults for env_id (the mazes': Args' own)."""
+    args = Args(env_id=env_id, **top)
+    for name, value in ENV_PRESETS.get(env_id, {}).items():
+        group, key = name.split(".")
+        setattr(getattr(args, group), key, value)
+    return args
+
+
 class UsageError(Exception):
     """Bad input: main prints one line and exits 2."""
 
@@ -312,15 +343,6 @@ def env_family(env_id: str) -> str | None:
 def goal_dims(env_id: str) -> int:
     """Trailing observation entries that are the goal (constant within an episode, not predicted by the model)."""
     return 0 if env_family(env_id) == "mujoco" else 2
-
-
-def resolve_defaults(args: "Args") -> None:
-    """Fill every per-env setting left unset (None) from FAMILY_DEFAULTS."""
-    key = "maze" if env_family(args.env_id) in ("pointmaze", "antmaze") else args.env_id.split("-")[0]
-    for name, value in FAMILY_DEFAULTS.get(key, FAMILY_DEFAULTS["maze"]).items():
-        group, field_name = name.split(".")
-        if getattr(getattr(args, group), field_name) is None:
-            setattr(getattr(args, group), field_name, value)
 
 
 class FlatMazeObs(gym.ObservationWrapper):
@@ -1420,7 +1442,6 @@ class RunContext:
                 raise UsageError(f"{path} does not exist; pass a finished run dir of {SCRIPT} to --eval-only")
             self.run_dir = Path(args.eval_only)
             args.env_id = torch.load(path, map_location="cpu", weights_only=False)["env_id"]
-            resolve_defaults(args)
             return self
         if args.train_goal_reacher:
             raise UsageError("--train-goal-reacher runs mbirl_antmaze_goal_reacher.py: pass it on the command line")
@@ -1443,7 +1464,6 @@ class RunContext:
         env.close()
         if not bounded:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
-        resolve_defaults(args)
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
         check_run_dir(self.run_dir, SCRIPT, args.env_id, "checkpoints/hyper.pt")
@@ -2214,17 +2234,38 @@ def record_video(actor: Actor, env_id: str, path: Path, seed: int) -> None:
     os.replace(tmp, path)
 
 
-def saved_script(argv: list[str]) -> str | None:
-    """The script named in the args.json of the --run-dir on the command line, if any."""
+def peek(argv: list[str]):
+    """--env-id, --run-dir and --eval-only of a command line, read before tyro parses it."""
     import argparse
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--run-dir", "--run_dir")
-    run_dir = parser.parse_known_args(argv)[0].run_dir
+    for flag in ("env-id", "run-dir", "eval-only"):
+        parser.add_argument(f"--{flag}", f"--{flag.replace('-', '_')}")
+    return parser.parse_known_args(argv)[0]
+
+
+def env_preset(argv: list[str]) -> Args:
+    """The defaults of the env on the command line (--eval-only: the evaluated policy's env)."""
+    seen = peek(argv)
+    env_id = seen.env_id or Args.env_id
+    if seen.eval_only and (Path(seen.eval_only) / "policy.pt").is_file():
+        try:
+            env_id = torch.load(Path(seen.eval_only) / "policy.pt", map_location="cpu", weights_only=False)["env_id"]
+        except Exception:  # noqa: BLE001 - validation reports an unreadable policy
+            pass
+    return preset(env_id)
+
+
+def saved_script(argv: list[str]) -> str | None:
+    """The script named in the args.json of the --run-dir on the command line, if any."""
+    run_dir = peek(argv).run_dir
     try:
         return json.loads((Path(run_dir) / "args.json").read_text()).get("script") if run_dir else None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+ADDED_SINCE = {"model": {"cosine_lr": False}, "actor": {"lr_decay": 0}}  # a run from before keeps running without
 
 
 def args_from_dict(saved: dict) -> Args:
@@ -2255,7 +2296,7 @@ def cli(argv: list[str] | None = None) -> Args:
 
         phase0.main(phase0.cli([a for a in argv if a != "--train-goal-reacher"]))
         raise SystemExit(0)
-    args = tyro.cli(Args, args=argv)
+    args = tyro.cli(Args, args=argv, default=env_preset(argv))
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
     if saved is not None and saved.exists():
         try:

@@ -890,19 +890,14 @@ def test_goal_reacher_bad_input(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
-def test_family_defaults_follow_the_reference_and_keep_explicit_values():
-    hop = mb.Args(env_id="Hopper-v5", disc=mb.DiscArgs(every=77))
-    mb.resolve_defaults(hop)
-    assert (hop.hyper.freq_train_model, hop.hyper.updates_per_step, hop.disc.ensemble, hop.disc.lr) == (
-        125,
-        30,
-        7,
-        8e-4,
-    )
+def test_family_defaults_follow_the_reference_and_keep_explicit_values(capsys):
+    hop = mb.cli(["--env-id", "Hopper-v5", "--disc.every", "77"])
+    h = hop.hyper
+    assert (h.freq_train_model, h.updates_per_step, hop.disc.ensemble, hop.disc.lr) == (125, 30, 7, 8e-4)
     assert (hop.eval.episodes, hop.hyper.p_tremble, hop.model.hidden, hop.actor.hidden) == (10, 0.01, 400, 512)
     assert hop.disc.every == 77 and hop.model.pretrain is False
-    maze = mb.Args(env_id="AntMaze_Large_Diverse_GR-v5")
-    mb.resolve_defaults(maze)
+    maze = mb.cli(["--env-id", "AntMaze_Large_Diverse_GR-v5"])
+    assert maze == mb.Args(env_id="AntMaze_Large_Diverse_GR-v5")  # the mazes' settings are Args' own defaults
     assert (maze.hyper.freq_train_model, maze.hyper.updates_per_step, maze.disc.ensemble, maze.disc.lr) == (
         2000,
         20,
@@ -914,23 +909,43 @@ def test_family_defaults_follow_the_reference_and_keep_explicit_values():
         mb.termination_fn("Hopper-v5") is mb.hopper_termination
         and mb.termination_fn("PointMaze_UMaze-v3") is mb.no_termination
     )
-    ant, hum = mb.Args(env_id="Ant-v5"), mb.Args(env_id="Humanoid-v5")
-    mb.resolve_defaults(ant), mb.resolve_defaults(hum)
+    ant, hum = mb.cli(["--env-id", "Ant-v5"]), mb.cli(["--env_id=Humanoid-v5"])
     assert (ant.hyper.updates_per_step, ant.disc.every, ant.actor.hidden, ant.hyper.rollout_schedule) == (
-        30, 200, 1024, "20,100,1,25")  # fmt: skip
+        30,
+        200,
+        1024,
+        "20,100,1,25",
+    )
     assert (hum.hyper.updates_per_step, hum.disc.every, hum.actor.lr, hum.hyper.rollout_schedule) == (
-        10, 1000, 1e-4, "20,300,1,25")  # fmt: skip
+        10,
+        1000,
+        1e-4,
+        "20,300,1,25",
+    )
     assert mb.termination_fn("Ant-v5") is mb.ant_termination
-    walker = mb.Args(env_id="Walker2d-v5")
-    mb.resolve_defaults(walker)  # the reference's model_clip_output: Ant and Walker2d only
+    walker = mb.preset("Walker2d-v5")  # the reference's model_clip_output: Ant and Walker2d only
     assert (ant.model.clip_output, walker.model.clip_output, hum.model.clip_output, hop.model.clip_output) == (
-        40.0, 40.0, 0.0, 0.0)  # fmt: skip
+        40.0,
+        40.0,
+        0.0,
+        0.0,
+    )
     assert maze.model.clip_output == 0.0
     assert mb.termination_fn("Humanoid-v5") is mb.humanoid_termination
     # the reference's schedules: cosine model lr for antmaze and Walker2d, SAC lr decay for Walker2d and Humanoid
     runs = (maze, walker, hum, ant, hop)
     assert [(r.model.cosine_lr, r.actor.lr_decay) for r in runs] == [
-        (True, 0), (True, 10_000), (False, 10_000), (False, 0), (False, 0)]  # fmt: skip
+        (True, 0),
+        (True, 10_000),
+        (False, 10_000),
+        (False, 0),
+        (False, 0),
+    ]
+    # --help shows the defaults of the env on the command line
+    for argv, shown in ((["--env-id", "Hopper-v5"], "125"), ([], "2000")):
+        with pytest.raises(SystemExit):
+            mb.cli([*argv, "--help"])
+        assert f"(default: {shown})" in capsys.readouterr().out  # --hyper.freq-train-model's
 
 
 def test_schedules_match_hand_values():
@@ -983,13 +998,11 @@ def test_sac_learning_rate_decays_linearly_and_restarts_with_fresh_optimisers():
 
 
 def test_schedules_added_after_a_run_stay_off_when_it_resumes(tmp_path):
-    old = dataclasses.asdict(mb.Args(env_id="Walker2d-v5"))
+    old = dataclasses.asdict(mb.preset("Walker2d-v5"))
     del old["model"]["cosine_lr"], old["actor"]["lr_decay"]  # an args.json written before the schedules existed
     resumed = mb.args_from_dict(old)
-    mb.resolve_defaults(resumed)
     assert (resumed.model.cosine_lr, resumed.actor.lr_decay) == (False, 0)
-    new = mb.args_from_dict(dataclasses.asdict(mb.Args(env_id="Walker2d-v5")))
-    mb.resolve_defaults(new)
+    new = mb.args_from_dict(dataclasses.asdict(mb.preset("Walker2d-v5")))
     assert (new.model.cosine_lr, new.actor.lr_decay) == (True, 10_000)
     with pytest.raises(mb.UsageError, match="lr-decay"):
         _validate(tmp_path, env_id=ENV, actor=mb.ActorArgs(lr_decay=100))
