@@ -1,5 +1,5 @@
 """How well can a pairwise run's labels be fitted, and how well do its (and other runs') reward models order them?
-Reads a pairwise run's answered labels from its label store; writes nothing.
+Reads a pairwise run's answered labels (the synthetic labeller's, or the labelling app's store); writes nothing.
 
 1. Every reward checkpoint named (the run's own first, then --also RUN_DIR ...) orders the run's decisive labels
    (left or right, not equal): the share ordered correctly, split by what made the label decisive (the clips' game
@@ -51,14 +51,22 @@ mask = tuple(
         (args["reward"]["mask_top"], args["reward"]["mask_bottom"]), pref.SCORE_MASKS.get(rom, pref.DEFAULT_MASK)
     )
 )
-store = pref.LabelStore(args["labels"]["store_dir"], args["env_id"])
+synthetic = pref.SyntheticLabeller(args["labels"]["store_dir"], args["env_id"], args["exp_name"], penalty)
+if synthetic.answers:  # the synthetic labeller keeps its own labels; a person's are in the labelling app's store
+    store = synthetic
+    clip_info = {c: {"true_return": points, "lives_lost": lost} for c, (points, lost) in synthetic.clips.items()}.get
+else:  # a --labeler human run, or a synthetic run made before the synthetic labeller kept its own labels
+    from preference_labelling_app import LabelStore
+
+    store = LabelStore(args["labels"]["store_dir"], args["env_id"])
+    clip_info = store.clip_info
 labels = [
     (a["left"], a["right"], {"left": 1.0, "right": 0.0, "equal": 0.5}[a["answer"]])
     for a in store.answers_after(args["exp_name"], 0)
     if a["kind"] == "pair" and a["answer"] != "cant_tell"
 ]
 clips = sorted({c for label in labels for c in label[:2]})
-info = {c: store.clip_info(c) for c in clips}
+info = {c: clip_info(c) for c in clips}
 obs = {c: pref.clip_observations(torch.from_numpy(store.clip_arrays(c)["frames"]), stack) for c in clips}
 score = {c: info[c]["true_return"] - penalty * info[c]["lives_lost"] for c in clips}
 decisive = [label for label in labels if label[2] != 0.5]

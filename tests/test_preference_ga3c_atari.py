@@ -5,7 +5,6 @@ import dataclasses
 import json
 import math
 import shutil
-import threading
 import time
 
 import numpy as np
@@ -391,47 +390,50 @@ def synthetic_clip(rng, quality: float, length: int = 6) -> dict:
 
 
 def make_teacher(tmp_path, feedback="pairwise", **reward):
-    from preference_ga3c_atari import LabelStore
-
+    """A teacher with the synthetic labeller, which answers every query as it is asked (no life penalty)."""
     args = pref.Args(feedback=feedback, exp_name="behaviour")
     args.labels.clip_length, args.labels.candidates = 6, 4
     args.reward = dataclasses.replace(args.reward, **reward)
-    store = LabelStore(tmp_path / "store", "PongNoFrameskip-v4")
+    store = pref.SyntheticLabeller(tmp_path / "store", "PongNoFrameskip-v4", "behaviour", 0.0)
     model = pref.RewardEnsemble(args.reward.ensemble, 1, (10, 0), args.reward.dropout, args.reward.output_std)
     return pref.Teacher(args, store, model, 1, torch.device("cpu"), np.random.default_rng(0)), store
 
 
-def answer_synthetically(store, experiment):
-    for query in store.pending_queries(experiment):
-        left, right = store.clip_info(query["left"]), store.clip_info(query["right"])
-        store.answer(experiment, query["id"], pref.synthetic_answer(left["true_return"], right["true_return"]), "t")
-
-
 def test_the_synthetic_labeller_charges_a_lost_life_only_where_the_penalty_applies(tmp_path):
     """Equal game scores, one clip lost a life: with the penalty the other clip wins, without it they are equal."""
-    from preference_ga3c_atari import LabelStore
-
-    store = LabelStore(tmp_path / "store", "ALE/Breakout-v5")
     frames, actions = np.zeros((6, 84, 84), np.uint8), np.zeros(6)
     rewards = np.array([0, 0, 1, 0, 0, 0], np.float32)
-    kept, lost = (store.add_clip(frames, actions, rewards, 1, "t", lives_lost=n) for n in (0, 1))
-    scored = store.add_clip(frames, actions, rewards * 3, 1, "t", lives_lost=1)  # 3 points, less 1 = 2 > 1
     answers = {}
     for penalty in (1.0, 0.0):
-        experiment = f"penalty{penalty}"
-        store.add_query(experiment, "pair", kept, lost)
-        store.add_query(experiment, "pair", scored, kept)
-        stop = threading.Event()
-        thread = threading.Thread(target=pref.run_synthetic_labeller, args=(store, experiment, stop, penalty))
-        thread.start()
-        deadline = time.monotonic() + 10
-        while store.count_answers(experiment) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        stop.set()
-        thread.join()
-        answers[penalty] = [a["answer"] for a in sorted(store.answers_after(experiment, -1), key=lambda a: a["id"])]
-    store.close()
+        labeller = pref.SyntheticLabeller(tmp_path / "store", "ALE/Breakout-v5", f"penalty{penalty}", penalty)
+        kept, lost = (labeller.add_clip(frames, actions, rewards, 1, "t", lives_lost=n) for n in (0, 1))
+        scored = labeller.add_clip(frames, actions, rewards * 3, 1, "t", lives_lost=1)  # 3 points, less 1 = 2 > 1
+        labeller.add_query("e", "pair", kept, lost)
+        labeller.add_query("e", "pair", scored, kept)
+        answers[penalty] = [a["answer"] for a in labeller.answers_after("e", 0)]
     assert answers == {1.0: ["left", "left"], 0.0: ["equal", "left"]}
+
+
+def test_the_synthetic_labels_survive_a_restart_and_the_force_flags_delete_them(tmp_path):
+    labeller = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "a", 1.0)
+    frames = np.arange(7 * 84 * 84, dtype=np.uint8).reshape(7, 84, 84)  # T = 4 steps, 4 stacked frames
+    left = labeller.add_clip(frames, np.zeros(4), np.array([0, 1, 0, 0], np.float32), 4, "t")
+    right = labeller.add_clip(frames, np.zeros(4), np.zeros(4, np.float32), 4, "t")
+    labeller.add_query("a", "tree", left, right, 0)
+    labeller.save_tree("a", {"root": 0})
+    assert labeller.pending_queries("a") == [] and labeller.count_answers("a") == 1
+    again = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "a", 1.0)
+    assert again.answers == [] and again.load_tree("a") is None  # written at checkpoints only (sync)
+    labeller.sync()
+    again = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "a", 1.0)
+    assert again.answers_after("a", 0) == labeller.answers_after("a", 0) and again.load_tree("a") == {"root": 0}
+    assert again.answers[0]["answer"] == "left" and np.array_equal(again.clip_arrays(left)["frames"], frames)
+    assert again.add_clip(frames, np.zeros(4), np.zeros(4, np.float32), 4, "t") == 3  # ids are never reused
+    assert again.delete_labels("a") == {"queries": 1, "answers": 1, "trees": 1} and not again.dir.exists()
+    labeller.sync()
+    other = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "b", 1.0)
+    assert other.delete_clips() == {"clips": 2, "queries": 1, "answers": 1, "trees": 1}
+    assert not (tmp_path / "ALE_Breakout-v5_synthetic").exists()
 
 
 @pytest.mark.parametrize(
@@ -460,7 +462,6 @@ def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, 
         teacher.add_clips([synthetic_clip(rng, qualities[i % 5]) for i in range(10)])
         teacher.ask(10)
         for _ in range(8):  # sort-tree insertions need several answers each
-            answer_synthetically(store, "behaviour")
             teacher.absorb_answers()
         teacher.train(20)
     assert teacher.num_examples() >= 30
@@ -469,7 +470,6 @@ def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, 
     true = [c["true_rewards"].sum() for c in held_out]
     print("spearman", spearman(sums, true))
     assert spearman(sums, true) >= 0.8
-    store.close()
 
 
 def test_bf16_reward_training_takes_the_fp32_steps():
@@ -502,13 +502,12 @@ def test_disagreement_queries_prefer_pairs_the_members_dispute(tmp_path):
         teacher.model.members[0].head[-1].bias.fill_(0.0)
     sums = teacher.member_sums([c["frames"] for c in clips])
     teacher.ask(3)
-    pairs = [(q["left"], q["right"]) for q in store.pending_queries("behaviour")]
+    pairs = [(q["left"], q["right"]) for q in store.answers_after("behaviour", 0)]
     ids = {c["id"]: i for i, c in enumerate(clips) if "id" in c}
     probs = torch.sigmoid(sums[:, :, None] - sums[:, None, :])
     var = probs.var(0, unbiased=False)
     chosen = [var[ids[a], ids[b]].item() for a, b in pairs]
     assert len(pairs) == 3 and min(chosen) >= np.median(var[np.triu_indices(10, 1)].numpy())
-    store.close()
 
 
 # ---- the real command: smoke runs, resume, the contract --------------------------------------------------------------
@@ -516,11 +515,9 @@ def read_results(run_dir):
     return json.loads((run_dir / "results.json").read_text())
 
 
-def store_rows(store_dir, sql):
-    import sqlite3
-
-    with sqlite3.connect(store_dir / "PongNoFrameskip-v4.sqlite") as db:
-        return db.execute(sql).fetchall()
+def synthetic_labels(store_dir, experiment: str) -> dict:
+    """What the synthetic labeller saved of an experiment: {"clips", "answers", "tree"}."""
+    return json.loads((store_dir / "PongNoFrameskip-v4_synthetic" / experiment / "labels.json").read_text())
 
 
 @pytest.mark.slow
@@ -533,8 +530,9 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
     # --reward.keep-pace at the paper's 0.1 samples per step: without it the agents outrun the teacher here (measured
     # 0.03 of 2.0 asked)
     pace = ("--reward.keep-pace", "--reward.labels-per-step", "0.1") if keep_pace else ()
+    alone = script_alone(tmp_path)  # the synthetic and rl labellers need no other file
     rc, out, err = run_script(
-        SCRIPT,
+        alone,
         *TINY,
         *pace,
         "--labeler",
@@ -567,16 +565,27 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
     if keep_pace:  # the agents waited until the teacher had trained every sample owed
         assert reward["samples_per_step"] >= 0.95 * 0.1 and reward["agents_held_s"] > 0
     assert 6 < results["labels"] <= 12  # pretraining labels, then more during RL, never past the budget
-    answers = store_rows(
-        store, f"select answer, labeller from queries where experiment='smoke-{feedback}' and status='answered'"
-    )
-    assert len(answers) == results["labels"] and {a[1] for a in answers} == {"synthetic"}
+    saved = synthetic_labels(store, f"smoke-{feedback}")
+    answers = saved["answers"]
+    assert len(answers) == results["labels"] and {a["labeller"] for a in answers} == {"synthetic"}
+    assert not list(store.glob("*.sqlite"))  # the synthetic labeller answers the teacher: no label store
     if feedback == "sort-tree":
-        from preference_ga3c_atari import LabelStore
-
-        tree = pref.SortTree(LabelStore(store, "PongNoFrameskip-v4").load_tree("smoke-sort-tree"))
+        tree = pref.SortTree(saved["tree"])
         pref.check_red_black(tree)
         assert len(tree.ranked_clips()) >= 2
+
+
+def script_alone(tmp_path):
+    """A copy of the script in a directory of its own (no labelling app beside it)."""
+    (tmp_path / "alone").mkdir()
+    return shutil.copy(REPO_ROOT / SCRIPT, tmp_path / "alone" / SCRIPT)
+
+
+def test_the_script_alone_refuses_only_the_human_labeller(run_script, tmp_path):
+    args = ("--labeler", "human", "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s")
+    rc, _, err = run_script(script_alone(tmp_path), *args, timeout=60)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "preference_labelling_app.py" in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
 
 
 def test_resume_keeps_the_optimizers_running_averages_but_the_command_lines_settings():
@@ -617,14 +626,14 @@ def test_interrupted_run_resumes_agent_reward_model_and_store(tmp_path):
     assert rc == 130, err[-2000:]
     assert "resume" in out and not (run_dir / "results.json").exists()
     before = torch.load(run_dir / "checkpoints" / "agent.pt", weights_only=False)
-    answered = store_rows(store, "select count(*) from queries where status='answered'")[0][0]
+    answered = len(synthetic_labels(store, "resume")["answers"])
     assert answered >= 6 and (run_dir / "checkpoints" / "reward_model.pt").is_file()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed the agent at step {before['steps']:,}" in proc.stdout and "resumed the reward model" in proc.stdout
     results = read_results(run_dir)
     assert results["agent_steps"] >= 4000 and results["updates"] > before["updates"]
-    assert store_rows(store, "select count(*) from queries where status='answered'")[0][0] >= answered  # none lost
+    assert len(synthetic_labels(store, "resume")["answers"]) >= answered  # none lost
     # a finished run is never overwritten: the same command exits 0 and changes nothing
     stamp = (run_dir / "results.json").stat().st_mtime_ns
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
@@ -835,12 +844,18 @@ def test_run_dirs_of_other_scripts_envs_and_corrupt_checkpoints_are_refused(tmp_
 
 
 def test_a_store_of_another_env_is_refused(run_script, tmp_path):
-    from preference_ga3c_atari import LabelStore
+    import socket
+
+    from preference_labelling_app import LabelStore
 
     store_dir = tmp_path / "store"
     LabelStore(store_dir, "ALE/Breakout-v5").close()
     shutil.copy(store_dir / "ALE_Breakout-v5.sqlite", store_dir / "PongNoFrameskip-v4.sqlite")
-    rc, _, err = run_script(SCRIPT, *TINY, "--run-dir", tmp_path / "run", "--labels.store-dir", store_dir, timeout=60)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    where = ("--run-dir", tmp_path / "run", "--labels.store-dir", store_dir, "--labels.port", port)
+    rc, _, err = run_script(SCRIPT, *TINY, "--labeler", "human", *where, timeout=60)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Breakout" in err
     assert not (tmp_path / "run").exists()
 
@@ -879,14 +894,12 @@ def test_each_member_trains_on_its_own_labels_and_a_non_finite_loss_stops_traini
     teacher.labels = []
     teacher.add_clips([synthetic_clip(rng, q) for q in (0.1, 0.5, 0.9, 0.3)])
     teacher.ask(4)
-    answer_synthetically(store, "behaviour")
     teacher.absorb_answers()
     teacher.train(2)  # finite
     with torch.no_grad():
         teacher.model.members[1].head[-1].bias.fill_(float("nan"))
     with pytest.raises(pref.NonFiniteLoss, match="non-finite by update 5"):
         teacher.train(3)  # one host sync for the round, at its end
-    store.close()
 
 
 def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
@@ -898,9 +911,7 @@ def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
         teacher, store = make_teacher(tmp_path / str(attempt), ensemble=2, batch_size=4)
         teacher.add_clips([synthetic_clip(rng, q) for q in (0.1, 0.5, 0.9, 0.3, 0.7, 0.2)])
         teacher.ask(6)
-        answer_synthetically(store, "behaviour")
         teacher.absorb_answers()
         teacher.train(5)
         weights.append(torch.cat([p.detach().flatten() for p in teacher.model.parameters()]))
-        store.close()
     assert torch.equal(weights[0], weights[1])

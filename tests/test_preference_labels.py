@@ -1,4 +1,4 @@
-"""Tests of the label store and the labelling web app of preference_ga3c_atari.py (issues 11 and 12).
+"""Tests of preference_labelling_app.py, the label store and web app of preference_ga3c_atari.py (issues 11, 12).
 
 Unit tests of `LabelStore` against hand-checked values; the HTTP handlers against a temporary store; a load test
 (1,000 answers posted concurrently by 20 clients); a real headless Chromium driving the pages (skipped with the
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import preference_ga3c_atari as labels
+import preference_labelling_app as labels
 
 ENV = "ALE/Pong-v5"
 
@@ -40,6 +40,28 @@ def store(tmp_path):
     s = labels.LabelStore(tmp_path / "labels", ENV)
     yield s
     s.close()
+
+
+# ---- the teacher reads a person's answers from the store ----
+def test_the_teacher_asks_the_store_and_learns_from_a_person_s_answers(store):
+    import torch
+
+    import preference_ga3c_atari as pref
+
+    args = pref.Args(exp_name="person")
+    args.labels.clip_length, args.reward.ensemble = 6, 2
+    model = pref.RewardEnsemble(2, 2, (10, 0), 0.0, 0.05)
+    teacher = pref.Teacher(args, store, model, 2, torch.device("cpu"), np.random.default_rng(0))
+    rewards = np.zeros(6, np.float32)
+    clips = [make_frames(6, 2, seed) for seed in range(4)]
+    teacher.add_clips([{"frames": f, "actions": np.zeros(6), "true_rewards": rewards, "source": "t"} for f in clips])
+    assert teacher.ask(2) == 2 and teacher.outstanding() == (0, 2)  # queries wait for the person
+    pending = store.pending_queries("person")
+    store.answer("person", pending[0]["id"], "left", "web:alice")
+    store.answer("person", pending[1]["id"], "cant_tell", "web:bob")  # a skip is no label
+    assert teacher.absorb_answers() == 2 and teacher.outstanding() == (2, 0)
+    assert [label[:3] for label in teacher.labels] == [(pending[0]["left"], pending[0]["right"], 1.0)]
+    assert teacher.train(1) == {} and teacher.updates == 1
 
 
 # ---- the store ----

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO_ROOT, subprocess_env
 from test_preference_labels import browser, press, shown_query, wait_for  # noqa: F401 (browser is a fixture)
 
-import preference_ga3c_atari as labels
+import preference_labelling_app as labels
 
 SCRIPT = "preference_ga3c_atari.py"
 ENV = "PongNoFrameskip-v4"

@@ -1,0 +1,1031 @@
+"""The labelling app of preference_ga3c_atari.py (--labeler human): the label store, its web server and pages.
+
+A person answers the teacher's queries in a browser while the agent trains. The teacher (in preference_ga3c_atari.py)
+adds clips and queries to the store; the person answers them on a page served from here; the teacher reads the
+answers in order. Nothing here is part of the algorithm: the synthetic and rl labellers never import this file.
+
+Sections: the label store (one SQLite file per env: clips shared by all experiments of that env, as in
+rl-teacher-atari, with each experiment's queries, answers, sort tree and status; clips rendered once, at add_clip,
+as looping greyscale GIFs), the pages (HTML, CSS and JavaScript), the HTTP server (a stdlib ThreadingHTTPServer with
+the comparison page, the sort-tree page, the tree view and JSON endpoints), and `open_human_labelling`, what the
+training script calls to open the store and serve the app.
+"""
+
+import html
+import io
+import json
+import os
+import re
+import secrets
+import sqlite3
+import threading
+import time
+import traceback
+import urllib.parse
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+
+ANSWERS = ("left", "right", "equal", "cant_tell")
+
+
+# ---- the label store -----------------------------------------------------------------------------------------------
+QUERY_KINDS = ("pair", "tree")
+CLIP_FPS = 15.0  # Atari with frameskip 4: 60 / 4 agent steps per second, the speed a person sees the game at
+CLIP_SCALE = 1  # clips are stored at the agent's resolution; the pages upscale them 4x, nearest neighbour (CSS)
+CLIP_HOLD_LAST_MS = 300  # the last frame is held so the loop's seam is visible
+SCHEMA_VERSION = 1
+
+
+class UnknownQuery(Exception):
+    """No query with this id (for this experiment)."""
+
+
+class StaleQuery(Exception):
+    """The query exists but is no longer pending (answered, or cancelled)."""
+
+
+def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS, scale: int = CLIP_SCALE) -> tuple[bytes, bytes]:
+    """A looping animated GIF of grey uint8 frames (T, H, W), `scale` times larger, and a PNG of its first frame.
+
+    Why GIF: it plays in every current browser with no plugin and no codec (an `<img>`, looping by itself), and a
+    grey frame has at most 256 levels, so GIF's 256-colour palette stores it losslessly: the few-pixel Pong ball
+    stays sharp, where a low-bitrate WebM would smear it. Real Atari clips are a few KB (Pillow stores only the
+    changed rectangle of each frame). Upscaling is left to the browser (CSS `image-rendering: pixelated`, the same
+    nearest-neighbour pixels on screen): encoding 4x larger frames cost 5x the time (75 against 13 ms for 25 Pong
+    frames), in the training process, and 3x the bytes.
+    """
+    from PIL import Image
+
+    frames = np.asarray(frames)
+    if frames.ndim != 3 or frames.dtype != np.uint8 or len(frames) == 0:
+        raise ValueError(f"frames must be uint8 (T, H, W) with T >= 1, got {frames.dtype} {frames.shape}")
+    h, w = frames.shape[1:]
+    images = [Image.fromarray(f, "L").resize((w * scale, h * scale), Image.NEAREST) for f in frames]
+    # GIF stores durations in centiseconds: round the cumulative time so the average rate is exactly `fps`.
+    ends_cs = np.round(np.arange(1, len(frames) + 1) * 100.0 / fps).astype(int)
+    durations = (np.diff(ends_cs, prepend=0) * 10).tolist()
+    durations[-1] += CLIP_HOLD_LAST_MS
+    gif = io.BytesIO()
+    images[0].save(gif, format="GIF", save_all=True, append_images=images[1:], duration=durations, loop=0)
+    poster = io.BytesIO()
+    images[0].save(poster, format="PNG")
+    return gif.getvalue(), poster.getvalue()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _json_or_none(text):
+    return None if text is None else json.loads(text)
+
+
+class LabelStore:
+    """SQLite store of one env's clips (shared by all experiments of that env) and of each experiment's queries,
+    answers, sort tree and status. Thread-safe: one sqlite3 connection (check_same_thread=False) behind one lock,
+    WAL mode, parameterised SQL, every write in one transaction. Several processes may open the same file (two
+    experiments of one env): SQLite's file locks and a busy timeout serialise their writes.
+
+    Files: root/"{env_slug}.sqlite" and root/"{env_slug}_clips/" holding, per clip, "<name>.npz" (frames, actions,
+    true rewards, stack), "<name>.gif" (what people watch) and "<name>.png" (its first frame). Each clip's name is
+    random, so a name is never reused (not even after delete_clips) and browsers may cache clips forever.
+    Query ids and clip ids are never reused either (AUTOINCREMENT); answer sequence numbers only grow.
+    """
+
+    def __init__(self, root: str | Path, env_id: str):
+        self.env_id = env_id
+        slug = env_id.replace("/", "_")
+        self.root = Path(root)
+        self.path = self.root / f"{slug}.sqlite"
+        self.clips_dir = self.root / f"{slug}_clips"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._create_schema()  # executescript commits by itself, so it runs outside _write
+            with self._write():
+                row = self._db.execute("SELECT value FROM meta WHERE key='env_id'").fetchone()
+                if row is None:
+                    self._db.execute("INSERT INTO meta(key, value) VALUES ('env_id', ?)", (env_id,))
+                    self._db.execute("INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                    self._db.execute("INSERT INTO meta(key, value) VALUES ('answer_seq', '0')")
+                elif row[0] != env_id:
+                    raise ValueError(
+                        f"label store {self.path} holds clips of env {row[0]!r}, not {env_id!r}: "
+                        f"use another directory for {env_id!r}"
+                    )
+        except BaseException:
+            self._db.close()
+            raise
+        self.clips_dir.mkdir(exist_ok=True)
+        self._remove_stale_tmp()
+
+    # ---- plumbing ----
+    def _create_schema(self) -> None:
+        self._db.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+            CREATE TABLE IF NOT EXISTS clips (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, length INTEGER NOT NULL,
+                stack INTEGER NOT NULL, true_return REAL NOT NULL, source TEXT NOT NULL, created REAL NOT NULL,
+                lives_lost INTEGER NOT NULL DEFAULT 0);
+            CREATE TABLE IF NOT EXISTS queries (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, experiment TEXT NOT NULL, kind TEXT NOT NULL,
+                left_clip INTEGER NOT NULL REFERENCES clips(id), right_clip INTEGER NOT NULL REFERENCES clips(id),
+                node INTEGER, status TEXT NOT NULL DEFAULT 'pending', created REAL NOT NULL,
+                lease_client TEXT, lease_until REAL, answer TEXT, labeller TEXT, answered_at REAL, seq INTEGER);
+            CREATE INDEX IF NOT EXISTS queries_open ON queries(experiment, status, kind, id);
+            CREATE UNIQUE INDEX IF NOT EXISTS queries_seq ON queries(experiment, seq) WHERE seq IS NOT NULL;
+            CREATE TABLE IF NOT EXISTS experiments (name TEXT PRIMARY KEY, status TEXT, tree TEXT);
+            """
+        )
+        if "lives_lost" not in [row[1] for row in self._db.execute("PRAGMA table_info(clips)")]:  # an older store
+            self._db.execute("ALTER TABLE clips ADD COLUMN lives_lost INTEGER NOT NULL DEFAULT 0")
+
+    @contextmanager
+    def _write(self):
+        """One write transaction, taken up front (BEGIN IMMEDIATE) so concurrent writers queue, never deadlock."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, params=()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def _remove_stale_tmp(self) -> None:
+        """A killed write leaves name.tmp; files older than a minute are no other process's write in flight."""
+        cutoff = time.time() - 60.0
+        for tmp in self.clips_dir.glob("*.tmp"):
+            try:
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---- clips ----
+    def add_clip(
+        self, frames: np.ndarray, actions: np.ndarray, true_rewards: np.ndarray, stack: int, source: str, lives_lost=0
+    ) -> int:
+        """Save a clip's arrays and its rendered GIF, then record it; returns the clip id.
+
+        frames: uint8 (T + stack - 1, H, W) single grey frames (step t sees frames[t:t+stack]); actions (T,);
+        true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1);
+        lives_lost: lives the player lost during the clip (the synthetic labeller's penalty).
+        """
+        frames = np.asarray(frames)
+        actions = np.asarray(actions)
+        true_rewards = np.asarray(true_rewards)
+        stack = max(1, int(stack)) if int(stack) >= 0 else int(stack)  # 0 = no stacking = 1 frame per observation
+        if stack < 1:
+            raise ValueError(f"stack must be >= 0 frames per observation (0 = no stacking), got {stack}")
+        if frames.dtype != np.uint8 or frames.ndim != 3:
+            raise ValueError(f"frames must be uint8 (T + stack - 1, H, W), got {frames.dtype} {frames.shape}")
+        t = len(actions)
+        if t < 1 or actions.shape != (t,) or true_rewards.shape != (t,) or len(frames) != t + stack - 1:
+            raise ValueError(
+                f"a clip of T steps needs actions (T,), true_rewards (T,) and T + stack - 1 frames; got actions "
+                f"{actions.shape}, true_rewards {true_rewards.shape}, frames {frames.shape} with stack {stack}"
+            )
+        if not np.all(np.isfinite(true_rewards)):
+            raise ValueError("true_rewards must be finite")
+        name = f"clip_{secrets.token_hex(8)}"
+        arrays = io.BytesIO()
+        np.savez_compressed(  # Atari frames compress about tenfold
+            arrays,
+            frames=frames,
+            actions=actions.astype(np.int64),
+            true_rewards=true_rewards.astype(np.float32),
+            stack=np.int64(stack),
+        )
+        gif, poster = render_clip_gif(frames[stack - 1 :])
+        _write_atomic(self.clips_dir / f"{name}.npz", arrays.getvalue())
+        _write_atomic(self.clips_dir / f"{name}.png", poster)
+        _write_atomic(self.clips_dir / f"{name}.gif", gif)
+        true_return = float(true_rewards.astype(np.float64).sum())
+        with self._write() as db:
+            cur = db.execute(
+                "INSERT INTO clips(name, length, stack, true_return, source, created, lives_lost) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, t, stack, true_return, str(source), time.time(), int(lives_lost)),
+            )
+            return int(cur.lastrowid)
+
+    def _clip_name(self, clip_id: int) -> str:
+        rows = self._read("SELECT name FROM clips WHERE id=?", (int(clip_id),))
+        if not rows:
+            raise KeyError(f"no clip {clip_id} in {self.path}")
+        return rows[0][0]
+
+    def clip_arrays(self, clip_id: int) -> dict:
+        """{"frames", "actions", "true_rewards", "stack"} of a clip (KeyError if there is no such clip)."""
+        with np.load(self.clips_dir / f"{self._clip_name(clip_id)}.npz") as z:
+            return {
+                "frames": z["frames"],
+                "actions": z["actions"],
+                "true_rewards": z["true_rewards"],
+                "stack": int(z["stack"]),
+            }
+
+    def clip_info(self, clip_id: int) -> dict:
+        """{"id", "length", "true_return", "lives_lost", "source", "media"}; media: the GIF's file name in clips_dir."""
+        sql = "SELECT id, length, true_return, lives_lost, source, name FROM clips WHERE id=?"
+        rows = self._read(sql, (int(clip_id),))
+        if not rows:
+            raise KeyError(f"no clip {clip_id} in {self.path}")
+        i, length, ret, lost, source, name = rows[0]
+        return {
+            "id": i,
+            "length": length,
+            "true_return": ret,
+            "lives_lost": lost,
+            "source": source,
+            "media": f"{name}.gif",
+        }
+
+    def clip_ids(self) -> list[int]:
+        return [r[0] for r in self._read("SELECT id FROM clips ORDER BY id")]
+
+    def clip_media(self, clip_ids) -> dict[int, dict]:
+        """{clip id: {"media": GIF file name, "poster": PNG file name, "length"}} for the ids that exist."""
+        ids = sorted({int(i) for i in clip_ids})
+        out = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for i, name, length in self._read(f"SELECT id, name, length FROM clips WHERE id IN ({marks})", chunk):
+                out[i] = {"media": f"{name}.gif", "poster": f"{name}.png", "length": length}
+        return out
+
+    # ---- queries and answers ----
+    def add_query(self, experiment: str, kind: str, left: int, right: int, node: int | None = None) -> int:
+        """A pending query: kind "pair" (is left or right better?) or "tree" (left = the clip being inserted into
+        the sort tree, right = a clip bound to tree node `node`). Returns its id."""
+        if kind not in QUERY_KINDS:
+            raise ValueError(f"query kind must be one of {QUERY_KINDS}, got {kind!r}")
+        if kind == "tree" and node is None:
+            raise ValueError("a tree query needs the tree node it compares against")
+        with self._write() as db:
+            found = db.execute("SELECT COUNT(*) FROM clips WHERE id IN (?, ?)", (int(left), int(right))).fetchone()[0]
+            if found != len({int(left), int(right)}):
+                raise KeyError(f"query on clips {left}, {right}: not both are in {self.path}")
+            cur = db.execute(
+                "INSERT INTO queries(experiment, kind, left_clip, right_clip, node, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (experiment, kind, int(left), int(right), None if node is None else int(node), time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def pending_queries(self, experiment: str, kind: str | None = None) -> list[dict]:
+        """Pending queries, oldest first: {"id", "kind", "left", "right", "node", "created"}."""
+        sql = (
+            "SELECT id, kind, left_clip, right_clip, node, created FROM queries WHERE experiment=? AND status='pending'"
+        )
+        params: tuple = (experiment,)
+        if kind is not None:
+            sql += " AND kind=?"
+            params += (kind,)
+        rows = self._read(sql + " ORDER BY id", params)
+        keys = ("id", "kind", "left", "right", "node", "created")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def next_queries(self, experiment: str, kind: str, client: str, count: int = 1, lease_s: float = 30.0) -> list:
+        """The `count` oldest pending queries of `kind` not leased to another client within lease_s, leased to
+        `client` (the web app shows one and preloads the next)."""
+        now = time.time()
+        with self._write() as db:
+            rows = db.execute(
+                "SELECT id, kind, left_clip, right_clip, node, created FROM queries "
+                "WHERE experiment=? AND status='pending' AND kind=? "
+                "AND (lease_client IS NULL OR lease_client=? OR lease_until < ?) ORDER BY id LIMIT ?",
+                (experiment, kind, client, now, int(count)),
+            ).fetchall()
+            db.executemany(
+                "UPDATE queries SET lease_client=?, lease_until=? WHERE id=?",
+                [(client, now + lease_s, r[0]) for r in rows],
+            )
+        keys = ("id", "kind", "left", "right", "node", "created")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def next_query(self, experiment: str, kind: str, client: str, lease_s: float = 30.0) -> dict | None:
+        """The oldest pending query of `kind` not leased to another client within lease_s, now leased to `client`
+        (two people labelling at once see different queries); None if there is none."""
+        found = self.next_queries(experiment, kind, client, 1, lease_s)
+        return found[0] if found else None
+
+    def renew_leases(self, experiment: str, query_ids, client: str, lease_s: float = 30.0) -> list[int]:
+        """Extend `client`'s leases on these pending queries (taking any whose lease lapsed); returns the ids held."""
+        now = time.time()
+        held = []
+        with self._write() as db:
+            for qid in query_ids:
+                cur = db.execute(
+                    "UPDATE queries SET lease_client=?, lease_until=? WHERE id=? AND experiment=? AND status='pending' "
+                    "AND (lease_client IS NULL OR lease_client=? OR lease_until < ?)",
+                    (client, now + lease_s, int(qid), experiment, client, now),
+                )
+                if cur.rowcount:
+                    held.append(int(qid))
+        return held
+
+    def _raise_not_pending(self, db, experiment: str, query_id: int) -> None:
+        row = db.execute("SELECT status FROM queries WHERE id=? AND experiment=?", (query_id, experiment)).fetchone()
+        if row is None:
+            raise UnknownQuery(f"no query {query_id} in experiment {experiment!r}")
+        raise StaleQuery(f"query {query_id} of experiment {experiment!r} is {row[0]}, no longer pending")
+
+    def answer(self, experiment: str, query_id: int, answer: str, labeller: str) -> None:
+        """Record the answer ("left", "right", "equal", "cant_tell") to a pending query, with the next answer
+        sequence number. Unknown id -> UnknownQuery; not pending -> StaleQuery; bad answer -> ValueError."""
+        if answer not in ANSWERS:
+            raise ValueError(f"answer must be one of {ANSWERS}, got {answer!r}")
+        query_id = int(query_id)
+        with self._write() as db:
+            seq = int(db.execute("SELECT value FROM meta WHERE key='answer_seq'").fetchone()[0]) + 1
+            cur = db.execute(
+                "UPDATE queries SET status='answered', answer=?, labeller=?, answered_at=?, seq=?, lease_client=NULL, "
+                "lease_until=NULL WHERE id=? AND experiment=? AND status='pending'",
+                (answer, str(labeller), time.time(), seq, query_id, experiment),
+            )
+            if cur.rowcount != 1:
+                self._raise_not_pending(db, experiment, query_id)
+            db.execute("UPDATE meta SET value=? WHERE key='answer_seq'", (str(seq),))
+
+    def answers_after(self, experiment: str, seq: int) -> list[dict]:
+        """Answered queries with answer sequence number > seq, in answer order: {"seq", "id", "kind", "left",
+        "right", "node", "answer", "labeller", "answered_at"}."""
+        rows = self._read(
+            "SELECT seq, id, kind, left_clip, right_clip, node, answer, labeller, answered_at FROM queries "
+            "WHERE experiment=? AND seq > ? ORDER BY seq",
+            (experiment, int(seq)),
+        )
+        keys = ("seq", "id", "kind", "left", "right", "node", "answer", "labeller", "answered_at")
+        return [dict(zip(keys, r)) for r in rows]
+
+    def cancel_query(self, experiment: str, query_id: int) -> None:
+        """Pending -> "cancelled" (an answer to it is then stale). Unknown id -> UnknownQuery; already answered or
+        cancelled -> StaleQuery (an answer that raced the cancel is kept and shows up in answers_after)."""
+        query_id = int(query_id)
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE queries SET status='cancelled', lease_client=NULL, lease_until=NULL "
+                "WHERE id=? AND experiment=? AND status='pending'",
+                (query_id, experiment),
+            )
+            if cur.rowcount != 1:
+                self._raise_not_pending(db, experiment, query_id)
+
+    def count_answers(self, experiment: str, kind: str | None = None) -> int:
+        sql = "SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'"
+        params: tuple = (experiment,)
+        if kind is not None:
+            sql += " AND kind=?"
+            params += (kind,)
+        return int(self._read(sql, params)[0][0])
+
+    def count_pending(self, experiment: str) -> dict[str, int]:
+        """{"pair": n, "tree": m}: pending queries of each kind."""
+        rows = self._read(
+            "SELECT kind, COUNT(*) FROM queries WHERE experiment=? AND status='pending' GROUP BY kind", (experiment,)
+        )
+        return {kind: 0 for kind in QUERY_KINDS} | {k: int(n) for k, n in rows}
+
+    # ---- per-experiment tree and status ----
+    def save_tree(self, experiment: str, tree: dict) -> None:
+        text = json.dumps(tree)
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO experiments(name, tree) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET tree=excluded.tree",
+                (experiment, text),
+            )
+
+    def load_tree(self, experiment: str) -> dict | None:
+        rows = self._read("SELECT tree FROM experiments WHERE name=?", (experiment,))
+        return _json_or_none(rows[0][0]) if rows else None
+
+    def set_status(self, experiment: str, status: dict) -> None:
+        text = json.dumps(status)
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO experiments(name, status) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET status=excluded.status",
+                (experiment, text),
+            )
+
+    def get_status(self, experiment: str) -> dict:
+        rows = self._read("SELECT status FROM experiments WHERE name=?", (experiment,))
+        return (_json_or_none(rows[0][0]) if rows else None) or {}
+
+    def experiments(self) -> list[str]:
+        rows = self._read("SELECT name FROM experiments UNION SELECT DISTINCT experiment FROM queries ORDER BY 1")
+        return [r[0] for r in rows]
+
+    # ---- deletion ----
+    def delete_labels(self, experiment: str) -> dict:
+        """Delete the experiment's queries (pending, answered, cancelled) and its sort tree; keeps its status line.
+        Returns {"queries", "answers", "trees"} deleted."""
+        with self._write() as db:
+            answers = db.execute(
+                "SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'", (experiment,)
+            ).fetchone()[0]
+            queries = db.execute("DELETE FROM queries WHERE experiment=?", (experiment,)).rowcount
+            trees = db.execute(
+                "UPDATE experiments SET tree=NULL WHERE name=? AND tree IS NOT NULL", (experiment,)
+            ).rowcount
+        return {"queries": int(queries), "answers": int(answers), "trees": int(trees)}
+
+    def delete_clips(self) -> dict:
+        """Delete every clip of the env (rows and files) and every experiment's queries and sort tree.
+        Returns {"clips", "queries", "answers", "trees"} deleted."""
+        with self._write() as db:
+            answers = db.execute("SELECT COUNT(*) FROM queries WHERE status='answered'").fetchone()[0]
+            queries = db.execute("DELETE FROM queries").rowcount
+            trees = db.execute("UPDATE experiments SET tree=NULL WHERE tree IS NOT NULL").rowcount
+            clips = db.execute("DELETE FROM clips").rowcount
+        for f in self.clips_dir.iterdir():
+            if f.is_file() and f.name.startswith("clip_"):
+                f.unlink(missing_ok=True)
+        return {"clips": int(clips), "queries": int(queries), "answers": int(answers), "trees": int(trees)}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+# ---- the labelling web app ----
+PAGE_CSS = """
+body { font-family: system-ui, sans-serif; margin: 0; background: #f4f4f2; color: #222; }
+nav { background: #263238; padding: 0.5em 1em; }
+nav a { color: #cfd8dc; margin-right: 1.2em; text-decoration: none; }
+nav a.here { color: #fff; font-weight: bold; }
+nav .experiment { color: #90a4ae; float: right; }
+.status { margin: 0; padding: 0.4em 1em; background: #e0e0dc; font-size: 0.9em; min-height: 1.2em; }
+main { padding: 0.5em 1em; }
+h1 { font-size: 1.3em; margin: 0.4em 0; }
+.hint { color: #555; margin: 0.2em 0 0.8em; }
+.clips { display: flex; gap: 2em; flex-wrap: wrap; }
+figure { margin: 0; text-align: center; }
+figure img { width: 336px; min-height: 336px; image-rendering: pixelated; background: #000; display: block; }
+figcaption { margin-top: 0.3em; color: #444; }
+.answers { margin-top: 1em; display: flex; gap: 0.6em; flex-wrap: wrap; }
+.answers button { font-size: 1em; padding: 0.6em 1em; cursor: pointer; border: 1px solid #888; border-radius: 4px;
+  background: #fff; }
+.answers button:hover { background: #e3f2fd; }
+kbd { border: 1px solid #aaa; border-radius: 3px; padding: 0 0.3em; background: #f7f7f7; font-size: 0.85em; }
+#message { color: #33691e; min-height: 1.2em; }
+#tree { position: relative; overflow: auto; border: 1px solid #ccc; background: #fff; min-height: 8em; }
+#tree svg { position: absolute; left: 0; top: 0; }
+.node { position: absolute; width: 92px; text-align: center; font-size: 0.75em; background: #fff;
+  border: 4px solid #111; border-radius: 6px; padding: 2px; cursor: pointer; }
+.node.red { border-color: #d32f2f; }
+.node img { width: 84px; height: 84px; image-rendering: pixelated; display: block; margin: 0 auto; background: #000; }
+"""
+
+LABEL_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
+<body data-query-id="">
+<nav>__NAV__</nav>
+<p id="status" class="status"></p>
+<main>
+<h1>__HEADING__</h1>
+<p class="hint">__HINT__</p>
+<section id="task" hidden>
+  <div class="clips">
+    <figure><img id="clip-left" alt="left clip"><figcaption id="caption-left">__LEFT_CAPTION__</figcaption></figure>
+    <figure><img id="clip-right" alt="right clip"><figcaption id="caption-right">__RIGHT_CAPTION__</figcaption>
+    </figure>
+  </div>
+  <div class="answers">
+    <button id="answer-left" data-answer="left">__LEFT_BUTTON__ <kbd>&larr;</kbd></button>
+    <button id="answer-equal" data-answer="equal">Equally good <kbd>&uarr;</kbd></button>
+    <button id="answer-cant_tell" data-answer="cant_tell">Can't tell (skip) <kbd>&darr;</kbd></button>
+    <button id="answer-right" data-answer="right">__RIGHT_BUTTON__ <kbd>&rarr;</kbd></button>
+  </div>
+</section>
+<section id="empty" hidden><p>Nothing to label yet: the agent has not asked anything. This page checks every
+second and shows the next clips as soon as they arrive.</p></section>
+<p id="message" role="status"></p>
+</main>
+<script>const CONFIG = __CONFIG__;</script>
+<script>
+"use strict";
+const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
+const $ = (id) => document.getElementById(id);
+const SAID = {left: CONFIG.leftButton, right: CONFIG.rightButton, equal: "equally good", cant_tell: "can't tell"};
+const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell",
+              "1": "left", "2": "right", e: "equal", s: "cant_tell"};
+let current = null, preload = null, busy = false, loading = false;
+const done = new Set();
+__COMMON_JS__
+function warm(query) {
+  for (const clip of [query.left, query.right]) { const img = new Image(); img.src = clip.media; }
+}
+function show(query) {
+  current = query;
+  $("clip-left").src = query.left.media;
+  $("clip-right").src = query.right.media;
+  if (CONFIG.kind === "tree") $("caption-right").textContent = "A clip already in the tree (node " + query.node + ")";
+  document.body.dataset.queryId = String(query.id);
+  $("task").hidden = false;
+  $("empty").hidden = true;
+}
+function showEmpty() {
+  current = null;
+  document.body.dataset.queryId = "";
+  $("task").hidden = true;
+  $("empty").hidden = false;
+}
+async function refill() {
+  if (loading) return;
+  loading = true;
+  try {
+    const r = await fetchJSON(api + "/next?kind=" + CONFIG.kind + "&count=2");
+    if (!r.ok) { $("message").textContent = r.body.error || ("error " + r.status); return; }
+    const queries = r.body.queries.filter((q) => !done.has(q.id));  // answered while this request was out
+    if (!current) {
+      if (!queries.length) { showEmpty(); return; }
+      show(queries[0]);
+    }
+    preload = queries.find((q) => q.id !== current.id) || null;
+    if (preload) warm(preload);
+  } catch (e) {
+    $("message").textContent = "The labelling server does not answer; retrying.";
+  } finally {
+    loading = false;
+  }
+}
+async function answer(choice) {
+  if (!current || busy) return;
+  busy = true;
+  const query = current;
+  try {
+    const r = await fetchJSON(api + "/answer", {method: "POST", headers: {"Content-Type": "application/json"},
+                                                body: JSON.stringify({query_id: query.id, answer: choice})});
+    if (r.ok) $("message").textContent = "Saved: " + SAID[choice] + ".";
+    else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered elsewhere or "
+                                                                               + "withdrawn; here is the next.";
+    else { $("message").textContent = r.body.error || ("error " + r.status); busy = false; return; }
+    done.add(query.id);
+    current = null;
+    if (preload && !done.has(preload.id)) show(preload);  // the preloaded pair: its clips are already here
+    preload = null;
+  } catch (e) {
+    $("message").textContent = "The labelling server does not answer; your answer was not saved, try again.";
+    busy = false;
+    return;
+  }
+  busy = false;  // the next pair can be answered while the one after it loads
+  await refill();
+  refreshStatus();
+}
+async function renewLeases() {
+  const ids = [current, preload].filter((q) => q).map((q) => q.id);
+  if (!ids.length) return;
+  try {
+    await fetchJSON(api + "/lease", {method: "POST", headers: {"Content-Type": "application/json"},
+                                     body: JSON.stringify({query_ids: ids})});
+  } catch (e) { /* the next renewal retries */ }
+}
+for (const button of document.querySelectorAll(".answers button")) {
+  button.addEventListener("click", (event) => { event.currentTarget.blur(); answer(button.dataset.answer); });
+}
+document.addEventListener("keydown", (event) => {
+  if (event.repeat || event.altKey || event.ctrlKey || event.metaKey) return;
+  const choice = KEYS[event.key];
+  if (!choice) return;
+  event.preventDefault();
+  answer(choice);
+});
+setInterval(() => { if (!current) refill(); }, 1000);
+setInterval(refreshStatus, 3000);
+setInterval(renewLeases, CONFIG.leaseSeconds * 1000 / 3);
+refill();
+refreshStatus();
+</script>
+</body></html>
+"""
+
+TREE_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
+<body>
+<nav>__NAV__</nav>
+<p id="status" class="status"></p>
+<main>
+<h1>The sort tree</h1>
+<p class="hint">In order, left to right, clips go from worst to best. Border colours are the red-black tree's.
+Hover a node to play its clip; click it to step through the clips bound to it (clips judged equal).</p>
+<div id="tree"></div>
+</main>
+<script>const CONFIG = __CONFIG__;</script>
+<script>
+"use strict";
+const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
+const $ = (id) => document.getElementById(id);
+const DX = 104, DY = 150, PAD = 8;
+let lastText = null, hovering = false;
+__COMMON_JS__
+function draw(data) {
+  const box = $("tree");
+  box.textContent = "";
+  const tree = data.tree, clips = data.clips;
+  if (!tree || tree.root === null || tree.root === undefined) { box.textContent = "No sort tree yet."; return; }
+  const nodes = tree.nodes, place = {}, seen = new Set(), pendingAt = {};
+  for (const node of Object.values(tree.pending || {})) pendingAt[node] = (pendingAt[node] || 0) + 1;
+  let column = 0, deepest = 0;
+  function walk(id, depth) {
+    if (id === null || id === undefined || seen.has(String(id)) || !nodes[String(id)]) return;
+    seen.add(String(id));
+    const node = nodes[String(id)];
+    walk(node.left, depth + 1);
+    place[id] = {x: PAD + column * DX, y: PAD + depth * DY};
+    column += 1;
+    deepest = Math.max(deepest, depth);
+    walk(node.right, depth + 1);
+  }
+  walk(tree.root, 0);
+  const width = PAD * 2 + column * DX, height = PAD * 2 + (deepest + 1) * DY;
+  box.style.height = Math.min(height, 700) + "px";
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  box.appendChild(svg);
+  for (const [id, at] of Object.entries(place)) {
+    const node = nodes[id];
+    for (const child of [node.left, node.right]) {
+      if (child === null || child === undefined || !place[child]) continue;
+      const line = document.createElementNS("http://www.w3.org/2000/svg", "line");
+      line.setAttribute("x1", at.x + 50); line.setAttribute("y1", at.y + 60);
+      line.setAttribute("x2", place[child].x + 50); line.setAttribute("y2", place[child].y + 60);
+      line.setAttribute("stroke", "#999"); line.setAttribute("stroke-width", "2");
+      svg.appendChild(line);
+    }
+    const div = document.createElement("div");
+    div.className = "node " + (node.red ? "red" : "black");
+    div.dataset.nodeId = id;
+    div.style.left = at.x + "px";
+    div.style.top = at.y + "px";
+    const bound = (node.clips || []).filter((c) => clips[String(c)]);
+    const img = document.createElement("img");
+    const caption = document.createElement("div");
+    let index = 0;
+    const label = () => "node " + id + " \\u00b7 clip " + (bound.length ? bound[index] : "-") + " (" + (index + 1)
+                        + "/" + bound.length + ")" + (pendingAt[id] ? " \\u00b7 " + pendingAt[id] + " pending" : "");
+    if (bound.length) img.src = clips[String(bound[0])].poster;
+    img.alt = "clip of node " + id;
+    caption.textContent = label();
+    div.append(img, caption);
+    const file = (key) => clips[String(bound[index])][key];
+    div.addEventListener("mouseenter", () => { hovering = true; if (bound.length) img.src = file("media"); });
+    div.addEventListener("mouseleave", () => { hovering = false; if (bound.length) img.src = file("poster"); });
+    div.addEventListener("click", () => {
+      if (!bound.length) return;
+      index = (index + 1) % bound.length;
+      img.src = file("media");
+      caption.textContent = label();
+    });
+    box.appendChild(div);
+  }
+}
+async function load() {
+  try {
+    const response = await fetch(api + "/tree", {cache: "no-store", credentials: "same-origin"});
+    const text = await response.text();
+    if (!response.ok || text === lastText || hovering) return;
+    lastText = text;
+    draw(JSON.parse(text));
+  } catch (e) { /* the next poll retries */ }
+}
+load();
+refreshStatus();
+setInterval(load, 3000);
+setInterval(refreshStatus, 3000);
+</script>
+</body></html>
+"""
+
+COMMON_JS = """// fetch JSON without caching; the status line (shows whatever keys the training script writes)
+async function fetchJSON(url, options) {
+  const response = await fetch(url, Object.assign({cache: "no-store", credentials: "same-origin"}, options || {}));
+  let body = {};
+  try { body = await response.json(); } catch (e) { body = {}; }
+  return {ok: response.ok, status: response.status, body: body};
+}
+function format(value) {
+  if (typeof value === "number") return value.toLocaleString("en-US", {maximumFractionDigits: 3});
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+async function refreshStatus() {
+  try {
+    const r = await fetchJSON(api + "/status");
+    if (!r.ok) return;
+    const st = r.body.status, parts = [], both = ("labels" in st) && ("budget" in st);
+    if (both) parts.push("labels " + format(st.labels) + " / " + format(st.budget));
+    for (const [key, value] of Object.entries(st)) {
+      if (!(both && (key === "labels" || key === "budget"))) parts.push(key + ": " + format(value));
+    }
+    if (CONFIG.kind) parts.push("waiting here: " + r.body.pending[CONFIG.kind]);
+    $("status").textContent = parts.join("  \\u00b7  ");
+  } catch (e) { /* the next poll retries */ }
+}
+"""
+
+CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
+CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+MAX_BODY = 65536
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
+    """The HTML of one page ("compare", "sort" or "tree"); built once per server, the data comes from the API."""
+    base = "/experiments/" + urllib.parse.quote(experiment, safe="")
+    links = [("compare", "Compare pairs"), ("sort", "Sort clips into the tree"), ("tree", "Tree view")]
+    nav = "".join(f'<a href="{base}/{v}" class="{"here" if v == view else ""}">{t}</a>' for v, t in links)
+    nav += f'<span class="experiment">experiment {html.escape(experiment)}</span>'
+    if view == "tree":
+        text = TREE_PAGE
+        config = {"experiment": experiment}
+    else:
+        pairwise = view == "compare"
+        text = LABEL_PAGE
+        words = {
+            "__HEADING__": "Which clip shows the better behaviour?" if pairwise else "Where does the new clip belong?",
+            "__HINT__": "Watch both looping clips and pick the one closer to what you want the agent to do."
+            if pairwise
+            else "Is the clip being sorted in better or worse than the clip from the tree?",
+            "__LEFT_CAPTION__": "Left" if pairwise else "The clip being sorted in",
+            "__RIGHT_CAPTION__": "Right" if pairwise else "A clip already in the tree",
+            "__LEFT_BUTTON__": "Left is better" if pairwise else "New clip is better",
+            "__RIGHT_BUTTON__": "Right is better" if pairwise else "Tree clip is better",
+        }
+        for key, value in words.items():
+            text = text.replace(key, value)
+        config = {
+            "experiment": experiment,
+            "kind": "pair" if pairwise else "tree",
+            "leaseSeconds": lease_s,
+            "leftButton": words["__LEFT_BUTTON__"].lower(),
+            "rightButton": words["__RIGHT_BUTTON__"].lower(),
+        }
+    text = text.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
+    text = text.replace("__TITLE__", f"{html.escape(experiment)}: labelling").replace("__NAV__", nav)
+    return text.replace("__COMMON_JS__", COMMON_JS).replace("__CSS__", PAGE_CSS).encode()
+
+
+class LabellingServer(ThreadingHTTPServer):
+    """The app's HTTP server: one thread per connection; `shutdown()` stops it and frees the port."""
+
+    daemon_threads = True
+    request_queue_size = 128  # socketserver's default backlog of 5 resets connections when 20 people open pages
+
+    def __init__(self, address, store: LabelStore, experiment: str, feedback: str, lease_s: float):
+        self.store = store
+        self.experiment = experiment
+        self.feedback = feedback
+        self.lease_s = lease_s
+        self.stopped = False
+        self.pages = {view: _page_html(experiment, view, lease_s) for view in ("compare", "sort", "tree")}
+        super().__init__(address, LabellingHandler)
+
+    def shutdown(self) -> None:
+        self.stopped = True  # browsers keep connections open: their next request is refused, not served
+        super().shutdown()
+        self.server_close()
+
+
+class LabellingHandler(BaseHTTPRequestHandler):
+    """Routes: / (redirect), /experiments/<name>/{compare,sort,tree} (pages), /clips/<file> (rendered clips), and
+    /api/experiments/<name>/{next,answer,lease,status,tree} (JSON). Client errors get a JSON 4xx, never a 500."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as two writes: Nagle + delayed ACK cost 40 ms each
+    server_version = "preference-labels/1"
+    timeout = 60  # an idle keep-alive connection frees its thread after a minute
+
+    def log_message(self, format, *args):  # a request log line per clip would drown the training log
+        pass
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        if self.server.stopped:
+            self.close_connection = True
+            self._send_json(503, {"error": "the labelling app has stopped"})
+            return
+        try:
+            self._route(method)
+        except HttpError as e:
+            self._send_json(e.status, {"error": e.message})
+        except UnknownQuery as e:
+            self._send_json(404, {"error": str(e)})
+        except StaleQuery as e:
+            self._send_json(409, {"error": str(e)})
+        except sqlite3.OperationalError as e:  # the database is locked by another process for too long
+            self._send_json(503, {"error": f"label store busy ({e}); try again"})
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # a bug: say so in JSON and keep serving
+            traceback.print_exc()
+            self._send_json(500, {"error": f"internal error: {type(e).__name__}"})
+
+    def _route(self, method: str) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+        server: LabellingServer = self.server
+        if parts and parts[0] == "api":
+            if len(parts) != 4 or parts[1] != "experiments":
+                raise HttpError(404, f"no such endpoint: {url.path}")
+            self._check_experiment(parts[2])
+            self._api(method, parts[3], urllib.parse.parse_qs(url.query))
+            return
+        if method != "GET":
+            raise HttpError(405, f"{method} is not allowed on {url.path}")
+        if not parts:
+            view = "compare" if server.feedback == "pairwise" else "sort"
+            where = f"/experiments/{urllib.parse.quote(server.experiment, safe='')}/{view}"
+            self._send(302, b"", "text/plain", {"Location": where})
+        elif parts == ["favicon.ico"]:
+            self._send(204, b"", "image/x-icon")
+        elif len(parts) == 2 and parts[0] == "clips":
+            self._clip(parts[1])
+        elif len(parts) == 3 and parts[0] == "experiments" and parts[2] in server.pages:
+            self._check_experiment(parts[1])
+            headers = {"Cache-Control": "no-cache"}
+            if self._client_id(required=False) is None:
+                headers["Set-Cookie"] = f"pl_client={secrets.token_hex(8)}; Path=/; SameSite=Strict; HttpOnly"
+            self._send(200, server.pages[parts[2]], "text/html; charset=utf-8", headers)
+        else:
+            raise HttpError(404, f"no such page: {url.path}")
+
+    def _api(self, method: str, endpoint: str, params: dict) -> None:
+        server: LabellingServer = self.server
+        store, experiment = server.store, server.experiment
+        posts = {"answer", "lease"}
+        if endpoint not in posts | {"next", "status", "tree"}:
+            raise HttpError(404, f"no such endpoint: {endpoint}")
+        if (method == "POST") != (endpoint in posts):
+            self.close_connection = True  # a body we did not read must not be taken for the next request
+            raise HttpError(405, f"{method} is not allowed on {endpoint}")
+        if endpoint == "next":
+            kind = params.get("kind", ["pair" if server.feedback == "pairwise" else "tree"])[0]
+            count = params.get("count", ["1"])[0]
+            if kind not in QUERY_KINDS or not count.isdigit() or not 1 <= int(count) <= 5:
+                raise HttpError(400, f"next takes kind in {QUERY_KINDS} and count 1..5, got {kind!r}, {count!r}")
+            queries = store.next_queries(experiment, kind, self._client_id(), int(count), server.lease_s)
+            media = store.clip_media([c for q in queries for c in (q["left"], q["right"])])
+
+            def clip(cid):
+                found = media.get(cid, {})
+                return {"id": cid, "media": "/clips/" + found.get("media", "missing"), "length": found.get("length")}
+
+            out = [
+                {
+                    "id": q["id"],
+                    "kind": q["kind"],
+                    "node": q["node"],
+                    "left": clip(q["left"]),
+                    "right": clip(q["right"]),
+                }
+                for q in queries
+            ]
+            self._send_json(200, {"queries": out, "lease_s": server.lease_s})
+        elif endpoint == "answer":
+            body = self._json_body()
+            query_id, answer = body.get("query_id"), body.get("answer")
+            if not isinstance(query_id, int) or isinstance(query_id, bool):
+                raise HttpError(400, 'the body needs "query_id": an integer')
+            if answer not in ANSWERS:
+                raise HttpError(400, f'the body needs "answer": one of {list(ANSWERS)}')
+            store.answer(experiment, query_id, answer, f"web:{self._client_id()}")
+            self._send_json(200, {"ok": True, "query_id": query_id, "answer": answer})
+        elif endpoint == "lease":
+            ids = self._json_body().get("query_ids")
+            if not isinstance(ids, list) or len(ids) > 10 or not all(type(i) is int for i in ids):
+                raise HttpError(400, 'the body needs "query_ids": a list of at most 10 integers')
+            held = store.renew_leases(experiment, ids, self._client_id(), server.lease_s)
+            self._send_json(200, {"held": held})
+        elif endpoint == "status":
+            self._send_json(
+                200,
+                {
+                    "experiment": experiment,
+                    "feedback": server.feedback,
+                    "status": store.get_status(experiment),
+                    "pending": store.count_pending(experiment),
+                    "answers": store.count_answers(experiment),
+                },
+            )
+        else:
+            tree = store.load_tree(experiment)
+            clip_ids = []
+            if isinstance(tree, dict):
+                for node in (tree.get("nodes") or {}).values():
+                    clip_ids += [c for c in node.get("clips", []) if type(c) is int]
+            media = {
+                str(i): {"media": "/clips/" + m["media"], "poster": "/clips/" + m["poster"]}
+                for i, m in store.clip_media(clip_ids).items()
+            }
+            self._send_json(200, {"tree": tree, "clips": media})
+
+    def _check_experiment(self, name: str) -> None:
+        if name != self.server.experiment:
+            raise HttpError(404, f"unknown experiment {name!r}: this server labels {self.server.experiment!r}")
+
+    def _client_id(self, required: bool = True) -> str | None:
+        """The labeller's id: the X-Client-Id header, else the pl_client cookie the pages set, else the address."""
+        client = self.headers.get("X-Client-Id")
+        if client is None:
+            for part in self.headers.get("Cookie", "").split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == "pl_client":
+                    client = value
+        if client is None:
+            return f"ip-{self.client_address[0]}" if required else None
+        if not CLIENT_ID.match(client):
+            raise HttpError(400, "a client id is 1-64 letters, digits or _.:-")
+        return client
+
+    def _json_body(self) -> dict:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise HttpError(411 if length is None else 400, "send a JSON body with a Content-Length")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise HttpError(413, f"the body is over {MAX_BODY} bytes")
+        raw = self.rfile.read(int(length))
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise HttpError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        return body
+
+    def _clip(self, name: str) -> None:
+        """A rendered clip: a unique, never reused name, so browsers may keep it for a year without asking again."""
+        if not CLIP_FILE.match(name):
+            raise HttpError(404, f"no clip {name!r}")
+        etag = f'"{name}"'
+        headers = {"Cache-Control": "public, max-age=31536000, immutable", "ETag": etag}
+        if self.headers.get("If-None-Match") == etag:
+            self._send(304, b"", None, headers)
+            return
+        try:
+            data = (self.server.store.clips_dir / name).read_bytes()
+        except FileNotFoundError:
+            raise HttpError(404, f"no clip {name!r}") from None
+        self._send(200, data, "image/gif" if name.endswith(".gif") else "image/png", headers)
+
+    def _send_json(self, status: int, payload: dict) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", {"Cache-Control": "no-store"})
+
+    def _send(self, status: int, body: bytes, content_type: str | None, headers: dict | None = None) -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD" and status != 304:
+            self.wfile.write(body)
+
+
+def serve_labelling_app(
+    store: LabelStore, experiment: str, feedback: str, host: str = "127.0.0.1", port: int = 8000, lease_s: float = 30.0
+) -> LabellingServer:
+    """Serve the labelling app for one experiment in a daemon thread; returns the server (`.server_address`,
+    `.shutdown()`). feedback "pairwise" or "sort-tree" picks the page "/" opens. A port in use raises OSError."""
+    if feedback not in ("pairwise", "sort-tree"):
+        raise ValueError(f"feedback must be 'pairwise' or 'sort-tree', got {feedback!r}")
+    server = LabellingServer((host, port), store, experiment, feedback, lease_s)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="labelling").start()
+    return server
