@@ -1,14 +1,9 @@
-"""The labelling app of preference_ga3c_atari.py (--labeler human): the label store, its web server and pages.
+"""The labelling app of preference_ga3c_atari.py (--labeler human): the label store, its pages and web server.
 
-A person answers the teacher's queries in a browser while the agent trains. The teacher (in preference_ga3c_atari.py)
-adds clips and queries to the store; the person answers them on a page served from here; the teacher reads the
-answers in order. Nothing here is part of the algorithm: the synthetic and rl labellers never import this file.
-
-Sections: the label store (one SQLite file per env: clips shared by all experiments of that env, as in
-rl-teacher-atari, with each experiment's queries, answers, sort tree and status; clips rendered once, at add_clip,
-as looping greyscale GIFs), the pages (HTML, CSS and JavaScript), the HTTP server (a stdlib ThreadingHTTPServer with
-the comparison page, the sort-tree page, the tree view and JSON endpoints), and `open_human_labelling`, what the
-training script calls to open the store and serve the app.
+A person answers the teacher's queries in a browser while the agent trains: the teacher adds clips and queries to the
+store, the page shows them, the teacher reads the answers in order. Sections: the label store (one SQLite file per
+env, clips shared by the env's experiments as in rl-teacher-atari, each rendered once as a looping GIF), the pages
+(HTML, CSS, JavaScript), the HTTP server. Not part of the algorithm: the synthetic and rl labellers never import it.
 """
 
 import html
@@ -22,7 +17,7 @@ import threading
 import time
 import traceback
 import urllib.parse
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -37,14 +32,20 @@ CLIP_FPS = 15.0  # Atari with frameskip 4: 60 / 4 agent steps per second, the sp
 CLIP_SCALE = 1  # clips are stored at the agent's resolution; the pages upscale them 4x, nearest neighbour (CSS)
 CLIP_HOLD_LAST_MS = 300  # the last frame is held so the loop's seam is visible
 SCHEMA_VERSION = 1
+QUERY_COLUMNS = "id, kind, left_clip, right_clip, node, created"
+QUERY_KEYS = ("id", "kind", "left", "right", "node", "created")
 
 
 class UnknownQuery(Exception):
-    """No query with this id (for this experiment)."""
+    """No query with this id (for this experiment). The app answers 404."""
+
+    status = 404
 
 
 class StaleQuery(Exception):
-    """The query exists but is no longer pending (answered, or cancelled)."""
+    """The query exists but is no longer pending (answered, or cancelled). The app answers 409."""
+
+    status = 409
 
 
 def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS, scale: int = CLIP_SCALE) -> tuple[bytes, bytes]:
@@ -86,6 +87,11 @@ def _json_or_none(text):
     return None if text is None else json.loads(text)
 
 
+def _of_kind(sql: str, kind: str | None) -> tuple[str, tuple]:
+    """`sql` and its extra parameters, narrowed to one query kind unless kind is None."""
+    return (sql, ()) if kind is None else (sql + " AND kind=?", (kind,))
+
+
 class LabelStore:
     """SQLite store of one env's clips (shared by all experiments of that env) and of each experiment's queries,
     answers, sort tree and status. Thread-safe: one sqlite3 connection (check_same_thread=False) behind one lock,
@@ -99,11 +105,8 @@ class LabelStore:
     """
 
     def __init__(self, root: str | Path, env_id: str):
-        self.env_id = env_id
-        slug = env_id.replace("/", "_")
-        self.root = Path(root)
-        self.path = self.root / f"{slug}.sqlite"
-        self.clips_dir = self.root / f"{slug}_clips"
+        self.env_id, self.root, slug = env_id, Path(root), env_id.replace("/", "_")
+        self.path, self.clips_dir = self.root / f"{slug}.sqlite", self.root / f"{slug}_clips"
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
@@ -115,9 +118,8 @@ class LabelStore:
             with self._write():
                 row = self._db.execute("SELECT value FROM meta WHERE key='env_id'").fetchone()
                 if row is None:
-                    self._db.execute("INSERT INTO meta(key, value) VALUES ('env_id', ?)", (env_id,))
-                    self._db.execute("INSERT INTO meta(key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-                    self._db.execute("INSERT INTO meta(key, value) VALUES ('answer_seq', '0')")
+                    meta = [("env_id", env_id), ("schema", str(SCHEMA_VERSION)), ("answer_seq", "0")]
+                    self._db.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", meta)
                 elif row[0] != env_id:
                     raise ValueError(
                         f"label store {self.path} holds clips of env {row[0]!r}, not {env_id!r}: "
@@ -171,11 +173,9 @@ class LabelStore:
         """A killed write leaves name.tmp; files older than a minute are no other process's write in flight."""
         cutoff = time.time() - 60.0
         for tmp in self.clips_dir.glob("*.tmp"):
-            try:
+            with suppress(FileNotFoundError):  # another process removed it meanwhile
                 if tmp.stat().st_mtime < cutoff:
                     tmp.unlink()
-            except FileNotFoundError:
-                pass
 
     # ---- clips ----
     def add_clip(
@@ -187,9 +187,7 @@ class LabelStore:
         true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1);
         lives_lost: lives the player lost during the clip (the synthetic labeller's penalty).
         """
-        frames = np.asarray(frames)
-        actions = np.asarray(actions)
-        true_rewards = np.asarray(true_rewards)
+        frames, actions, true_rewards = np.asarray(frames), np.asarray(actions), np.asarray(true_rewards)
         stack = max(1, int(stack)) if int(stack) >= 0 else int(stack)  # 0 = no stacking = 1 frame per observation
         if stack < 1:
             raise ValueError(f"stack must be >= 0 frames per observation (0 = no stacking), got {stack}")
@@ -205,25 +203,17 @@ class LabelStore:
             raise ValueError("true_rewards must be finite")
         name = f"clip_{secrets.token_hex(8)}"
         arrays = io.BytesIO()
-        np.savez_compressed(  # Atari frames compress about tenfold
-            arrays,
-            frames=frames,
-            actions=actions.astype(np.int64),
-            true_rewards=true_rewards.astype(np.float32),
-            stack=np.int64(stack),
-        )
+        rewards = true_rewards.astype(np.float32)  # Atari frames compress about tenfold
+        np.savez_compressed(arrays, frames=frames, actions=actions.astype(np.int64), true_rewards=rewards, stack=stack)
         gif, poster = render_clip_gif(frames[stack - 1 :])
         _write_atomic(self.clips_dir / f"{name}.npz", arrays.getvalue())
         _write_atomic(self.clips_dir / f"{name}.png", poster)
         _write_atomic(self.clips_dir / f"{name}.gif", gif)
         true_return = float(true_rewards.astype(np.float64).sum())
+        sql = "INSERT INTO clips(name, length, stack, true_return, source, created, lives_lost) VALUES (?,?,?,?,?,?,?)"
         with self._write() as db:
-            cur = db.execute(
-                "INSERT INTO clips(name, length, stack, true_return, source, created, lives_lost) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (name, t, stack, true_return, str(source), time.time(), int(lives_lost)),
-            )
-            return int(cur.lastrowid)
+            row = (name, t, stack, true_return, str(source), time.time(), int(lives_lost))
+            return int(db.execute(sql, row).lastrowid)
 
     def _clip_name(self, clip_id: int) -> str:
         rows = self._read("SELECT name FROM clips WHERE id=?", (int(clip_id),))
@@ -234,12 +224,7 @@ class LabelStore:
     def clip_arrays(self, clip_id: int) -> dict:
         """{"frames", "actions", "true_rewards", "stack"} of a clip (KeyError if there is no such clip)."""
         with np.load(self.clips_dir / f"{self._clip_name(clip_id)}.npz") as z:
-            return {
-                "frames": z["frames"],
-                "actions": z["actions"],
-                "true_rewards": z["true_rewards"],
-                "stack": int(z["stack"]),
-            }
+            return {key: z[key] for key in ("frames", "actions", "true_rewards")} | {"stack": int(z["stack"])}
 
     def clip_info(self, clip_id: int) -> dict:
         """{"id", "length", "true_return", "lives_lost", "source", "media"}; media: the GIF's file name in clips_dir."""
@@ -247,15 +232,8 @@ class LabelStore:
         rows = self._read(sql, (int(clip_id),))
         if not rows:
             raise KeyError(f"no clip {clip_id} in {self.path}")
-        i, length, ret, lost, source, name = rows[0]
-        return {
-            "id": i,
-            "length": length,
-            "true_return": ret,
-            "lives_lost": lost,
-            "source": source,
-            "media": f"{name}.gif",
-        }
+        keys = ("id", "length", "true_return", "lives_lost", "source")
+        return dict(zip(keys, rows[0])) | {"media": f"{rows[0][-1]}.gif"}
 
     def clip_ids(self) -> list[int]:
         return [r[0] for r in self._read("SELECT id FROM clips ORDER BY id")]
@@ -291,16 +269,8 @@ class LabelStore:
 
     def pending_queries(self, experiment: str, kind: str | None = None) -> list[dict]:
         """Pending queries, oldest first: {"id", "kind", "left", "right", "node", "created"}."""
-        sql = (
-            "SELECT id, kind, left_clip, right_clip, node, created FROM queries WHERE experiment=? AND status='pending'"
-        )
-        params: tuple = (experiment,)
-        if kind is not None:
-            sql += " AND kind=?"
-            params += (kind,)
-        rows = self._read(sql + " ORDER BY id", params)
-        keys = ("id", "kind", "left", "right", "node", "created")
-        return [dict(zip(keys, r)) for r in rows]
+        sql, params = _of_kind(f"SELECT {QUERY_COLUMNS} FROM queries WHERE experiment=? AND status='pending'", kind)
+        return [dict(zip(QUERY_KEYS, r)) for r in self._read(sql + " ORDER BY id", (experiment, *params))]
 
     def next_queries(self, experiment: str, kind: str, client: str, count: int = 1, lease_s: float = 30.0) -> list:
         """The `count` oldest pending queries of `kind` not leased to another client within lease_s, leased to
@@ -308,17 +278,13 @@ class LabelStore:
         now = time.time()
         with self._write() as db:
             rows = db.execute(
-                "SELECT id, kind, left_clip, right_clip, node, created FROM queries "
-                "WHERE experiment=? AND status='pending' AND kind=? "
+                f"SELECT {QUERY_COLUMNS} FROM queries WHERE experiment=? AND status='pending' AND kind=? "
                 "AND (lease_client IS NULL OR lease_client=? OR lease_until < ?) ORDER BY id LIMIT ?",
                 (experiment, kind, client, now, int(count)),
             ).fetchall()
-            db.executemany(
-                "UPDATE queries SET lease_client=?, lease_until=? WHERE id=?",
-                [(client, now + lease_s, r[0]) for r in rows],
-            )
-        keys = ("id", "kind", "left", "right", "node", "created")
-        return [dict(zip(keys, r)) for r in rows]
+            leases = [(client, now + lease_s, r[0]) for r in rows]
+            db.executemany("UPDATE queries SET lease_client=?, lease_until=? WHERE id=?", leases)
+        return [dict(zip(QUERY_KEYS, r)) for r in rows]
 
     def next_query(self, experiment: str, kind: str, client: str, lease_s: float = 30.0) -> dict | None:
         """The oldest pending query of `kind` not leased to another client within lease_s, now leased to `client`
@@ -367,11 +333,8 @@ class LabelStore:
     def answers_after(self, experiment: str, seq: int) -> list[dict]:
         """Answered queries with answer sequence number > seq, in answer order: {"seq", "id", "kind", "left",
         "right", "node", "answer", "labeller", "answered_at"}."""
-        rows = self._read(
-            "SELECT seq, id, kind, left_clip, right_clip, node, answer, labeller, answered_at FROM queries "
-            "WHERE experiment=? AND seq > ? ORDER BY seq",
-            (experiment, int(seq)),
-        )
+        sql = "SELECT seq, id, kind, left_clip, right_clip, node, answer, labeller, answered_at FROM queries "
+        rows = self._read(sql + "WHERE experiment=? AND seq > ? ORDER BY seq", (experiment, int(seq)))
         keys = ("seq", "id", "kind", "left", "right", "node", "answer", "labeller", "answered_at")
         return [dict(zip(keys, r)) for r in rows]
 
@@ -380,50 +343,36 @@ class LabelStore:
         cancelled -> StaleQuery (an answer that raced the cancel is kept and shows up in answers_after)."""
         query_id = int(query_id)
         with self._write() as db:
-            cur = db.execute(
-                "UPDATE queries SET status='cancelled', lease_client=NULL, lease_until=NULL "
-                "WHERE id=? AND experiment=? AND status='pending'",
-                (query_id, experiment),
-            )
+            sql = "UPDATE queries SET status='cancelled', lease_client=NULL, lease_until=NULL "
+            cur = db.execute(sql + "WHERE id=? AND experiment=? AND status='pending'", (query_id, experiment))
             if cur.rowcount != 1:
                 self._raise_not_pending(db, experiment, query_id)
 
     def count_answers(self, experiment: str, kind: str | None = None) -> int:
-        sql = "SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'"
-        params: tuple = (experiment,)
-        if kind is not None:
-            sql += " AND kind=?"
-            params += (kind,)
-        return int(self._read(sql, params)[0][0])
+        sql, params = _of_kind("SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'", kind)
+        return int(self._read(sql, (experiment, *params))[0][0])
 
     def count_pending(self, experiment: str) -> dict[str, int]:
         """{"pair": n, "tree": m}: pending queries of each kind."""
-        rows = self._read(
-            "SELECT kind, COUNT(*) FROM queries WHERE experiment=? AND status='pending' GROUP BY kind", (experiment,)
-        )
+        sql = "SELECT kind, COUNT(*) FROM queries WHERE experiment=? AND status='pending' GROUP BY kind"
+        rows = self._read(sql, (experiment,))
         return {kind: 0 for kind in QUERY_KINDS} | {k: int(n) for k, n in rows}
 
     # ---- per-experiment tree and status ----
-    def save_tree(self, experiment: str, tree: dict) -> None:
-        text = json.dumps(tree)
+    def _set_experiment(self, experiment: str, column: str, value: dict) -> None:
+        sql = f"INSERT INTO experiments(name, {column}) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET {column}="
         with self._write() as db:
-            db.execute(
-                "INSERT INTO experiments(name, tree) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET tree=excluded.tree",
-                (experiment, text),
-            )
+            db.execute(sql + f"excluded.{column}", (experiment, json.dumps(value)))
+
+    def save_tree(self, experiment: str, tree: dict) -> None:
+        self._set_experiment(experiment, "tree", tree)
 
     def load_tree(self, experiment: str) -> dict | None:
         rows = self._read("SELECT tree FROM experiments WHERE name=?", (experiment,))
         return _json_or_none(rows[0][0]) if rows else None
 
     def set_status(self, experiment: str, status: dict) -> None:
-        text = json.dumps(status)
-        with self._write() as db:
-            db.execute(
-                "INSERT INTO experiments(name, status) VALUES (?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET status=excluded.status",
-                (experiment, text),
-            )
+        self._set_experiment(experiment, "status", status)
 
     def get_status(self, experiment: str) -> dict:
         rows = self._read("SELECT status FROM experiments WHERE name=?", (experiment,))
@@ -438,13 +387,11 @@ class LabelStore:
         """Delete the experiment's queries (pending, answered, cancelled) and its sort tree; keeps its status line.
         Returns {"queries", "answers", "trees"} deleted."""
         with self._write() as db:
-            answers = db.execute(
-                "SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'", (experiment,)
-            ).fetchone()[0]
+            sql = "SELECT COUNT(*) FROM queries WHERE experiment=? AND status='answered'"
+            answers = db.execute(sql, (experiment,)).fetchone()[0]
             queries = db.execute("DELETE FROM queries WHERE experiment=?", (experiment,)).rowcount
-            trees = db.execute(
-                "UPDATE experiments SET tree=NULL WHERE name=? AND tree IS NOT NULL", (experiment,)
-            ).rowcount
+            sql = "UPDATE experiments SET tree=NULL WHERE name=? AND tree IS NOT NULL"
+            trees = db.execute(sql, (experiment,)).rowcount
         return {"queries": int(queries), "answers": int(answers), "trees": int(trees)}
 
     def delete_clips(self) -> dict:
@@ -745,6 +692,17 @@ async function refreshStatus() {
 }
 """
 
+PAGE_WORDS = {  # the comparison page's words, then the sort-tree page's
+    "__HEADING__": ("Which clip shows the better behaviour?", "Where does the new clip belong?"),
+    "__HINT__": (
+        "Watch both looping clips and pick the one closer to what you want the agent to do.",
+        "Is the clip being sorted in better or worse than the clip from the tree?",
+    ),
+    "__LEFT_CAPTION__": ("Left", "The clip being sorted in"),
+    "__RIGHT_CAPTION__": ("Right", "A clip already in the tree"),
+    "__LEFT_BUTTON__": ("Left is better", "New clip is better"),
+    "__RIGHT_BUTTON__": ("Right is better", "Tree clip is better"),
+}
 CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
 CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MAX_BODY = 65536
@@ -754,7 +712,6 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-        self.message = message
 
 
 def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
@@ -763,31 +720,14 @@ def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
     links = [("compare", "Compare pairs"), ("sort", "Sort clips into the tree"), ("tree", "Tree view")]
     nav = "".join(f'<a href="{base}/{v}" class="{"here" if v == view else ""}">{t}</a>' for v, t in links)
     nav += f'<span class="experiment">experiment {html.escape(experiment)}</span>'
-    if view == "tree":
-        text = TREE_PAGE
-        config = {"experiment": experiment}
-    else:
-        pairwise = view == "compare"
+    text, config = TREE_PAGE, {"experiment": experiment}
+    if view != "tree":
+        words = {key: pair[view == "sort"] for key, pair in PAGE_WORDS.items()}
         text = LABEL_PAGE
-        words = {
-            "__HEADING__": "Which clip shows the better behaviour?" if pairwise else "Where does the new clip belong?",
-            "__HINT__": "Watch both looping clips and pick the one closer to what you want the agent to do."
-            if pairwise
-            else "Is the clip being sorted in better or worse than the clip from the tree?",
-            "__LEFT_CAPTION__": "Left" if pairwise else "The clip being sorted in",
-            "__RIGHT_CAPTION__": "Right" if pairwise else "A clip already in the tree",
-            "__LEFT_BUTTON__": "Left is better" if pairwise else "New clip is better",
-            "__RIGHT_BUTTON__": "Right is better" if pairwise else "Tree clip is better",
-        }
         for key, value in words.items():
             text = text.replace(key, value)
-        config = {
-            "experiment": experiment,
-            "kind": "pair" if pairwise else "tree",
-            "leaseSeconds": lease_s,
-            "leftButton": words["__LEFT_BUTTON__"].lower(),
-            "rightButton": words["__RIGHT_BUTTON__"].lower(),
-        }
+        config |= {"kind": "pair" if view == "compare" else "tree", "leaseSeconds": lease_s}
+        config |= {"leftButton": words["__LEFT_BUTTON__"].lower(), "rightButton": words["__RIGHT_BUTTON__"].lower()}
     text = text.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
     text = text.replace("__TITLE__", f"{html.escape(experiment)}: labelling").replace("__NAV__", nav)
     return text.replace("__COMMON_JS__", COMMON_JS).replace("__CSS__", PAGE_CSS).encode()
@@ -800,10 +740,7 @@ class LabellingServer(ThreadingHTTPServer):
     request_queue_size = 128  # socketserver's default backlog of 5 resets connections when 20 people open pages
 
     def __init__(self, address, store: LabelStore, experiment: str, feedback: str, lease_s: float):
-        self.store = store
-        self.experiment = experiment
-        self.feedback = feedback
-        self.lease_s = lease_s
+        self.store, self.experiment, self.feedback, self.lease_s = store, experiment, feedback, lease_s
         self.stopped = False
         self.pages = {view: _page_html(experiment, view, lease_s) for view in ("compare", "sort", "tree")}
         super().__init__(address, LabellingHandler)
@@ -839,12 +776,8 @@ class LabellingHandler(BaseHTTPRequestHandler):
             return
         try:
             self._route(method)
-        except HttpError as e:
-            self._send_json(e.status, {"error": e.message})
-        except UnknownQuery as e:
-            self._send_json(404, {"error": str(e)})
-        except StaleQuery as e:
-            self._send_json(409, {"error": str(e)})
+        except (HttpError, UnknownQuery, StaleQuery) as e:
+            self._send_json(e.status, {"error": str(e)})
         except sqlite3.OperationalError as e:  # the database is locked by another process for too long
             self._send_json(503, {"error": f"label store busy ({e}); try again"})
         except (BrokenPipeError, ConnectionResetError):
@@ -903,16 +836,8 @@ class LabellingHandler(BaseHTTPRequestHandler):
                 found = media.get(cid, {})
                 return {"id": cid, "media": "/clips/" + found.get("media", "missing"), "length": found.get("length")}
 
-            out = [
-                {
-                    "id": q["id"],
-                    "kind": q["kind"],
-                    "node": q["node"],
-                    "left": clip(q["left"]),
-                    "right": clip(q["right"]),
-                }
-                for q in queries
-            ]
+            sides = ("left", "right")
+            out = [{k: q[k] for k in ("id", "kind", "node")} | {s: clip(q[s]) for s in sides} for q in queries]
             self._send_json(200, {"queries": out, "lease_s": server.lease_s})
         elif endpoint == "answer":
             body = self._json_body()
@@ -930,27 +855,16 @@ class LabellingHandler(BaseHTTPRequestHandler):
             held = store.renew_leases(experiment, ids, self._client_id(), server.lease_s)
             self._send_json(200, {"held": held})
         elif endpoint == "status":
-            self._send_json(
-                200,
-                {
-                    "experiment": experiment,
-                    "feedback": server.feedback,
-                    "status": store.get_status(experiment),
-                    "pending": store.count_pending(experiment),
-                    "answers": store.count_answers(experiment),
-                },
-            )
+            status, pending = store.get_status(experiment), store.count_pending(experiment)
+            answers = store.count_answers(experiment)
+            out = {"experiment": experiment, "feedback": server.feedback, "status": status, "pending": pending}
+            self._send_json(200, out | {"answers": answers})
         else:
             tree = store.load_tree(experiment)
-            clip_ids = []
-            if isinstance(tree, dict):
-                for node in (tree.get("nodes") or {}).values():
-                    clip_ids += [c for c in node.get("clips", []) if type(c) is int]
-            media = {
-                str(i): {"media": "/clips/" + m["media"], "poster": "/clips/" + m["poster"]}
-                for i, m in store.clip_media(clip_ids).items()
-            }
-            self._send_json(200, {"tree": tree, "clips": media})
+            nodes = (tree.get("nodes") or {}).values() if isinstance(tree, dict) else []
+            media = store.clip_media([c for node in nodes for c in node.get("clips", []) if type(c) is int])
+            clips = {str(i): {k: "/clips/" + m[k] for k in ("media", "poster")} for i, m in media.items()}
+            self._send_json(200, {"tree": tree, "clips": clips})
 
     def _check_experiment(self, name: str) -> None:
         if name != self.server.experiment:
