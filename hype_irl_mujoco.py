@@ -161,16 +161,31 @@ class EnvInfo:  # what the phases need to know about the env, read once by valid
     high: np.ndarray
 
 
-class UsageError(Exception):
-    """Bad input: main prints the one-line message and exits 2."""
+class Stop(Exception):
+    """Every early end of a command: main prints the one-line message (and the run dir) and exits with `code`."""
+
+    code, prefix = 1, "error: "
 
 
-class NonFiniteLoss(Exception):
-    """A loss became NaN or infinite: main prints the phase and step and exits 3."""
+class UsageError(Stop):
+    """Bad input, found before any work starts: exit 2."""
+
+    code = 2
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
+class NonFiniteLoss(Stop):
+    """A loss became NaN or infinite: exit 3, the last checkpoint kept."""
+
+    code = 3
+
+
+class Interrupted(Stop):
+    """SIGINT/SIGTERM: the phase saved its checkpoint; exit 130. Args: (phase, step)."""
+
+    code, prefix = 130, ""
+
+    def __str__(self) -> str:
+        return f"interrupted in the {self.args[0]} at step {self.args[1]}: checkpoint saved; re-run to resume"
 
 
 # ---------------------------------------------------------------------------------------------------- Environments
@@ -345,12 +360,12 @@ def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
             parts = [part.split(",") for part in spec.split(";")]
             segments = [(float(start), float(end), int(float(until))) for start, end, until in parts]
     except ValueError:
-        raise ValueError(f"--irl.rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000'")
+        raise UsageError(f"--irl.rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000'")
     ends = [0] + [until for _, _, until in segments]
     if not all(0.0 <= rho <= 1.0 for start, end, _ in segments for rho in (start, end)):
-        raise ValueError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
+        raise UsageError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
     if any(until <= previous for previous, until in zip(ends, ends[1:])):
-        raise ValueError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
+        raise UsageError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
     return segments
 
 
@@ -785,12 +800,12 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     config.update(low=info.low.tolist(), high=info.high.tolist())
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
     saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    atomic_save(path, {**saved, "max_episode_steps": args.max_episode_steps})
+    save(path, "policy", **saved, max_episode_steps=args.max_episode_steps)
 
 
 def load_policy(path, device="cpu") -> Actor:
     """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)
+    saved = torch.load(path, map_location=device, weights_only=True)  # (`load` checks it in --eval-only)
     config = saved["config"]
     low, high = np.array(config["low"]), np.array(config["high"])
     actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
@@ -808,20 +823,17 @@ def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
     """Parse (or take) and validate everything, then: expert phase (or the cache) -> HyPE -> policy.pt, results."""
+    run = None
     try:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
             return evaluate_saved_policy(args)
         run_dir, info, demos, checkpoints = validate(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    if info is None:
-        print(f"{run_dir} already holds a finished run (results.json); nothing to do")
-        return
-    start = time.time()
-    run = start_run(args, run_dir)
-    try:
+        if info is None:
+            print(f"{run_dir} already holds a finished run (results.json); nothing to do")
+            return
+        start = time.time()
+        run = start_run(args, run_dir)
         expert_curve = []
         if demos is None:
             expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
@@ -834,16 +846,16 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         if args.capture_video:
             video = run.dir / "videos" / "final.webm"
             evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
-        atomic_save(run.dir / "results.json", results)
+        save(run.dir / "results.json", "results", **results)
         mean, std, expert_return = results["eval_mean"], results["eval_std"], results["expert_return"]
         success = f", success rate {results['success_rate']:.2f}" if results["success_rate"] is not None else ""
         print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f}){success}")
-    except NonFiniteLoss as e:
-        finish_run(run, f"error: {e}; lower the learning rates or check the expert data (last checkpoint kept)")
-        raise SystemExit(3)
-    except Interrupted as e:
-        finish_run(run, f"interrupted in the {e.args[0]} at step {e.args[1]}: checkpoint saved; re-run to resume")
-        raise SystemExit(130)
+    except Stop as e:
+        if run is None:
+            print(f"{e.prefix}{e}", file=sys.stderr)
+        else:
+            finish_run(run, f"{e.prefix}{e}")
+        raise SystemExit(e.code)
     finish_run(run)
 
 
@@ -875,20 +887,55 @@ class SPSMeter:
 
 
 # ---- checkpoints, atomic writes, results
-def atomic_save(path: Path, obj) -> None:
-    """Write to the fixed `name.tmp` beside `path`, then os.replace: JSON, npz, PNG figure or torch.save by suffix."""
+FORMAT_VERSION = 1
+KEYS = {  # kind of a torch file: the keys it must hold (besides kind and version)
+    "policy": ("script", "env_id", "network", "config", "state_dict", "max_episode_steps"),
+    "expert_actor": ("actor", "env_id", "obs_dim", "act_dim", "hidden", "total_timesteps", "mean_return"),
+    "expert_checkpoint": ("agent", "learner_rows", "progress", "rng"),
+    "irl_checkpoint": ("agent", "learner_rows", "progress", "rng", "disc"),
+}
+
+
+def save(path: Path, kind: str, **payload) -> None:
+    """Every artifact, atomically: write `name.tmp` beside `path`, then os.replace. By suffix: JSON, npz arrays, a
+    PNG (payload `figure`); anything else is torch.save of {kind, version, **payload}, read back by `load`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".json":
-        tmp.write_text(json.dumps(obj, indent=2))
+        tmp.write_text(json.dumps(payload, indent=2))
     elif path.suffix == ".npz":
         with open(tmp, "wb") as f:
-            np.savez_compressed(f, **obj)
+            np.savez_compressed(f, **payload)
     elif path.suffix == ".png":
-        obj.savefig(tmp, format="png")
+        payload["figure"].savefig(tmp, format="png")
     else:
-        torch.save(obj, tmp)
+        torch.save({"kind": kind, "version": FORMAT_VERSION, **payload}, tmp)
     os.replace(tmp, path)
+
+
+def load(path: Path, kind: str, fix: str = "delete it (or the run dir) and re-run") -> dict:
+    """`save`'s artifact as a dict, checked: npz arrays (demos), a torch file of `kind` (this version, its keys) or
+    a JSON object. Anything else (truncated, random bytes, another script's file) is a UsageError naming the file."""
+    try:
+        if kind == "demos":
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        elif kind in KEYS:
+            data = torch.load(path, map_location="cpu", weights_only=False)
+        else:
+            data = json.loads(Path(path).read_text())
+    except Exception as e:  # any unreadable file is bad input
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}); {fix}")
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object or a dict; {fix}")
+    if kind in KEYS and data.get("script", SCRIPT) != SCRIPT:
+        raise UsageError(f"{path} was written by {data['script']}; use that script")
+    if kind in KEYS and (data.get("kind"), data.get("version")) != (kind, FORMAT_VERSION):
+        raise UsageError(f"{path} is not a {kind} file of this version of {SCRIPT}; {fix}")
+    missing = [key for key in KEYS.get(kind, ()) if key not in data]
+    if missing:
+        raise UsageError(f"{path} lacks {', '.join(missing)}; {fix}")
+    return data
 
 
 def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None) -> None:
@@ -897,7 +944,10 @@ def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: di
     rng["np_rng"] = np_rng.bit_generator.state
     rows = storage.learner_rows().to("cpu", copy=True)  # (a view would save the expert rows and free capacity too)
     state = {"agent": sac.state_dict(), "learner_rows": rows, "progress": progress, "rng": rng}
-    atomic_save(path, state if disc is None else {**state, "disc": disc.state_dict()})
+    if disc is None:
+        save(path, "expert_checkpoint", **state)
+    else:
+        save(path, "irl_checkpoint", **state, disc=disc.state_dict())
 
 
 def restore_checkpoint(ckpt: dict, phase: str, sac: SAC, storage: Storage, np_rng, disc=None) -> dict:
@@ -953,7 +1003,8 @@ def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     values = {k: float(v.detach()) for k, v in losses.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
     if bad:
-        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}")
+        fix = "lower the learning rates or check the expert data (last checkpoint kept)"
+        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}; {fix}")
     return values
 
 
@@ -1023,7 +1074,7 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     method = "HyPE+FILTER" if args.irl.reset_prob > 0 else "HyPE"
     fig.suptitle(f"{args.env_id}: {method} (rho {args.irl.rho_schedule or 'per env'}), seed {args.seed}")
     fig.tight_layout()
-    atomic_save(path, fig)
+    save(path, "figure", figure=fig)
 
 
 def write_video(path: Path, frames: list, fps: int) -> None:
@@ -1047,13 +1098,11 @@ def evaluate_saved_policy(args: Args) -> None:
     if not path.is_file():
         raise UsageError(f"{path} does not exist; pass the run dir of a finished run (with policy.pt) to --eval-only")
     check_args(args)
+    load(path, "policy", "re-run the training to rewrite it")
     try:
-        saved_script = torch.load(path, map_location="cpu", weights_only=True)["script"]
         policy = load_policy(path)
-    except Exception as e:  # any unreadable or foreign file is bad input
+    except Exception as e:  # weights of another configuration
         raise UsageError(f"{path} is not a readable policy.pt ({type(e).__name__}); re-run the training to rewrite it")
-    if saved_script != SCRIPT:
-        raise UsageError(f"{path} was written by {saved_script}; evaluate it with that script")
     if args.capture_video:
         check_rendering(policy.env_id)
     check_writable(run_dir / "evaluations", "--eval-only")
@@ -1065,7 +1114,7 @@ def evaluate_saved_policy(args: Args) -> None:
     record["success_rate"] = float(np.mean(successes)) if successes is not None else None
     record.update(episodes=episodes, seed=seed, p_tremble=p_tremble)
     out = run_dir / "evaluations" / f"eval_{number:03d}.json"
-    atomic_save(out, record)
+    save(out, "evaluation", **record)
     success = f", success rate {record['success_rate']:.2f}" if successes is not None else ""
     print(f"eval return {record['mean']:.1f} +- {record['std']:.1f}{success} over {len(rets)} episodes -> {out}")
 
@@ -1076,18 +1125,17 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
     cache = Path(args.expert.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():  # another run (or filter_irl_mujoco.py) finished first: never overwrite
         print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
-        with np.load(cache / "demos.npz") as z:
-            return {k: z[k] for k in z.files}
+        return load(cache / "demos.npz", "demos")
     returns, now = demos["returns"], dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     sizes = dict(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
-    atomic_save(cache / "demos.npz", demos)
+    save(cache / "demos.npz", "demos", **demos)
     actor = {k: v.cpu() for k, v in agent.actor.state_dict().items()}
     mean_return, timesteps = float(returns.mean()), args.expert.timesteps
     actor_file = dict(actor=actor, env_id=args.env_id, **sizes, total_timesteps=timesteps, mean_return=mean_return)
-    atomic_save(cache / "expert_actor.pt", actor_file)
+    save(cache / "expert_actor.pt", "expert_actor", **actor_file)
     meta = dict(env_id=args.env_id, expert_timesteps=timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=mean_return, return_std=float(returns.std()), script=SCRIPT, date=now)
-    atomic_save(cache / "expert_meta.json", dict(meta, num_transitions=len(demos["observations"]), **sizes))
+    save(cache / "expert_meta.json", "expert_meta", **meta, num_transitions=len(demos["observations"]), **sizes)
     print(f"[expert] {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
 
@@ -1133,11 +1181,7 @@ def load_demos(path, env_id: str, sizes: dict, reset_prob: float) -> dict[str, n
     if str(path).startswith(MINARI_PREFIX):
         demos = minari_demos(str(path)[len(MINARI_PREFIX) :])
     else:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                demos = {k: z[k] for k in z.files}
-        except Exception as e:  # corrupt, truncated or not an npz
-            raise UsageError(f"cannot read expert data {path} ({type(e).__name__}); delete it or pass another file")
+        demos = load(path, "demos", "delete it or pass another file")
     missing = [k for k in list(DEMO_FORMAT) + ["env_id"] if k not in demos and k not in OPTIONAL_DEMO_KEYS]
     if missing:
         raise UsageError(f"{path} lacks keys {', '.join(missing)}; see the expert-data format in docs/{SCRIPT[:-3]}.md")
@@ -1298,30 +1342,24 @@ def check_writable(path: Path, flag_name: str) -> None:
         raise UsageError(f"{flag_name} {path} is not writable here; pass a path you can write")
 
 
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        data = e
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} is unreadable or not a JSON object; delete it (or the run dir) and re-run")
-    return data
-
-
-def load_checkpoint(path: Path, args: Args, info: EnvInfo, with_disc: bool) -> Optional[dict]:
+def load_checkpoint(path: Path, args: Args, info: EnvInfo, phase: str) -> Optional[dict]:
     """A phase's checkpoint, loaded and checked against this run's networks; None when there is none."""
     if not path.exists():
         return None
+    fix = "delete it to redo it"
+    ckpt = load(path, f"{phase}_checkpoint", fix)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
         SAC(info, args.sac, torch.device("cpu")).load_state_dict(ckpt["agent"])
-        if with_disc:
+        if phase == "irl":
             Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).load_state_dict(ckpt["disc"])
-        rows, step = ckpt["learner_rows"], ckpt["progress"]["step"]
-        assert rows.ndim == 2 and rows.shape[1] == 2 * info.obs_dim + info.act_dim + 2 and isinstance(step, int)
-        assert {"python", "numpy", "torch", "np_rng"} <= set(ckpt["rng"])
-    except Exception as e:  # truncated, random bytes, another script's or another configuration's file
-        raise UsageError(f"{path} is corrupt or of another configuration ({type(e).__name__}); delete it to redo it")
+    except Exception as e:  # another configuration's networks
+        raise UsageError(f"{path} is of another configuration ({type(e).__name__}); {fix}")
+    rows, progress, rng = ckpt["learner_rows"], ckpt["progress"], ckpt["rng"]
+    width = 2 * info.obs_dim + info.act_dim + 2
+    rows_fit = isinstance(rows, torch.Tensor) and rows.ndim == 2 and rows.shape[1] == width
+    step_fits = isinstance(progress, dict) and isinstance(progress.get("step"), int)
+    if not (rows_fit and step_fits and isinstance(rng, dict) and {"python", "numpy", "torch", "np_rng"} <= set(rng)):
+        raise UsageError(f"{path} holds learner rows, a step or RNG states of another kind; {fix}")
     return ckpt
 
 
@@ -1362,7 +1400,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
     if saved_path is None or not saved_path.exists():
         return args
-    saved = read_json(saved_path)
+    saved = load(saved_path, "args")
     if saved.get("script") != SCRIPT or not isinstance(saved.get("args"), dict):
         owner = saved.get("script") or "another script"
         raise UsageError(f"{args.run_dir} is a run dir of {owner}, not {SCRIPT}; pass another --run-dir")
@@ -1378,10 +1416,7 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
     expert phase runs), checkpoints by phase). A finished run dir returns (run dir, None, None, {})."""
     check_args(args)
     info, sizes = check_env_id(args.env_id)
-    try:
-        parse_rho_schedule(rho_schedule(args))
-    except ValueError as e:
-        raise UsageError(str(e))
+    parse_rho_schedule(rho_schedule(args))
     row_bytes = 4 * (2 * info.obs_dim + info.act_dim + 2)
     rows = min(args.sac.buffer_size, max(args.expert.timesteps, args.irl.total_timesteps))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
@@ -1396,7 +1431,7 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / "args.json").exists():
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
-        read_json(run_dir / "results.json")
+        load(run_dir / "results.json", "results")
         return run_dir, None, None, {}
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
@@ -1417,8 +1452,8 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
         check_writable(cache.parent, "--expert.experts-dir")
         if args.sac.learning_starts >= args.expert.timesteps:
             raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
-        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, False)
-    checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, True)
+        checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, "expert")
+    checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, "irl")
     return run_dir, info, demos, checkpoints
 
 
@@ -1440,7 +1475,7 @@ def start_run(args: Args, run_dir: Path) -> Run:
     for stale in [*run.dir.rglob("*.tmp"), *run.dir.rglob("*.tmp.webm")]:  # left by a killed write
         stale.unlink()
     config = dataclasses.asdict(args)
-    atomic_save(run.dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": config})
+    save(run.dir / "args.json", "args", script=SCRIPT, env_id=args.env_id, args=config)
     if args.track:
         import wandb
 

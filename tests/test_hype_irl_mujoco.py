@@ -137,7 +137,7 @@ def test_rho_schedule_values_at_chosen_steps():
 
 @pytest.mark.parametrize("spec", ["abc", "0.2,0.1", "1.5", "0.2,0.1,100;0.1,0.0,50", "0.2,0.1,0"])
 def test_rho_schedule_rejects_bad_specs(spec):
-    with pytest.raises(ValueError):
+    with pytest.raises(hy.UsageError, match="--irl.rho-schedule"):
         hy.parse_rho_schedule(spec)
 
 
