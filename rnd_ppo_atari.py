@@ -17,7 +17,6 @@ import contextlib
 import ctypes
 import dataclasses
 import difflib
-import io
 import json
 import os
 import random
@@ -1143,19 +1142,23 @@ class World:
 
 
 def parse_args(argv: Optional[list] = None) -> Args:
-    """tyro's parser, with its boxed error message reduced to one line on stderr (exit 2)."""
-    captured = io.StringIO()
+    """tyro's parser; a parse error becomes one line naming the flag, made from the fields of tyro's parse-error
+    event (no printed text is read), and exit 2. A tyro without that hook prints its own box (also exit 2)."""
+
+    def one_line(event) -> None:
+        if getattr(event, "tokens", None):
+            raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)}")
+        flag = getattr(event, "argument", None)
+        where = "/".join(flag.lowered.name_or_flags) + ": " if flag else ""
+        raise UsageError(where + getattr(event, "message", "a missing or bad value"))
+
+    errors = getattr(tyro, "_errors", None)
     try:
-        with contextlib.redirect_stderr(captured):
+        with errors.on_parse_error(one_line) if errors else contextlib.nullcontext():
             return tyro.cli(Args, args=argv)
-    except SystemExit as e:
-        lines = [ln.strip(" │╭╮╰╯─-") for ln in captured.getvalue().splitlines()]
-        lines = [ln for ln in lines if ln and not ln.startswith(("For full helptext", "Argument helptext"))]
-        if e.code:
-            print(f"error: {'; '.join(lines[:2])} (see --help)", file=sys.stderr)
-        else:
-            sys.stderr.write(captured.getvalue())
-        raise
+    except UsageError as e:
+        print(f"error: {e} (see --help)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
