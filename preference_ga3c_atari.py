@@ -286,6 +286,25 @@ def sample_actions(logits):
     return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
 
 
+class ByteDropout(nn.Module):
+    """Dropout with its keep-mask read off random bytes, eight per 64-bit draw: nn.Dropout's per-element Bernoulli
+    draws were ~40 % of a reward-model update on a CPU (5x slower than this). p is rounded to a multiple of 1/256."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p, self.threshold = p, min(round(p * 256), 255)  # p near 1 keeps at least 1 in 256
+
+    def forward(self, x):
+        if not self.training or self.threshold == 0:
+            return x
+        if x.device.type != "cpu":  # the GPU's Bernoulli kernel is fast
+            return F.dropout(x, self.p, True)
+        n = x.numel()
+        draws = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        keep = (draws.view(torch.uint8)[:n] >= self.threshold).view(x.shape)
+        return x * (keep.to(x.dtype) * (256 / (256 - self.threshold)))
+
+
 class RewardNet(nn.Module):
     """Christiano et al.'s Atari predictor: 4 convs (7x7/3, 5x5/2, 3x3/1, 3x3/1) x 16 filters, batch norm,
     dropout and leaky ReLU (0.01) on each, FC 64, a scalar r̂(o). Score rows are zeroed before the first conv."""
@@ -333,6 +352,49 @@ class RewardEnsemble(nn.Module):
     def forward(self, obs):
         raw = self.member_rewards(obs)
         return ((raw - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
+
+
+class FusedEnsemble(nn.Module):
+    """The reward ensemble as the trainer scores with it: batch norm folded into the convs and the members stacked as
+    grouped convs, so one pass scores every member (about 2x faster than member by member in bf16 on a CPU)."""
+
+    def __init__(self, model: RewardEnsemble):
+        super().__init__()
+        members, size = model.members, len(model.members)
+        layers, first = [], True
+        for i in range(0, len(members[0].convs) - 1, 4):  # (conv, batch norm, dropout, leaky ReLU) per layer
+            fused = [fuse_conv_bn_eval(m.convs[i], m.convs[i + 1]) for m in members]
+            conv = nn.Conv2d(
+                fused[0].in_channels * (1 if first else size),
+                fused[0].out_channels * size,
+                fused[0].kernel_size,
+                fused[0].stride,
+                groups=1 if first else size,
+            )
+            conv.weight.data, conv.bias.data = torch.cat([f.weight for f in fused]), torch.cat([f.bias for f in fused])
+            layers, first = layers + [conv, nn.LeakyReLU(0.01)], False
+        hidden, side = members[0].head[0].out_features, int((members[0].head[0].in_features // 16) ** 0.5)
+        fc = nn.Conv2d(16 * size, hidden * size, side, groups=size)  # each member's FC as a full-frame conv
+        fc.weight.data = torch.cat([m.head[0].weight.view(hidden, 16, side, side) for m in members])
+        fc.bias.data = torch.cat([m.head[0].bias for m in members])
+        out = nn.Conv2d(hidden * size, size, 1, groups=size)
+        out.weight.data = torch.cat([m.head[2].weight.view(1, hidden, 1, 1) for m in members])
+        out.bias.data = torch.cat([m.head[2].bias for m in members])
+        self.convs = nn.Sequential(*layers).to(model.mean.device, memory_format=torch.channels_last)
+        self.head = nn.Sequential(fc, nn.LeakyReLU(0.01), out, nn.Flatten()).to(model.mean.device)
+        self.bf16, self.output_std = members[0].bf16, model.output_std
+        self.register_buffer("scale", members[0].scale.clone())
+        self.register_buffer("mean", model.mean.clone())
+        self.register_buffer("std", model.std.clone())
+
+    def member_rewards(self, obs):
+        """(E, N) raw r̂ of every member, as RewardEnsemble.member_rewards in eval mode."""
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
+            features = self.convs(scaled_pixels(obs, self.scale, self.bf16)).float()
+        return self.head(features).T
+
+    def forward(self, obs):
+        return ((self.member_rewards(obs) - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1181,68 +1243,6 @@ def main(args: Args) -> int:
 # ---- run management ----------------------------------------------------------------------------------------
 # Everything below is plumbing a reader of the algorithm can skip: validation, resume, logging, signals, files.
 SCRIPT = "preference_ga3c_atari.py"
-
-
-class ByteDropout(nn.Module):
-    """Dropout with its keep-mask read off random bytes, eight per 64-bit draw: nn.Dropout's per-element Bernoulli
-    draws were ~40 % of a reward-model update on a CPU (5x slower than this). p is rounded to a multiple of 1/256."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p, self.threshold = p, min(round(p * 256), 255)  # p near 1 keeps at least 1 in 256
-
-    def forward(self, x):
-        if not self.training or self.threshold == 0:
-            return x
-        if x.device.type != "cpu":  # the GPU's Bernoulli kernel is fast
-            return F.dropout(x, self.p, True)
-        n = x.numel()
-        draws = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-        keep = (draws.view(torch.uint8)[:n] >= self.threshold).view(x.shape)
-        return x * (keep.to(x.dtype) * (256 / (256 - self.threshold)))
-
-
-class FusedEnsemble(nn.Module):
-    """The reward ensemble as the trainer scores with it: batch norm folded into the convs and the members stacked as
-    grouped convs, so one pass scores every member (about 2x faster than member by member in bf16 on a CPU)."""
-
-    def __init__(self, model: RewardEnsemble):
-        super().__init__()
-        members, size = model.members, len(model.members)
-        layers, first = [], True
-        for i in range(0, len(members[0].convs) - 1, 4):  # (conv, batch norm, dropout, leaky ReLU) per layer
-            fused = [fuse_conv_bn_eval(m.convs[i], m.convs[i + 1]) for m in members]
-            conv = nn.Conv2d(
-                fused[0].in_channels * (1 if first else size),
-                fused[0].out_channels * size,
-                fused[0].kernel_size,
-                fused[0].stride,
-                groups=1 if first else size,
-            )
-            conv.weight.data, conv.bias.data = torch.cat([f.weight for f in fused]), torch.cat([f.bias for f in fused])
-            layers, first = layers + [conv, nn.LeakyReLU(0.01)], False
-        hidden, side = members[0].head[0].out_features, int((members[0].head[0].in_features // 16) ** 0.5)
-        fc = nn.Conv2d(16 * size, hidden * size, side, groups=size)  # each member's FC as a full-frame conv
-        fc.weight.data = torch.cat([m.head[0].weight.view(hidden, 16, side, side) for m in members])
-        fc.bias.data = torch.cat([m.head[0].bias for m in members])
-        out = nn.Conv2d(hidden * size, size, 1, groups=size)
-        out.weight.data = torch.cat([m.head[2].weight.view(1, hidden, 1, 1) for m in members])
-        out.bias.data = torch.cat([m.head[2].bias for m in members])
-        self.convs = nn.Sequential(*layers).to(model.mean.device, memory_format=torch.channels_last)
-        self.head = nn.Sequential(fc, nn.LeakyReLU(0.01), out, nn.Flatten()).to(model.mean.device)
-        self.bf16, self.output_std = members[0].bf16, model.output_std
-        self.register_buffer("scale", members[0].scale.clone())
-        self.register_buffer("mean", model.mean.clone())
-        self.register_buffer("std", model.std.clone())
-
-    def member_rewards(self, obs):
-        """(E, N) raw r̂ of every member, as RewardEnsemble.member_rewards in eval mode."""
-        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
-            features = self.convs(scaled_pixels(obs, self.scale, self.bf16)).float()
-        return self.head(features).T
-
-    def forward(self, obs):
-        return ((self.member_rewards(obs) - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
 
 
 class UsageError(Exception):
