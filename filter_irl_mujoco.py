@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
@@ -42,6 +43,8 @@ import tyro
 from tqdm import tqdm
 
 SCRIPT = "filter_irl_mujoco.py"
+VIDEO_SIZE = 240  # rendered frame width and height
+PROGRESS_BAR = dict(dynamic_ncols=True, mininterval=2)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
 DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
@@ -171,6 +174,9 @@ class EnvInfo:  # what the phases need to know about the env, read once by valid
     act_dim: int
     low: np.ndarray
     high: np.ndarray
+
+    def random_action(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(self.low, self.high).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- Environments
@@ -383,6 +389,11 @@ class ReplayBuffer:
             getattr(self, k)[: len(state[k])] = state[k].to(self.device)
 
 
+def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
+    """Replay rows to allocate: the phase's budget (capped by --sac.buffer-size), or what a checkpoint holds."""
+    return min(cfg.buffer_size, max(budget, len(ckpt["rb"]["obs"]) if ckpt else 0))
+
+
 class SAC:
     """CleanRL's SAC (sac_continuous_action.py), twin Q as one batched module; updates return tensors (no sync)."""
 
@@ -472,17 +483,47 @@ def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn: Optional[
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- Phases
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, video: Optional[Path] = None):
-    """Deterministic episodes (trembling hand as in training, like the reference); `video`: the first one recorded."""
+# ---- Logging
+def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
+    """The losses as floats; NonFiniteLoss (exit 3) on NaN or inf instead of training on it."""
+    values = {k: float(v.detach()) for k, v in losses.items()}
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}")
+    return values
+
+
+def log_losses(writer, phase: str, losses: dict, agent: SAC, step: int, sps, disc_env_steps=0):
+    """The expert's losses under expert/*; the learner's under CleanRL's tags, its relabelled
+    reward under irl/."""
+    values = check_finite(losses, phase, step)
+    values["alpha"] = float(agent.log_alpha.detach().exp())
+    if phase == "expert":
+        tags = {f"expert/{k}": v for k, v in values.items()} | {"expert/SPS": sps}
+    else:
+        rename = {"rewards": "irl/relabelled_reward"}
+        tags = {rename.get(k, f"losses/{k}"): v for k, v in values.items()}
+        tags["charts/learning_rate"] = agent.cfg.policy_lr
+        tags["irl/total_env_steps"] = step + disc_env_steps
+        tags["charts/SPS"] = sps
+    for tag, value in tags.items():
+        if value is not None:  # no SPS before the first update
+            writer.add_scalar(tag, value, step)
+
+
+# ---- Phases
+def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, video=None):
+    """Deterministic episodes with the trembling hand of training (as the reference);
+    `video`: a path to record the first one to."""
     returns, frames = [], []
     rng = np.random.default_rng(seed)
     for i in range(episodes):
         env = make_env(env_id, seed, render=video is not None and i == 0)
+        low, high = env.action_space.low, env.action_space.high
         obs, _ = env.reset(seed=seed + i)
         ret, done = 0.0, False
         while not done:
-            action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
+            action = tremble(actor.act(obs[None])[0], rng, p_tremble, low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
             ret, done = ret + float(reward), terminated or truncated
             if env.render_mode:
@@ -494,9 +535,9 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     return returns
 
 
-def train_expert(args: Args, info: EnvInfo, ckpt: Optional[dict], run_dir: Path, writer) -> tuple[SAC, list]:
-    """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`; resumable from checkpoints/expert.pt.
-    Returns the agent and its training curve [(step, episodic return)]."""
+def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tuple[SAC, list]:
+    """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`, resumable from
+    checkpoints/expert.pt. Returns the agent and its curve [(step, episodic return)]."""
     env, device = make_env(args.env_id, args.seed), pick_device(args)
     agent = SAC(info, args.sac, device)
     np_rng = np.random.default_rng(args.seed)
@@ -506,16 +547,17 @@ def train_expert(args: Args, info: EnvInfo, ckpt: Optional[dict], run_dir: Path,
     if ckpt:
         progress = restore_checkpoint(ckpt, np_rng, [env], agent=agent, rb=rb)
         print(f"expert phase: resuming at step {progress['step']}", file=sys.stderr)
-    ckpt_path = run_dir / "checkpoints" / "expert.pt"
+    where = (run_dir / "checkpoints" / "expert.pt", "expert_checkpoint", np_rng, [env], progress)
+    checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb)  # everything, every RNG
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
-    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", dynamic_ncols=True, mininterval=2) as bar:
+    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", **PROGRESS_BAR) as bar:
         while step < args.expert.timesteps:
             if STOP.is_set():
-                save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
+                checkpoint()
                 raise Interrupted("expert phase", step)
             explore = step < args.sac.learning_starts  # uniform random actions first
-            action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
+            action = info.random_action(np_rng) if explore else agent.act(obs)
             next_obs, reward, terminated, truncated, _ = env.step(action)
             rb.add(obs, action, next_obs, terminated, reward)
             ret, length, obs = ret + float(reward), length + 1, next_obs
@@ -531,43 +573,49 @@ def train_expert(args: Args, info: EnvInfo, ckpt: Optional[dict], run_dir: Path,
                 meter.start(step - 1)
                 losses = sac_train_step(agent, rb, step)
                 if step % args.log_frequency == 0:
-                    log_losses(writer, "expert", losses, agent, step, meter)
+                    log_losses(writer, "expert", losses, agent, step, meter.sps(step))
             if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
-                plot_curves(run_dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
+                checkpoint()
+                plot_curves(run_dir, args, [], float("nan"), progress["curve"])
             bar.update(1)
-    save_checkpoint(ckpt_path, "expert_checkpoint", np_rng, [env], progress, agent=agent, rb=rb)
+    checkpoint()
     env.close()
     return agent, progress["curve"]
 
 
 def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
-    """Roll out `num_demos` deterministic complete episodes with reset seeds 0, 1, 2, ... recording the MuJoCo
-    state (qpos, qvel, qacc_warmstart) BEFORE each step (the demos.npz format of docs/filter_irl_mujoco.md)."""
+    """Roll out `num_demos` deterministic complete episodes with reset seeds 0, 1, 2, ...,
+    recording the MuJoCo state (qpos, qvel, qacc_warmstart) BEFORE each step (the demos.npz
+    format of docs/filter_irl_mujoco.md)."""
     env = make_env(env_id, 0)
+    low, high = env.action_space.low, env.action_space.high
     keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts")
-    rec: dict[str, list] = {k: [] for k in keys + ("episode_ids", "episode_starts", "timesteps") + STATE_KEYS}
+    keys += ("episode_ids", "episode_starts", "timesteps", *STATE_KEYS)
+    rec: dict[str, list] = {k: [] for k in keys}
     returns, data = [], env.unwrapped.data
     for ep in range(num_demos):
         obs, _ = env.reset(seed=ep)
         t, ret, done = 0, 0.0, False
         while not done:
             state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
-            action = np.clip(agent.act(obs, deterministic=True), env.action_space.low, env.action_space.high)
+            action = np.clip(agent.act(obs, deterministic=True), low, high)
             next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
-            for k, v in zip(rec, (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, *state)):
+            row = (obs, action, next_obs, reward, terminated, truncated, ep, t == 0, t, *state)
+            for k, v in zip(rec, row):
                 rec[k].append(v)
             obs, t, ret, done = next_obs, t + 1, ret + float(reward), terminated or truncated
         returns.append(ret)
     env.close()
     demos = {k: np.asarray(v, dtype=DEMO_FORMAT[k][0]) for k, v in rec.items()}
-    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64))
+    demos["returns"] = np.asarray(returns, np.float64)
+    demos["seeds"] = np.arange(num_demos, dtype=np.int64)
     demos["env_id"] = np.array(env_id)
     return demos
 
 
 def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int) -> tuple[np.ndarray, int]:
-    """Fresh complete trajectories of the current (stochastic) policy; returns their (s, a) pairs and env steps."""
+    """Fresh complete trajectories of the current (stochastic) policy: their (s, a) pairs and
+    env steps."""
     pairs = []
     for _ in range(num_traj):
         obs, done = env.reset(), False
@@ -578,93 +626,98 @@ def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int) -> tuple[n
     return np.stack(pairs), len(pairs)
 
 
-def update_discriminator(disc: Discriminator, expert_pairs, learner_pairs, k: int, cfg: DiscArgs) -> dict:
-    """Outer iteration k: a FRESH Adam at lr0 / max(1, k) (the reference re-creates its OAdam each iteration, so no
-    optimiser state carries over), `steps` steps on batch_size expert vs learner pairs (with replacement)."""
+def update_discriminator(disc, expert_pairs, learner_pairs, k: int, cfg: DiscArgs) -> dict:
+    """Outer iteration k: a FRESH Adam at lr0 / max(1, k) (the reference re-creates its OAdam
+    each iteration, so no optimiser state carries over), then `steps` steps on `batch_size`
+    expert vs learner pairs drawn with replacement."""
     lr = disc_learning_rate(cfg.lr, k)
     optimizer = torch.optim.Adam(disc.parameters(), lr=lr, betas=(0.9, 0.999))
-    device = expert_pairs.device
+    device, n = expert_pairs.device, cfg.batch_size
     for _ in range(cfg.steps):
-        xe = expert_pairs[torch.randint(len(expert_pairs), (cfg.batch_size,), device=device)]
-        xl = learner_pairs[torch.randint(len(learner_pairs), (cfg.batch_size,), device=device)]
-        alpha = torch.rand(cfg.batch_size, 1, device=device)
+        xe = expert_pairs[torch.randint(len(expert_pairs), (n,), device=device)]
+        xl = learner_pairs[torch.randint(len(learner_pairs), (n,), device=device)]
+        alpha = torch.rand(n, 1, device=device)
         loss, ipm, gp = discriminator_loss(disc, xe, xl, alpha, cfg.gp_weight, cfg.gp_target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    stats = check_finite({"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}, "discriminator", k)
-    return {**stats, "disc_learning_rate": lr}
+    losses = {"disc_loss": loss, "ipm": ipm, "gradient_penalty": gp}
+    return {**check_finite(losses, "discriminator", k), "disc_learning_rate": lr}
+
+
+def outer_iteration(agent, disc, env: LearnerEnv, expert_pairs, progress: dict, cfg: DiscArgs):
+    """Outer iteration k = progress["k"]: a discriminator update on fresh learner trajectories vs
+    the expert's pairs; counts their env steps in `progress` and returns the stats to log."""
+    k = progress["k"]
+    pairs, n = collect_learner_pairs(agent, env, cfg.trajectories)
+    progress["disc_env_steps"] += n
+    pairs = torch.as_tensor(pairs, device=expert_pairs.device)
+    stats = update_discriminator(disc, expert_pairs, pairs, k, cfg)
+    progress["k"] = k + 1
+    return {**stats, "outer_iteration": k, "disc_env_steps": progress["disc_env_steps"]}
 
 
 def evaluate_learner(agent: SAC, args: Args, progress: dict, expert_return: float, writer) -> dict:
-    """Evaluate, append to the history and log."""
-    rets = evaluate(agent.actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.irl.p_tremble)
-    mean, step, total = float(np.mean(rets)), progress["step"], progress["step"] + progress["disc_env_steps"]
+    """Evaluate the learner, append the result to progress["history"] and log it."""
+    seed, episodes = args.seed + 10_000, args.eval.episodes
+    rets = evaluate(agent.actor, args.env_id, episodes, seed, args.irl.p_tremble)
+    mean, step = float(np.mean(rets)), progress["step"]
+    total = step + progress["disc_env_steps"]
     normalized = float(mean / expert_return) if expert_return != 0 else float("nan")
-    entry = dict(policy_steps=step, total_env_steps=total, mean=mean, std=float(np.std(rets)), normalized=normalized)
-    entry["returns"] = rets
+    entry = dict(policy_steps=step, total_env_steps=total, mean=mean, std=float(np.std(rets)))
+    entry.update(normalized=normalized, returns=rets)
     progress["history"].append(entry)
     writer.add_scalar("eval/episodic_return", mean, step)
-    writer.add_scalar("eval/normalized_return", entry["normalized"], step)
-    writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, entry["total_env_steps"])
+    writer.add_scalar("eval/normalized_return", normalized, step)
+    writer.add_scalar("eval/episodic_return_vs_total_env_steps", mean, total)
     return entry
 
 
-def train_irl(
-    args: Args,
-    info: EnvInfo,
-    demos: dict,
-    ckpt: Optional[dict],
-    run_dir: Path,
-    writer,
-    expert_curve=(),
-    env_fn=make_env,
-) -> tuple:
-    """IRL phase: outer iterations of (discriminator step on fresh learner vs expert pairs, then `train_every` SAC
-    steps, every sampled transition relabelled by the current discriminator) -> (agent, progress). `env_fn`: tests."""
-    env, disc_env = envs = [env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)]
-    np_rng = np.random.default_rng(args.seed)
-    learner_env = LearnerEnv(env, demos, args.irl.reset_prob, args.irl.p_tremble, np_rng)
-    disc_reset_prob = args.irl.reset_prob if args.disc.reset else 0.0
-    disc_learner_env = LearnerEnv(disc_env, demos, disc_reset_prob, args.irl.p_tremble, np_rng)
-    disc_env.reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; later resets continue it
+def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=make_env):
+    """IRL phase: outer iterations of one discriminator update, then `train_every` SAC steps on
+    rewards relabelled by the current discriminator -> (agent, progress). `env_fn`: tests."""
+    envs = [env_fn(args.env_id, args.seed), env_fn(args.env_id, args.seed + 1)]
+    np_rng, cfg = np.random.default_rng(args.seed), args.irl
+    learner_env = LearnerEnv(envs[0], demos, cfg.reset_prob, cfg.p_tremble, np_rng)
+    disc_reset_prob = cfg.reset_prob if args.disc.reset else 0.0
+    disc_env = LearnerEnv(envs[1], demos, disc_reset_prob, cfg.p_tremble, np_rng)
+    envs[1].reset(seed=args.seed + 1)  # seeds the discriminator env's RNG; resets continue it
     device = pick_device(args)
     agent = SAC(info, args.sac, device)
     disc = Discriminator(info.obs_dim, info.act_dim, args.sac.hidden_dim).to(device)
-    expert_pairs = torch.as_tensor(np.concatenate([demos["observations"], demos["actions"]], 1), device=device)
+    expert_pairs = np.concatenate([demos["observations"], demos["actions"]], 1)
+    expert_pairs = torch.as_tensor(expert_pairs, device=device)
     expert_return = float(np.mean(demos["returns"]))
-    rows = buffer_rows(args.sac, args.irl.total_timesteps, ckpt)
-    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=False)  # rewards: discriminator's
-    progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "next_eval": args.eval.frequency}
+    rows = buffer_rows(args.sac, cfg.total_timesteps, ckpt)
+    rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=False)
+    progress = dict(step=0, disc_env_steps=0, k=0, episodes=0, history=[])
+    progress["next_eval"] = args.eval.frequency
     if ckpt:
         progress = restore_checkpoint(ckpt, np_rng, envs, agent=agent, rb=rb, disc=disc)
-        print(f"IRL phase: resuming at step {progress['step']} (outer iteration {progress['k']})", file=sys.stderr)
-    ckpt_path, absorbing, meter = run_dir / "checkpoints" / "irl.pt", args.irl.terminal_reward == "min", SPSMeter()
+        resumed = f"step {progress['step']} (outer iteration {progress['k']})"
+        print(f"IRL phase: resuming at {resumed}", file=sys.stderr)
+    where = (run_dir / "checkpoints" / "irl.pt", "irl_checkpoint", np_rng, envs, progress)
+    checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb, disc=disc)
+    reward_fn = partial(relabel_rewards, disc)  # a batch's rewards: -f(s, a) under the current f
     obs = learner_env.reset(seed=args.seed + progress["episodes"])
-    ret, length, step = 0.0, 0, progress["step"]
-    desc = f"IRL (reset {args.irl.reset_prob})"
-    with tqdm(total=args.irl.total_timesteps, initial=step, desc=desc, dynamic_ncols=True, mininterval=2) as bar:
-        while step < args.irl.total_timesteps:
+    ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
+    desc = f"IRL (reset {cfg.reset_prob})"
+    with tqdm(total=cfg.total_timesteps, initial=step, desc=desc, **PROGRESS_BAR) as bar:
+        while step < cfg.total_timesteps:
             if STOP.is_set():
-                save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
+                checkpoint()
                 raise Interrupted("IRL phase", step)
-            if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
-                # Outer iteration k: discriminator step on fresh learner trajectories vs the expert's pairs.
-                pairs, n = collect_learner_pairs(agent, disc_learner_env, args.disc.trajectories)
-                progress["disc_env_steps"] += n
-                pairs = torch.as_tensor(pairs, device=device)
-                stats = update_discriminator(disc, expert_pairs, pairs, progress["k"], args.disc)
-                stats.update(outer_iteration=progress["k"], disc_env_steps=progress["disc_env_steps"])
+            if step % cfg.train_every == 0 and progress["k"] <= step // cfg.train_every:
+                stats = outer_iteration(agent, disc, disc_env, expert_pairs, progress, args.disc)
                 for name, value in stats.items():
                     writer.add_scalar(f"irl/{name}", value, step)
-                progress["k"] += 1
             explore = step < args.sac.learning_starts  # uniform random actions first
-            action = np_rng.uniform(info.low, info.high).astype(np.float32) if explore else agent.act(obs)
+            action = info.random_action(np_rng) if explore else agent.act(obs)
             action, next_obs, env_reward, terminated, truncated = learner_env.step(action)
-            rb.add(obs, action, next_obs, terminated)  # no reward: the learner's rewards come from the discriminator
-            ret, length, obs = ret + float(env_reward), length + 1, next_obs  # true return, for logging only
+            rb.add(obs, action, next_obs, terminated)  # no reward: the discriminator gives it
+            ret, length, obs = ret + float(env_reward), length + 1, next_obs  # logged only
             if terminated or truncated:
-                if learner_env.from_expert:  # a partial return: logged apart from charts/episodic_return
+                if learner_env.from_expert:  # a partial return, logged apart
                     writer.add_scalar("irl/reset_episodic_return", ret, step)
                 else:
                     writer.add_scalar("charts/episodic_return", ret, step)
@@ -675,27 +728,29 @@ def train_irl(
             progress["step"] = step = step + 1
             if step > args.sac.learning_starts:
                 meter.start(step - 1)
-                losses = sac_train_step(agent, rb, step, lambda o, a: relabel_rewards(disc, o, a), absorbing)
+                losses = sac_train_step(agent, rb, step, reward_fn, cfg.terminal_reward == "min")
                 if step % args.log_frequency == 0:
-                    log_losses(writer, "IRL learner", losses, agent, step, meter, progress["disc_env_steps"])
+                    sps, disc_steps = meter.sps(step), progress["disc_env_steps"]
+                    log_losses(writer, "IRL learner", losses, agent, step, sps, disc_steps)
             if step >= progress["next_eval"]:
                 with meter.paused():  # evaluation time is not training time
                     entry = evaluate_learner(agent, args, progress, expert_return, writer)
-                    plot_curves(run_dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
+                    plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
                 progress["next_eval"] += args.eval.frequency
-                bar.write(f"step {step}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
-                if args.irl.stop_at_normalized is not None and entry["normalized"] >= args.irl.stop_at_normalized:
+                mean, normalized = entry["mean"], entry["normalized"]
+                bar.write(f"step {step}: eval return {mean:.1f} ({normalized:.2f} of expert)")
+                if cfg.stop_at_normalized is not None and normalized >= cfg.stop_at_normalized:
                     break
             if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
+                checkpoint()
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
         evaluate_learner(agent, args, progress, expert_return, writer)
     progress["SPS"] = meter.sps(progress["step"])
-    plot_curves(run_dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
-    save_checkpoint(ckpt_path, "irl_checkpoint", np_rng, envs, progress, agent=agent, rb=rb, disc=disc)
-    env.close()
-    disc_env.close()
+    plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
+    checkpoint()
+    for env in envs:
+        env.close()
     return agent, progress
 
 
@@ -736,8 +791,36 @@ def irl_results(args: Args, demos: dict, progress: dict) -> dict:
     return results
 
 
+def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: dict, writer):
+    """Expert phase (unless demos were given or cached), IRL phase, policy.pt, results.json."""
+    expert_curve = []
+    if demos is None:  # train the expert on the true reward and record its demos in the cache
+        expert, expert_curve = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
+        demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
+        demos = write_expert_cache(args, expert, demos)
+    if args.expert.only:
+        return
+    ckpt = checkpoints.get("irl")
+    agent, progress = train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve)
+    results = irl_results(args, demos, progress)
+    if args.save_model:
+        save_policy(run_dir / "policy.pt", agent.actor, args, info)
+    if args.capture_video:
+        video = run_dir / "videos" / "final.webm"
+        evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, video)
+    save(run_dir / "results.json", "results", **results)
+    mean, std, normalized = results["eval_mean"], results["eval_std"], results["normalized_return"]
+    print(f"final eval return {mean:.1f} +- {std:.1f} ({normalized:.2f} of expert)")
+
+
+# ---- run management ----
+# Everything below is plumbing a reader of the algorithm can skip: the command line and exit codes,
+# saving and loading, plots, video, the expert cache, validation.
+MINARI_PREFIX = "minari:"
+
+
 def main(argv: Optional[list[str] | Args] = None) -> None:
-    """Parse (or take) and validate everything, then: expert phase (or the cache) -> IRL phase -> policy.pt."""
+    """Parse (or take) and validate everything, run the pipeline; one exit code per outcome."""
     try:
         args = argv if isinstance(argv, Args) else parse_args(argv)
         if args.eval_only:
@@ -751,23 +834,7 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         return
     writer = start_run(args, run_dir)
     try:
-        expert_curve = []
-        if demos is None:  # no cached or given demos: train the expert and record them
-            expert, expert_curve = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
-            demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
-            demos = write_expert_cache(args, expert, demos)
-        if args.expert.only:
-            return finish_run(run_dir, writer)
-        agent, progress = train_irl(args, info, demos, checkpoints.get("irl"), run_dir, writer, expert_curve)
-        results = irl_results(args, demos, progress)
-        if args.save_model:
-            save_policy(run_dir / "policy.pt", agent.actor, args, info)
-        if args.capture_video:
-            video = run_dir / "videos/final.webm"
-            evaluate(agent.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, video)
-        save(run_dir / "results.json", "results", **results)
-        mean, std, normalized = results["eval_mean"], results["eval_std"], results["normalized_return"]
-        print(f"final eval return {mean:.1f} +- {std:.1f} ({normalized:.2f} of expert)")
+        run_pipeline(args, run_dir, info, demos, checkpoints, writer)
     except NonFiniteLoss as e:
         finish_run(run_dir, writer, f"error: {e}; lower the learning rates or check the demos")
         raise SystemExit(3)
@@ -776,12 +843,6 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         finish_run(run_dir, writer, f"interrupted in the {phase} at step {step}: checkpoint saved; re-run to resume")
         raise SystemExit(130)
     finish_run(run_dir, writer)
-
-
-# ---- run management ----
-# Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
-MINARI_PREFIX = "minari:"
-VIDEO_SIZE = 240  # rendered frame width and height
 
 
 class SPSMeter:
@@ -850,11 +911,6 @@ def load(path: Path, kind: str) -> dict:
     return data
 
 
-def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
-    """Replay rows to allocate: the phase's budget (capped by --sac.buffer-size), or what a checkpoint holds."""
-    return min(cfg.buffer_size, max(budget, len(ckpt["rb"]["obs"]) if ckpt else 0))
-
-
 def save_checkpoint(path: Path, kind: str, np_rng, envs: list, progress: dict, **parts) -> None:
     """save() of the parts' state dicts (agent, replay, discriminator), the progress counters and every RNG."""
     rng = {"python": random.getstate(), "numpy": np_rng.bit_generator.state, "torch": torch.get_rng_state()}
@@ -879,32 +935,9 @@ def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
     return dict(ckpt["progress"])
 
 
-# ---- logging, plots, video, evaluation of a saved policy
-def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
-    values = {k: float(v.detach()) for k, v in losses.items()}
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
-        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}")
-    return values
-
-
-def log_losses(writer, phase: str, losses: dict, agent: SAC, step: int, meter: SPSMeter, disc_env_steps=None):
-    """The expert's losses under expert/*; the learner's under CleanRL's tags, its relabelled reward under irl/."""
-    values = {**check_finite(losses, phase, step), "alpha": float(agent.log_alpha.detach().exp())}
-    sps = meter.sps(step)
-    if phase == "expert":
-        tags = {f"expert/{k}": v for k, v in values.items()} | {"expert/SPS": sps}
-    else:
-        tags = {"irl/relabelled_reward" if k == "rewards" else f"losses/{k}": v for k, v in values.items()}
-        tags.update({"charts/learning_rate": agent.cfg.policy_lr, "irl/total_env_steps": step + disc_env_steps})
-        tags["charts/SPS"] = sps
-    for tag, value in tags.items():
-        if value is not None:  # no SPS before the first update
-            writer.add_scalar(tag, value, step)
-
-
-def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
-    """learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
+# ---- plots, video, evaluation of a saved policy
+def plot_curves(run_dir: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
+    """run_dir/learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
     (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing to close
 
@@ -927,7 +960,7 @@ def plot_curves(path: Path, args: Args, history: list, expert_return: float, exp
     method = "FILTER" if args.irl.reset_prob > 0 else "MM"
     fig.suptitle(f"{args.env_id}: {method} (reset {args.irl.reset_prob}), seed {args.seed}")
     fig.tight_layout()
-    save(path, "plot", figure=fig)
+    save(run_dir / "learning_curve.png", "plot", figure=fig)
 
 
 def write_video(path: Path, frames: list, fps: int) -> None:
