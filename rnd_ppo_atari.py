@@ -114,15 +114,30 @@ class Args:
 
 # ---- Environments
 def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
-    """ale-py's C++ vector env with every semantic choice of the paper set explicitly. Same-step autoreset: a done
-    step returns the reset observation and puts the true last one in info["final_obs"] (no wasted transition)."""
+    """ale-py's C++ vector env with every semantic choice of the paper set explicitly.
+    Same-step autoreset: a done step returns the reset observation and puts the true
+    last one in info["final_obs"] (no wasted transition)."""
     from ale_py.vector_env import AtariVectorEnv
 
-    settings = dict(repeat_action_probability=env_args.sticky_action_prob, full_action_space=False)
-    settings |= dict(max_num_frames_per_episode=env_args.max_episode_frames, num_threads=env_args.env_threads)
-    settings |= dict(noop_max=0, use_fire_reset=False, episodic_life=False)  # Table 2: no random starts, no FireReset
-    settings |= dict(reward_clipping=False, autoreset_mode="SameStep", frameskip=4, maxpool=True, stack_num=4)
-    envs = AtariVectorEnv(game=rom, num_envs=num_envs, grayscale=True, img_height=84, img_width=84, **settings)
+    envs = AtariVectorEnv(
+        game=rom,
+        num_envs=num_envs,
+        grayscale=True,
+        img_height=84,
+        img_width=84,
+        repeat_action_probability=env_args.sticky_action_prob,
+        full_action_space=False,
+        max_num_frames_per_episode=env_args.max_episode_frames,
+        num_threads=env_args.env_threads,
+        noop_max=0,  # Table 2: no random starts, no FireReset
+        use_fire_reset=False,
+        episodic_life=False,
+        reward_clipping=False,
+        autoreset_mode="SameStep",
+        frameskip=4,
+        maxpool=True,
+        stack_num=4,
+    )
     envs.reset(seed=np.arange(seed, seed + num_envs, dtype=np.int64))
     return envs
 
@@ -132,21 +147,28 @@ def rom_to_camel(rom: str) -> str:
 
 
 def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
-    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's vector env, it has RAM."""
+    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's
+    vector env, it has RAM."""
     import ale_py
     import gymnasium as gym
 
     gym.register_envs(ale_py)
-    settings = dict(repeat_action_probability=env_args.sticky_action_prob, frameskip=1, full_action_space=False)
-    settings |= dict(max_num_frames_per_episode=env_args.max_episode_frames)
-    env = gym.make(f"ALE/{rom_to_camel(rom)}-v5", render_mode="rgb_array" if render else None, **settings)
+    env = gym.make(
+        f"ALE/{rom_to_camel(rom)}-v5",
+        render_mode="rgb_array" if render else None,
+        repeat_action_probability=env_args.sticky_action_prob,
+        frameskip=1,
+        full_action_space=False,
+        max_num_frames_per_episode=env_args.max_episode_frames,
+    )
     env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
     env = gym.wrappers.FrameStackObservation(env, 4)
     env.reset(seed=seed)
     return env
 
 
-# RAM byte holding the current room, as read by OpenAI's MontezumaInfoWrapper; rooms are logged for these games only.
+# The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
+# rooms are logged for these games only.
 ROOM_RAM_ADDRESS = {"montezuma_revenge": 3, "pitfall": 1}
 
 
@@ -158,26 +180,42 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 def conv_encoder(in_channels: int, last_kernel: int, activation) -> nn.Sequential:
-    """Conv 32-8-4, 64-4-2, 64-k-1, each followed by the activation, then flatten (policy k = 4, Nature CNN 3)."""
-    specs = ((in_channels, 32, 8, 4), (32, 64, 4, 2), (64, 64, last_kernel, 1))
-    layers = [layer for i, o, k, s in specs for layer in (layer_init(nn.Conv2d(i, o, k, stride=s)), activation())]
-    return nn.Sequential(*layers, nn.Flatten())
+    """Conv 32-8-4, 64-4-2, 64-k-1, each followed by the activation, then flatten."""
+    return nn.Sequential(
+        layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+        activation(),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+        activation(),
+        layer_init(nn.Conv2d(64, 64, last_kernel, stride=1)),
+        activation(),
+        nn.Flatten(),
+    )
 
 
 class Agent(nn.Module):
-    """OpenAI's policy: x/255 -> conv 32-8-4, 64-4-2, 64-4-1 -> fc 256 [-> GRU] -> fc 448 = X; value trunk
-    X + relu(fc(X)) -> (V_ext, V_int); action trunk X + relu(fc(X)) -> logits. Channels-last weights and
-    activations: oneDNN's CPU convolutions ran ~1.4x faster (docs, speed section)."""
+    """OpenAI's policy: x/255 -> conv 32-8-4, 64-4-2, 64-4-1 -> fc 256 [-> GRU] -> fc 448 = X;
+    value trunk X + relu(fc(X)) -> (V_ext, V_int); action trunk X + relu(fc(X)) -> logits.
+    Channels-last weights and activations: oneDNN's CPU convolutions ran ~1.4x faster."""
 
-    def __init__(self, n_actions: int, rnn_hidden_layers: int = 0, rnn_hidden_size: int = 256, env_id: str = ""):
+    def __init__(self, n_actions: int, rnn_hidden_layers=0, rnn_hidden_size=256, env_id=""):
         super().__init__()
         self.env_id, self.env_config, self.act_state = env_id, {}, None
-        self.config = dict(n_actions=int(n_actions), rnn_hidden_layers=rnn_hidden_layers)
-        self.config["rnn_hidden_size"] = rnn_hidden_size
-        self.encoder = nn.Sequential(*conv_encoder(4, 4, nn.ReLU), layer_init(nn.Linear(64 * 6 * 6, 256)), nn.ReLU())
+        self.config = dict(
+            n_actions=int(n_actions),
+            rnn_hidden_layers=rnn_hidden_layers,
+            rnn_hidden_size=rnn_hidden_size,
+        )
+        self.encoder = nn.Sequential(
+            *conv_encoder(4, 4, nn.ReLU),
+            layer_init(nn.Linear(64 * 6 * 6, 256)),
+            nn.ReLU(),
+        )
         self.rnn_layers, self.rnn_size = rnn_hidden_layers, rnn_hidden_size
-        self.rnn = nn.GRU(256, rnn_hidden_size, num_layers=rnn_hidden_layers) if rnn_hidden_layers > 0 else None
-        self.fc = nn.Sequential(layer_init(nn.Linear(rnn_hidden_size if self.rnn else 256, 448)), nn.ReLU())
+        self.rnn = None
+        if rnn_hidden_layers > 0:
+            self.rnn = nn.GRU(256, rnn_hidden_size, num_layers=rnn_hidden_layers)
+        fc_in = rnn_hidden_size if self.rnn else 256
+        self.fc = nn.Sequential(layer_init(nn.Linear(fc_in, 448)), nn.ReLU())
         self.value_trunk = layer_init(nn.Linear(448, 448), std=0.1)
         self.action_trunk = layer_init(nn.Linear(448, 448), std=0.1)
         self.actor = layer_init(nn.Linear(448, n_actions), std=0.01)
@@ -190,10 +228,12 @@ class Agent(nn.Module):
         return torch.zeros(self.rnn_layers, batch, self.rnn_size, device=device)
 
     def forward(self, obs: torch.Tensor, state: torch.Tensor, first: torch.Tensor):
-        """obs (T, B, 4, 84, 84) uint8 in any memory layout; first (T, B) = 1 where obs starts an episode (the GRU
-        state is zeroed there). Returns logits (T*B, A), v_ext (T*B,), v_int (T*B,) and the state after step T."""
+        """obs (T, B, 4, 84, 84) uint8 in any memory layout; first (T, B) = 1 where obs
+        starts an episode (the GRU state is zeroed there). Returns logits (T*B, A),
+        v_ext (T*B,), v_int (T*B,) and the state after step T."""
         T, B = obs.shape[:2]
-        frames = obs.reshape(T * B, *obs.shape[2:]).contiguous(memory_format=torch.channels_last)  # uint8: cheap
+        frames = obs.reshape(T * B, *obs.shape[2:])
+        frames = frames.contiguous(memory_format=torch.channels_last)  # uint8: cheap
         x = self.encoder(frames.float() / 255.0)
         if self.rnn is not None:
             x, outs = x.view(T, B, -1), []
@@ -203,31 +243,49 @@ class Agent(nn.Module):
                 outs.append(out)
             x = torch.cat(outs).view(T * B, -1)
         h = self.fc(x)
-        hv, ha = h + torch.relu(self.value_trunk(h)), h + torch.relu(self.action_trunk(h))
-        return self.actor(ha), self.critic_ext(hv).squeeze(-1), self.critic_int(hv).squeeze(-1), state
+        hv = h + torch.relu(self.value_trunk(h))
+        ha = h + torch.relu(self.action_trunk(h))
+        v_ext, v_int = self.critic_ext(hv).squeeze(-1), self.critic_int(hv).squeeze(-1)
+        return self.actor(ha), v_ext, v_int, state
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, first: Optional[np.ndarray] = None) -> np.ndarray:
-        """A batch of env observations (N, 4, 84, 84) uint8 -> sampled actions (N,). The GRU policy keeps its state
-        between calls; pass first (N,) = True where an episode starts to reset it there."""
+        """A batch of env observations (N, 4, 84, 84) uint8 -> sampled actions (N,). The GRU
+        policy keeps its state between calls; first (N,) = True resets it where an episode
+        starts."""
         device = next(self.parameters()).device
         if self.act_state is None or self.act_state.shape[1] != len(obs):
             self.act_state, first = self.initial_state(len(obs), device), np.ones(len(obs))
-        first = torch.as_tensor(np.zeros(len(obs)) if first is None else first, dtype=torch.float32, device=device)
-        logits, _, _, self.act_state = self(torch.as_tensor(obs, device=device)[None], self.act_state, first[None])
+        first = np.zeros(len(obs)) if first is None else first
+        first = torch.as_tensor(first, dtype=torch.float32, device=device)
+        obs = torch.as_tensor(obs, device=device)
+        logits, _, _, self.act_state = self(obs[None], self.act_state, first[None])
         return Categorical(logits=logits).sample().cpu().numpy()
 
 
 class RNDModel(nn.Module):
-    """Fixed random target f (convs -> linear 512) and trained predictor f^ (convs -> 512 -> 512 -> 512)."""
+    """Fixed random target f (convs -> linear 512) and trained predictor f^
+    (convs -> 512 -> 512 -> 512)."""
 
     def __init__(self, out_size: int = 512):
         super().__init__()
-        self.target = nn.Sequential(conv_encoder(1, 3, nn.LeakyReLU), layer_init(nn.Linear(3136, out_size)))
-        head = [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
-        self.predictor = nn.Sequential(conv_encoder(1, 3, nn.LeakyReLU), *head, layer_init(nn.Linear(512, out_size)))
+        self.target = nn.Sequential(
+            conv_encoder(1, 3, nn.LeakyReLU),
+            layer_init(nn.Linear(3136, out_size)),
+        )
+        head = [
+            layer_init(nn.Linear(3136, 512)),
+            nn.ReLU(),
+            layer_init(nn.Linear(512, 512)),
+            nn.ReLU(),
+        ]
+        self.predictor = nn.Sequential(
+            conv_encoder(1, 3, nn.LeakyReLU),
+            *head,
+            layer_init(nn.Linear(512, out_size)),
+        )
         self.target.requires_grad_(False)
-        self.to(memory_format=torch.channels_last)  # as Agent (1-channel inputs are already NHWC-contiguous)
+        self.to(memory_format=torch.channels_last)  # as Agent (1-channel inputs: already NHWC)
 
     def errors(self, x: torch.Tensor) -> torch.Tensor:
         """Per-sample bonus/loss on whitened frames x (B, 1, 84, 84)."""
@@ -238,18 +296,19 @@ class RNDModel(nn.Module):
 
 # ---- The math, as pure functions
 def rnd_errors(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """||f^(s) - f(s)||^2 averaged over features (OpenAI's reduce_mean; CleanRL/jcwleo use sum/2 = 256x larger)."""
+    """||f^(s) - f(s)||^2 averaged over features (OpenAI's reduce_mean; CleanRL and jcwleo
+    use sum/2, 256x larger)."""
     return (prediction - target).pow(2).mean(dim=-1)
 
 
-def normalize_frames(frames: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, clip: float) -> torch.Tensor:
+def normalize_frames(frames: torch.Tensor, mean, var, clip: float) -> torch.Tensor:
     """uint8 frames (..., 84, 84) -> clip((x - mu) / sigma, -clip, clip) as float (..., 1, 84, 84)."""
     x = (frames.float() - mean) / torch.sqrt(var + 1e-8)
     return x.clamp(-clip, clip).unsqueeze(-3)
 
 
 def merge_moments(mean_a, var_a, count_a, mean_b, var_b, count_b):
-    """Combine two (mean, population variance, count) summaries (Chan et al.'s parallel formula)."""
+    """Combine two (mean, population variance, count) summaries (Chan et al.'s formula)."""
     count = count_a + count_b
     delta = mean_b - mean_a
     mean = mean_a + delta * (count_b / count)
@@ -258,9 +317,10 @@ def merge_moments(mean_a, var_a, count_a, mean_b, var_b, count_b):
 
 
 def discounted_reward_filter(rewards: torch.Tensor, state: torch.Tensor, gamma: float):
-    """R_t = gamma * R_{t-1} + r_t, run over TIME (dim 0) separately for each env (dim 1), never reset at episode
-    ends. rewards (T, N), state (N,) carried from the previous rollout -> (filtered (T, N), new state (N,)).
-    CleanRL's #360 bug ran this over envs; with T != N the shapes here make that impossible to repeat silently."""
+    """R_t = gamma * R_{t-1} + r_t over TIME (dim 0), separately for each env (dim 1), never
+    reset at episode ends. rewards (T, N), state (N,) from the previous rollout ->
+    (filtered (T, N), new state (N,)). CleanRL's #360 bug ran this over envs; with T != N
+    the shapes here make that impossible to repeat silently."""
     out = torch.empty_like(rewards)
     for t in range(rewards.shape[0]):
         state = state * gamma + rewards[t]
@@ -269,8 +329,8 @@ def discounted_reward_filter(rewards: torch.Tensor, state: torch.Tensor, gamma: 
 
 
 def compute_gae(rewards, values, firsts, next_value, next_first, gamma: float, lam: float):
-    """GAE over (T, N) tensors. firsts[t] = 1 when obs t starts an episode (so step t-1 was terminal); zeros for the
-    non-episodic intrinsic stream. Returns (advantages, returns)."""
+    """GAE over (T, N) tensors. firsts[t] = 1 when obs t starts an episode (so step t-1 was
+    terminal); zeros for the non-episodic intrinsic stream. Returns (advantages, returns)."""
     T = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
@@ -284,15 +344,18 @@ def compute_gae(rewards, values, firsts, next_value, next_first, gamma: float, l
 
 
 def ppo_policy_loss(new_logprob, old_logprob, advantages, clip_coef: float):
-    """Clipped surrogate; also returns (approx_kl k3, clip fraction) as tensors (no host sync)."""
+    """Clipped surrogate; also returns approx_kl (k3) and the clip fraction, as tensors."""
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
-    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
-    return pg, ((ratio - 1) - logratio).mean(), ((ratio - 1.0).abs() > clip_coef).float().mean()
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    approx_kl = ((ratio - 1) - logratio).mean()
+    clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return torch.max(pg_loss1, pg_loss2).mean(), approx_kl, clipfrac
 
 
 def predictor_subsample(batch: int, proportion: float, device) -> torch.Tensor:
-    """Indices of the round(proportion * batch) samples (at least 1) the predictor trains on this minibatch."""
+    """Indices of the round(proportion * batch) samples (at least 1) the predictor trains on."""
     k = max(1, int(round(proportion * batch)))
     return torch.randperm(batch, device=device)[:k]
 
@@ -303,17 +366,18 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 
 class RunningMeanStd:
-    """Running mean / population variance of tensors of a fixed shape, merged across torchrun ranks."""
+    """Running mean / population variance of tensors of a fixed shape, merged across ranks."""
 
     def __init__(self, shape=(), device="cpu"):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = 1e-4
 
-    def update_from_sums(self, total: torch.Tensor, total_sq: torch.Tensor, count: float, world: "World"):
-        """Fold in a batch given by its sum, sum of squares and count (summed over ranks first). Every rank
-        contributes the same count, so the global count is known on the host: no device sync."""
-        packed = world.all_reduce_sum(torch.cat([total.reshape(-1), total_sq.reshape(-1)]).double())
+    def update_from_sums(self, total, total_sq, count: float, world: "World"):
+        """Fold in a batch given by its sum, sum of squares and count, summed over ranks
+        first. Every rank adds the same count: the global count needs no device sync."""
+        packed = torch.cat([total.reshape(-1), total_sq.reshape(-1)]).double()
+        packed = world.all_reduce_sum(packed)
         n, size = count * world.size, total.numel()
         mean = packed[:size].view_as(self.mean) / n
         var = (packed[size:].view_as(self.mean) / n - mean.pow(2)).clamp_min(0.0)
@@ -328,19 +392,21 @@ class RunningMeanStd:
         return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": self.count}
 
     def load_state_dict(self, state: dict):
-        self.mean, self.var = state["mean"].to(self.mean.device), state["var"].to(self.var.device)
+        self.mean = state["mean"].to(self.mean.device)
+        self.var = state["var"].to(self.var.device)
         self.count = state["count"]
 
 
-def intrinsic_rewards(raw: torch.Tensor, filter_state: torch.Tensor, reward_rms: RunningMeanStd, gamma, world):
-    """The bonus PPO sees: raw (T, N) divided by the running std of its discounted return (filtered over time per
-    env; all T*N filtered values update the statistics), with no mean subtraction. Returns (rewards, filter state)."""
+def intrinsic_rewards(raw, filter_state, reward_rms: RunningMeanStd, gamma: float, world):
+    """The bonus PPO sees: raw (T, N) divided by the running std of its discounted return
+    (filtered over time per env; all T*N filtered values update the statistics), with no
+    mean subtraction. Returns (rewards, filter state)."""
     filtered, filter_state = discounted_reward_filter(raw, filter_state, gamma)
     reward_rms.update(filtered.reshape(-1), world)
     return raw / torch.sqrt(reward_rms.var.float()).clamp_min(1e-8), filter_state
 
 
-# ---- How a run ends early (main turns these into exit codes 2, 3 and 130), and its progress bars
+# ---- How a run ends early (main turns these into exit codes 2, 3 and 130); progress bars
 class UsageError(Exception):
     """A bad input the user can fix: main prints it as one line and exits 2."""
 
@@ -357,53 +423,68 @@ STOP = {"signal": 0}  # set by the SIGINT/SIGTERM handler that start_run install
 
 
 def progress(total: int, desc: str, enabled: bool, initial: int = 0):
-    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, unit="step", mininterval=2.0)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        disable=not enabled,
+        unit="step",
+        mininterval=2.0,
+    )
 
 
 # ---- Phases: observation-normaliser warm-up, training (rollout, bonus, PPO update), evaluation
-def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World", writer) -> None:
-    """Whiten RND inputs from random-agent steps (paper: 50 rollouts x 128 steps per env, last frame only). One
-    (num_envs, 84, 84) batch per vector step is summed in float64 while the next step already runs in C++ threads."""
+def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World", writer):
+    """Whiten RND inputs from random-agent steps (paper: 50 rollouts x 128 steps per env, last
+    frame only). One (num_envs, 84, 84) batch per vector step is summed in float64 while the
+    next step already runs in C++ threads."""
     steps, started = args.rnd.num_iterations_obs_norm_init * args.ppo.num_steps, time.perf_counter()
     rng = np.random.default_rng(args.seed + 7919 * world.rank)
     n_actions, num_envs = envs.single_action_space.n, args.ppo.num_envs
+    all_steps = steps * num_envs * world.size
     total, total_sq = np.zeros((84, 84)), np.zeros((84, 84))
     obs, *_ = envs.step(rng.integers(0, n_actions, size=num_envs))
-    with progress(steps * num_envs * world.size, "obs-norm warm-up", args.progress_bar and world.rank == 0) as bar:
+    show = args.progress_bar and world.rank == 0
+    with progress(all_steps, "obs-norm warm-up", show) as bar:
         for i in range(steps):
-            frames = obs[:, -1].astype(np.float32)  # copy before the buffer is reused by the next step
+            frames = obs[:, -1].astype(np.float32)  # copy before the next step reuses the buffer
             envs.send(rng.integers(0, n_actions, size=num_envs))
             total += frames.sum(0)
             total_sq += np.einsum("nij,nij->ij", frames, frames)
             obs, *_ = envs.recv()
             bar.update(num_envs * world.size)
             if STOP["signal"]:
-                raise Interrupted("stopped during the observation-normalisation warm-up (nothing to save)")
+                where = "during the observation-normalisation warm-up"
+                raise Interrupted(f"stopped {where} (nothing to save)")
     total, total_sq = (torch.from_numpy(x).to(obs_rms.mean.device) for x in (total, total_sq))
     obs_rms.update_from_sums(total, total_sq, steps * num_envs, world)
     if writer is not None:
-        seconds, all_steps = time.perf_counter() - started, steps * num_envs * world.size
+        seconds = time.perf_counter() - started
         writer.add_scalar("charts/obs_norm_warmup_seconds", seconds, 0)
         rate = f"{all_steps} random steps in {seconds:.1f} s ({all_steps / seconds:.0f} steps/s)"
         print(f"obs-norm warm-up: {rate}", flush=True)
 
 
 class Rollout:
-    """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch of env slices is one
-    contiguous index_select that the networks read as an NHWC view (no per-minibatch layout conversion)."""
+    """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch
+    of env slices is one contiguous index_select that the networks read as an NHWC view."""
 
     def __init__(self, T: int, N: int, device):
         self.obs = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
-        self.next_frames = torch.zeros((T, N, 84, 84), dtype=torch.uint8, device=device)  # last frame of next obs
+        # the last frame of each next observation: what the bonus scores
+        self.next_frames = torch.zeros((T, N, 84, 84), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
-        self.logprobs, self.ext_rewards, self.firsts, self.v_ext, self.v_int = (
-            torch.zeros((T, N), device=device) for _ in range(5)
-        )
+        self.logprobs = torch.zeros((T, N), device=device)
+        self.ext_rewards = torch.zeros((T, N), device=device)
+        self.firsts = torch.zeros((T, N), device=device)
+        self.v_ext = torch.zeros((T, N), device=device)
+        self.v_int = torch.zeros((T, N), device=device)
         self.state0 = None  # GRU state at the rollout's start
 
 
 class Player:
-    """The envs and what carries over between rollouts: next observation, episode starts, GRU state, scores."""
+    """The envs and what carries over between rollouts: next observation, episode starts,
+    GRU state, scores."""
 
     def __init__(self, envs, agent: Agent, seed: int, device):
         obs, _ = envs.reset(seed=np.arange(seed, seed + envs.num_envs, dtype=np.int64))
@@ -411,11 +492,12 @@ class Player:
         self.next_obs = torch.tensor(obs, device=device)
         self.next_first = torch.ones(envs.num_envs, device=device)
         self.state = agent.initial_state(envs.num_envs, device)
-        self.score, self.length = np.zeros(envs.num_envs), np.zeros(envs.num_envs, dtype=np.int64)
+        self.score = np.zeros(envs.num_envs)
+        self.length = np.zeros(envs.num_envs, dtype=np.int64)
 
     def rollout(self, agent: Agent, buf: Rollout) -> list:
-        """num_steps steps of every env; the only host<->device traffic per step is the actions out and the frames
-        in. Returns the finished episodes as (step index, score, length)."""
+        """num_steps steps of every env; per step, the only host<->device traffic is the
+        actions out and the frames in. Returns the finished episodes (step, score, length)."""
         buf.state0, episodes = self.state.clone(), []
         for step in range(buf.actions.shape[0]):
             buf.obs[step] = self.next_obs.permute(0, 2, 3, 1)
@@ -428,14 +510,15 @@ class Player:
                 action = dist.sample()
             buf.actions[step], buf.logprobs[step] = action, dist.log_prob(action)
             obs, reward, term, trunc, info = self.envs.step(action.cpu().numpy())
-            done = term | trunc  # no life-loss terminals here, so final_obs is valid for every done env
+            done = term | trunc  # no life-loss terminals: final_obs is valid for every done env
             last = obs[:, -1].copy()
-            if done.any():
-                last[done] = info["final_obs"][done, -1]  # the bonus is on the true last frame, not the reset one
+            if done.any():  # the bonus is on the true last frame, not the reset one
+                last[done] = info["final_obs"][done, -1]
             buf.next_frames[step] = torch.from_numpy(last).to(self.device, non_blocking=True)
             self.next_obs = torch.tensor(obs, device=self.device)
             self.next_first = torch.as_tensor(done, dtype=torch.float32, device=self.device)
-            buf.ext_rewards[step] = torch.as_tensor(np.sign(reward), dtype=torch.float32, device=self.device)
+            clipped = np.sign(reward)
+            buf.ext_rewards[step] = torch.as_tensor(clipped, dtype=torch.float32, device=self.device)
             self.score, self.length = self.score + reward, self.length + 1
             for i in np.flatnonzero(done):
                 episodes.append((step, float(self.score[i]), int(self.length[i])))
@@ -444,67 +527,80 @@ class Player:
 
 
 @torch.no_grad()
-def score_rollout(buf: Rollout, player: Player, agent, rnd, obs_rms, reward_rms, filter_state, args: Args, world):
-    """Frame statistics updated, then every next frame scored by the pre-update predictor (whitened chunk by chunk);
-    GAE of both streams (the intrinsic one non-episodic). Returns the PPO batch and the reward filter's new state."""
+def score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world):
+    """Frame statistics updated, then every next frame scored by the pre-update predictor
+    (whitened chunk by chunk); GAE of both streams (the intrinsic one non-episodic).
+    Returns the PPO batch and the reward filter's new state."""
     T, N = buf.actions.shape
     frames = buf.next_frames.view(T * N, 84, 84)
     obs_rms.update(frames, world)
     mean, var = obs_rms.mean.float(), obs_rms.var.float()
     raw_int = torch.zeros_like(buf.ext_rewards)
     if args.rnd.int_coef != 0:  # plain PPO: the RND networks are not run
-        chunks = frames.split(4096)
-        raw_int = torch.cat([rnd.errors(normalize_frames(c, mean, var, args.rnd.obs_clip)) for c in chunks]).view(T, N)
+        chunks = [normalize_frames(c, mean, var, args.rnd.obs_clip) for c in frames.split(4096)]
+        raw_int = torch.cat([rnd.errors(x) for x in chunks]).view(T, N)
     int_rewards, filter_state = intrinsic_rewards(raw_int, filter_state, reward_rms, args.rnd.int_gamma, world)
     _, next_v_ext, next_v_int, _ = agent(player.next_obs[None], player.state, player.next_first[None])
-    gamma, lam, zeros = args.ppo.gamma, args.ppo.gae_lambda, torch.zeros_like(buf.firsts)
-    ext_adv, ext_ret = compute_gae(buf.ext_rewards, buf.v_ext, buf.firsts, next_v_ext, player.next_first, gamma, lam)
+    lam, zeros = args.ppo.gae_lambda, torch.zeros_like(buf.firsts)
+    ext_adv, ext_ret = compute_gae(
+        buf.ext_rewards, buf.v_ext, buf.firsts, next_v_ext, player.next_first, args.ppo.gamma, lam
+    )
     int_adv, int_ret = compute_gae(int_rewards, buf.v_int, zeros, next_v_int, zeros[0], args.rnd.int_gamma, lam)
-    batch = dict(vars(buf)) | {"advantages": args.rnd.ext_coef * ext_adv + args.rnd.int_coef * int_adv}
+    batch = dict(vars(buf))
+    batch["advantages"] = args.rnd.ext_coef * ext_adv + args.rnd.int_coef * int_adv
     batch |= {"ext_returns": ext_ret, "int_returns": int_ret, "obs_mean": mean, "obs_var": var}
     return batch | {"raw_int": raw_int, "int_rewards": int_rewards}, filter_state
 
 
-def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", params: list) -> dict:
-    """update_epochs x num_minibatches steps on env slices (whole sequences, for the GRU); returns the last epoch's
-    mean losses as tensors (no host sync)."""
-    keys = ("obs", "firsts", "actions", "logprobs", "advantages", "ext_returns", "int_returns", "next_frames")
-    T, N = batch["actions"].shape
-    device, mb_envs = batch["actions"].device, N // args.ppo.num_minibatches
-    for _ in range(args.ppo.update_epochs):
+def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", params) -> dict:
+    """update_epochs x num_minibatches steps on env slices (whole sequences, for the GRU);
+    returns the last epoch's mean losses as tensors (no host sync)."""
+    keys = ("obs", "firsts", "actions", "logprobs", "advantages", "ext_returns", "int_returns")
+    keys += ("next_frames",)
+    ppo, N, device = args.ppo, batch["actions"].shape[1], batch["actions"].device
+    mb_envs = N // ppo.num_minibatches
+    for _ in range(ppo.update_epochs):
         sums = {}
         perm = torch.randperm(N, device=device)
         for start in range(0, N, mb_envs):
-            envs_idx = perm[start : start + mb_envs]
-            mb = {k: batch[k][:, envs_idx] for k in keys}
-            obs = mb["obs"].permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
-            logits, v_ext, v_int, _ = agent(obs, batch["state0"][:, envs_idx], mb["firsts"])
+            mb_inds = perm[start : start + mb_envs]
+            mb = {k: batch[k][:, mb_inds] for k in keys}
+            obs = mb.pop("obs").permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
+            logits, v_ext, v_int, _ = agent(obs, batch["state0"][:, mb_inds], mb["firsts"])
             dist = Categorical(logits=logits)
-            adv = mb["advantages"].reshape(-1)
-            if args.ppo.norm_adv:
+            mb = {k: v.flatten(0, 1) for k, v in mb.items()}  # (T, B, ...) -> (T * B, ...)
+            adv = mb["advantages"]
+            if ppo.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            new_logprob, old_logprob = dist.log_prob(mb["actions"].reshape(-1)), mb["logprobs"].reshape(-1)
-            pg_loss, approx_kl, clipfrac = ppo_policy_loss(new_logprob, old_logprob, adv, args.ppo.clip_coef)
-            v_loss_ext = (v_ext - mb["ext_returns"].reshape(-1)).pow(2).mean()
-            v_loss = 0.5 * (v_loss_ext + (v_int - mb["int_returns"].reshape(-1)).pow(2).mean())
+            new_logprob = dist.log_prob(mb["actions"])
+            pg_loss, approx_kl, clipfrac = ppo_policy_loss(new_logprob, mb["logprobs"], adv, ppo.clip_coef)
+            v_loss_ext = (v_ext - mb["ext_returns"]).pow(2).mean()
+            v_loss = 0.5 * (v_loss_ext + (v_int - mb["int_returns"]).pow(2).mean())
             entropy = dist.entropy().mean()
             pred_loss = torch.zeros((), device=device)
-            if args.rnd.int_coef != 0:  # plain PPO (int_coef 0): the RND networks are not run at all
-                frames = mb["next_frames"].reshape(-1, 84, 84)
+            if args.rnd.int_coef != 0:  # plain PPO (int_coef 0): the RND networks are not run
+                frames = mb["next_frames"]
                 keep = predictor_subsample(frames.shape[0], args.rnd.update_proportion, device)
                 x = normalize_frames(frames[keep], batch["obs_mean"], batch["obs_var"], args.rnd.obs_clip)
                 pred_loss = rnd.errors(x).mean()
-            loss = pg_loss - args.ppo.ent_coef * entropy + args.ppo.vf_coef * v_loss + pred_loss
+            loss = pg_loss - ppo.ent_coef * entropy + ppo.vf_coef * v_loss + pred_loss
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             world.all_reduce_gradients(params)
-            if args.ppo.max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(params, args.ppo.max_grad_norm)
+            if ppo.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, ppo.max_grad_norm)
             optimizer.step()
-            step_losses = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy, predictor_loss=pred_loss)
-            step_losses |= dict(approx_kl=approx_kl, clipfrac=clipfrac, total_loss=loss)
+            step_losses = dict(
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy,
+                predictor_loss=pred_loss,
+                approx_kl=approx_kl,
+                clipfrac=clipfrac,
+                total_loss=loss,
+            )
             for name, value in step_losses.items():
-                sums[name] = sums.get(name, 0.0) + value.detach() / args.ppo.num_minibatches
+                sums[name] = sums.get(name, 0.0) + value.detach() / ppo.num_minibatches
     return sums
 
 
@@ -542,8 +638,8 @@ def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: flo
     bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
 
 
-def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict], world: "World", writer):
-    """PPO + RND until the budget, the target score or a signal; resumes from `snapshot` (checked by validate).
+def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World", writer):
+    """PPO + RND until the budget, the target score or a signal, resuming from `snapshot`.
     Returns the agent and the run's record (counters, scores, why it stopped)."""
     ppo, T, N = args.ppo, args.ppo.num_steps, args.ppo.num_envs
     batch_size = N * T * world.size
@@ -551,15 +647,16 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict],
     start = snapshot["iteration"] if snapshot else 0
     env_seed = args.seed * 100_003 + world.rank * N + start * 1_000_003
     envs = make_envs(args.env, rom, N, env_seed)
-    policy = args.policy
-    agent = Agent(envs.single_action_space.n, policy.rnn_hidden_layers, policy.rnn_hidden_size, args.env_id)
-    agent, rnd = agent.to(device), RNDModel().to(device)
-    params = [p for p in list(agent.parameters()) + list(rnd.parameters()) if p.requires_grad]
+    layers, size = args.policy.rnn_hidden_layers, args.policy.rnn_hidden_size
+    agent = Agent(envs.single_action_space.n, layers, size, args.env_id).to(device)
+    rnd = RNDModel().to(device)
+    params = [p for p in [*agent.parameters(), *rnd.parameters()] if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=ppo.learning_rate, eps=ppo.adam_eps)
     obs_rms, reward_rms = RunningMeanStd((84, 84), device), RunningMeanStd((), device)
     recent = deque(maxlen=ppo.target_score_window)  # the scores the target score is checked on
     learner = dict(agent=agent, rnd=rnd, optimizer=optimizer, obs_rms=obs_rms, reward_rms=reward_rms)
-    run, filter_state = resume(snapshot, learner, recent, world, args.seed, torch.zeros(N, device=device))
+    filter_state = torch.zeros(N, device=device)
+    run, filter_state = resume(snapshot, learner, recent, world, args.seed, filter_state)
     if snapshot is None:
         world.same_start(learner, args.seed)
         if args.rnd.num_iterations_obs_norm_init > 0:
@@ -571,7 +668,8 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict],
     try:
         for iteration in range(start + 1, num_iterations + 1):
             if ppo.anneal_lr:
-                optimizer.param_groups[0]["lr"] = ppo.learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+                frac = 1.0 - (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = ppo.learning_rate * frac
             for step, score, length in player.rollout(agent, buf):
                 recent.append(score)
                 if writer is not None:
@@ -583,26 +681,30 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict],
             batch, filter_state = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
             losses = ppo_update(agent, rnd, optimizer, batch, args, world, params)
 
-            # one host sync per iteration: diagnostics, the NaN guard and the stop conditions of all ranks
+            # one host sync per iteration: the logs, the NaN guard and every rank's stop flags
             logs = diagnostics(losses, batch, reward_rms)
             values = torch.stack([v.float() for v in logs.values()])
-            flags = torch.tensor([STOP["signal"] > 0, sum(recent), len(recent), 0], dtype=torch.double, device=device)
+            flags = [STOP["signal"] > 0, sum(recent), len(recent), 0]
+            flags = torch.tensor(flags, dtype=torch.double, device=device)
             flags[3] = (~torch.isfinite(values)).any().double()
-            world.all_reduce_sum(flags)  # every rank stops at the same iteration, on the same averaged score
+            world.all_reduce_sum(flags)  # every rank stops at the same iteration, on the same mean
             if flags[3].item() > 0:
                 hint = "lower --ppo.learning-rate or set --ppo.max-grad-norm"
                 raise NonFiniteLoss(f"non-finite loss at iteration {iteration}: {hint}")
             logs = dict(zip(logs, values.tolist()))
-            run["iteration"], avg_return = iteration, float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
-            if sps_start is None:
-                sps_start = (time.perf_counter(), run["global_step"])  # SPS is measured from the end of iteration 1
+            run["iteration"] = iteration
+            avg_return = float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
+            if sps_start is None:  # SPS is measured from the end of iteration 1
+                sps_start = (time.perf_counter(), run["global_step"])
             elif run["global_step"] > sps_start[1]:
-                run["sps"] = (run["global_step"] - sps_start[1]) / (time.perf_counter() - sps_start[0])
+                seconds = time.perf_counter() - sps_start[0]
+                run["sps"] = (run["global_step"] - sps_start[1]) / seconds
             if writer is not None:
                 log_iteration(writer, bar, run, logs, avg_return, optimizer.param_groups[0]["lr"])
                 if args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
                     evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
-            stop, reached = flags[0].item() > 0, ppo.target_score is not None and avg_return >= ppo.target_score
+            stop = flags[0].item() > 0
+            reached = ppo.target_score is not None and avg_return >= ppo.target_score
             if stop or reached or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
                 checkpoint(run_dir, rom, args, learner, run, recent, filter_state, world)
             if stop:
@@ -619,16 +721,16 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot: Optional[dict],
 
 
 @torch.no_grad()
-def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False) -> dict:
-    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms read from RAM;
-    with `render`, the frames of the first episode."""
+def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False):
+    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms
+    read from RAM; with `render`, the frames of the first episode."""
     if episodes == 0:
         return {"returns": [], "lengths": [], "rooms": [], "frames": []}
     ram_addr = ROOM_RAM_ADDRESS.get(rom)
-    envs = [make_eval_env(env_args, rom, seed + i, render=render and i == 0) for i in range(episodes)]
+    envs = [make_eval_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-    returns, lengths, rooms = np.zeros(episodes), np.zeros(episodes, dtype=np.int64), [set() for _ in range(episodes)]
-    active, frames = np.ones(episodes, dtype=bool), []
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
     state, first = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
     while active.any():
         logits, _, _, state = agent(torch.as_tensor(obs, device=device)[None], state, first)
@@ -644,12 +746,13 @@ def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, s
             active[i] = not (term or trunc)
     for env in envs:
         env.close()
-    room_lists = [sorted(r) for r in rooms] if ram_addr is not None else None
-    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": room_lists, "frames": frames}
+    rooms = [sorted(r) for r in rooms] if ram_addr is not None else None
+    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": rooms, "frames": frames}
 
 
 def main(args: Args) -> Optional[dict]:
-    """Check every input, then train and evaluate (or only evaluate); exit codes as in docs/CONTRACT.md."""
+    """Check every input, then train and evaluate (or only evaluate); exit codes as in
+    docs/CONTRACT.md."""
     world = World()
     try:
         inputs = validate(args, world)  # rank 0 checks the run dir and tells the other ranks
@@ -658,17 +761,19 @@ def main(args: Args) -> Optional[dict]:
             print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     run_dir, device, rom = inputs.run_dir, inputs.device, inputs.rom
-    if inputs.finished is not None:  # (the other ranks of an --eval-only run also wait here for rank 0)
+    if inputs.finished is not None:  # (the other ranks of --eval-only also wait here for rank 0)
         world.close()
         if world.rank == 0:
-            print(f"{run_dir} is finished (results.json is never overwritten); evaluate it with --eval-only")
+            never = "results.json is never overwritten"
+            print(f"{run_dir} is finished ({never}); evaluate it with --eval-only")
         return inputs.finished if world.rank == 0 else None
     writer, restore_signals = start_run(args, inputs, world)
     try:
         if args.eval_only:
             return evaluate_only(args, inputs.policy, rom, device, run_dir, inputs.eval_path)
         agent, run = train(args, rom, device, run_dir, inputs.snapshot, world, writer)
-        return finish(args, agent, run, rom, device, run_dir, world, writer) if world.rank == 0 else None
+        if world.rank == 0:
+            return finish(args, agent, run, rom, device, run_dir, world, writer)
     except NonFiniteLoss as e:
         if world.rank == 0:
             print(f"error: {e}; the last good snapshot is in checkpoints/", file=sys.stderr)
