@@ -169,19 +169,37 @@ PAPER_BEST_DEMO.update({"qbert": 800.0, "seaquest": 600.0, "space_invaders": 600
 PAPER_BREAKOUT = {"best_demo": 32.0, "average_demo": 14.5, "trex": 221.3}
 
 
+def score_mask(rom: str, reward: RewardArgs) -> tuple[int, int]:
+    """(top, bottom) rows the reward net does not see: the flags, or the game's default where they are -1."""
+    flags, defaults = (reward.mask_top, reward.mask_bottom), SCORE_MASKS.get(rom, DEFAULT_MASK)
+    return tuple(flag if flag >= 0 else default for flag, default in zip(flags, defaults))
+
+
 # ---- Environments
-def make_envs(rom: str, num_envs: int, sticky: float, env_args: EnvArgs, life_loss: bool):
+def make_envs(game: dict, num_envs: int, life_loss: bool):
     """AtariVectorEnv with explicit semantics: 84x84 gray, 4-stack, frameskip 4 with max-pool, no reward clipping
     (the learner clips; the true score is logged), same-step autoreset (the last frame of a finished game is in
-    info["final_obs"]). `life_loss` ends the learner's episode at a lost life *without* resetting the game
-    (ale-py's episodic_life=True resets the whole game at every lost life, so it is not used)."""
+    info["final_obs"]). `game` holds rom, sticky, noop_max and max_episode_frames (saved in policy.pt as
+    env_config). `life_loss` ends the learner's episode at a lost life *without* resetting the game (ale-py's
+    episodic_life=True resets the whole game at every lost life, so it is not used)."""
     from ale_py.vector_env import AtariVectorEnv
 
     frames = dict(img_height=84, img_width=84, grayscale=True, maxpool=True, stack_num=4, frameskip=4)
-    game = dict(repeat_action_probability=sticky, noop_max=env_args.noop_max, full_action_space=False)
-    ends = dict(episodic_life=False, life_loss_info=life_loss, max_num_frames_per_episode=env_args.max_episode_frames)
+    rules = dict(repeat_action_probability=game["sticky"], noop_max=game["noop_max"], full_action_space=False)
+    ends = dict(episodic_life=False, life_loss_info=life_loss, max_num_frames_per_episode=game["max_episode_frames"])
     resets = dict(autoreset_mode="SameStep", use_fire_reset=True, reward_clipping=False)
-    return AtariVectorEnv(rom, num_envs, **frames, **game, **ends, **resets)
+    return AtariVectorEnv(game["rom"], num_envs, **frames, **rules, **ends, **resets)
+
+
+def fire_action(rom: str) -> Optional[int]:
+    """Index of FIRE in the minimal action set when it is action 1 of >= 3 (FireResetEnv's rule), else None."""
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.loadROM(roms.get_rom_path(rom))
+    actions = [str(a).split(".")[-1] for a in ale.getMinimalActionSet()]
+    return 1 if len(actions) >= 3 and actions[1] == "FIRE" else None
 
 
 class GameTracker:
@@ -510,45 +528,61 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
     return {k: v.item() for k, v in losses.items()} | {"clipfrac": torch.stack(clipfracs).mean().item()}
 
 
-def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, reward_net=None, ceiling=None):
-    """CleanRL-style PPO, resumed from checkpoints/{phase}.pt (loaded by validate). With `reward_net` the env reward
-    is discarded: r = f(r̂(s')), in batched passes over each finished rollout (far cheaper than T small ones)."""
-    ppo, device = args.ppo, ctx["device"]
-    num_iterations = max(1, total_timesteps // (ppo.num_envs * ppo.num_steps))
-    envs = make_envs(ctx["rom"], ppo.num_envs, ctx["sticky"], args.env, life_loss=args.env.episodic_life)
-    agent = Agent(int(envs.single_action_space.n), args.env_id, ctx["env_config"]).to(device)
+def relabel_rollout(buf: Rollout, next_obs, reward_net, args: Args, rms, running) -> list:
+    """Phase 4's rewards: buf.rewards = f(r̂(s')) for the whole rollout, in batched passes of a minibatch's size.
+    Returns the learned return of each game that ended in it (running: every env's sum over its game so far)."""
+    chunk = buf.actions.numel() // args.ppo.num_minibatches
+    with torch.no_grad():
+        r_hat = next_frame_reward_hat(reward_net, buf.obs, next_obs, buf.final_frames, chunk)
+        buf.rewards[:] = policy_rewards(r_hat, args.policy.reward, rms)
+        sums = finished_game_sums(buf.rewards, buf.over, running)
+    return torch.cat(sums).tolist() if sums else []
+
+
+def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, reward_net=None, ceiling=None):
+    """CleanRL-style PPO for getattr(args, phase).total_timesteps, continued from `resume` (checkpoints/{phase}.pt,
+    read by validate); plot(history) redraws the learning curve at every checkpoint. With `reward_net` the env
+    reward is discarded: r = f(r̂(s')) (relabel_rollout). The demonstrator stops at `ceiling`."""
+    ppo = args.ppo
+    num_iterations = max(1, getattr(args, phase).total_timesteps // (ppo.num_envs * ppo.num_steps))
+    envs = make_envs(game, ppo.num_envs, life_loss=args.env.episodic_life)
+    agent = Agent(int(envs.single_action_space.n), args.env_id, game).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5)
     rms = RunningMeanStd(device)
     state = {"iteration": 0, "global_step": 0, "history": [], "done": False}
-    if resume_ppo(ctx, phase, num_iterations, agent, optimizer, rms, state):
+    if resume_ppo(resume, phase, num_iterations, agent, optimizer, rms, state):
         envs.close()
         return agent, state
-    ctx["histories"][phase] = state["history"]
-    if phase == "demonstrator" and state["iteration"] == 0:
-        save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)  # the untrained policy: the worst demonstrator
+
+    def checkpoint():
+        ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "reward_rms": dict(vars(rms))}
+        save(run_dir / "checkpoints" / f"{phase}.pt", "ppo_checkpoint", **ckpt, rng=rng_state(), state=state)
+        plot(state["history"])
+
+    def snapshot():  # the demonstrator's snapshots of rising quality, which phase 2 plays
+        it, step = state["iteration"], state["global_step"]
+        path = run_dir / "demonstrator" / f"ckpt_{it:05d}.pt"
+        save(path, "snapshot", agent=agent.state_dict(), iteration=it, global_step=step)
+
     snapshot_every = args.demonstrator.snapshot_every or max(1, num_iterations // 50)
+    if phase == "demonstrator" and state["iteration"] == 0:
+        snapshot()  # the untrained policy: the worst demonstrator
     seed = args.seed + 7919 * state["iteration"] + (0 if phase == "demonstrator" else 104729)
-    player = Player(envs, fire_action(ctx["rom"]) if args.env.episodic_life else None, seed, device)
-    use_learned = reward_net is not None and args.policy.reward != "env"
-    learned_sums = torch.zeros(ppo.num_envs, device=device)  # learned-reward return of the running game, per env
+    player = Player(envs, fire_action(game["rom"]) if args.env.episodic_life else None, seed, device)
+    relabel = reward_net is not None and args.policy.reward != "env"
+    running = torch.zeros(ppo.num_envs, device=device)  # learned-reward return of the running game, per env
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
     buf = Rollout(ppo.num_steps, ppo.num_envs, device)
     bar = tqdm(total=num_iterations, initial=state["iteration"], desc=phase, file=sys.stderr, disable=None)
-    sps_start = None
+    clock = {}  # SPS counts from the end of this process's first iteration (after warm-up)
     try:
-        while state["iteration"] < num_iterations:
-            iteration = state["iteration"] + 1
+        for iteration in range(state["iteration"] + 1, num_iterations + 1):
             lr_now = ppo.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if ppo.anneal_lr else 1.0)
             optimizer.param_groups[0]["lr"] = lr_now
-            player.rollout(agent, buf, keep_final_frames=use_learned)
-            learned_games = []
-            if use_learned:
-                with torch.no_grad():
-                    chunk = ppo.num_envs * ppo.num_steps // ppo.num_minibatches
-                    r_hat = next_frame_reward_hat(reward_net, buf.obs, player.next_obs, buf.final_frames, chunk)
-                    buf.rewards[:] = policy_rewards(r_hat, args.policy.reward, rms)
-                    sums = finished_game_sums(buf.rewards, buf.over, learned_sums)
-                    learned_games = torch.cat(sums).tolist() if sums else []
+            player.rollout(agent, buf, keep_final_frames=relabel)
+            learned_games = None
+            if relabel:
+                learned_games = relabel_rollout(buf, player.next_obs, reward_net, args, rms, running)
             with torch.no_grad():
                 next_value = agent(player.next_obs)[1]
                 advantages, returns = compute_gae(
@@ -558,58 +592,82 @@ def train_ppo(args: Args, ctx: dict, phase: str, total_timesteps: int, writer, r
             if not math.isfinite(losses["loss"]):
                 raise NonFiniteLoss(f"[{phase}] non-finite loss at iteration {iteration}: lower --ppo.learning-rate")
             state["iteration"], state["global_step"] = iteration, state["global_step"] + buf.actions.numel()
-            step = state["global_step"]
-            log_iteration(writer, state, buf, losses, returns, learned_games if use_learned else None, lr_now)
+            log_iteration(writer, state, buf, losses, returns, learned_games, lr_now, clock)
             recent.extend(score for score, _ in buf.games)
-            if sps_start is None:  # SPS counts from the end of this process's first iteration (after warm-up)
-                sps_start = (step, time.perf_counter())
-            elif step > sps_start[0]:
-                state["sps"] = (step - sps_start[0]) / (time.perf_counter() - sps_start[1])
-                writer.add_scalar("charts/SPS", state["sps"], step)
             bar.update(1)
-            bar.set_postfix(step=step, sps=int(state.get("sps", 0)), score=f"{np.mean(recent):.1f}" if recent else "-")
+            score = f"{np.mean(recent):.1f}" if recent else "-"
+            bar.set_postfix(step=state["global_step"], sps=int(state.get("sps", 0)), score=score)
             if phase == "demonstrator" and iteration % snapshot_every == 0:
-                save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)
+                snapshot()
             if ceiling is not None and len(recent) == recent.maxlen and np.mean(recent) >= ceiling:
                 print(f"[{phase}] {len(recent)}-game mean reached the ceiling {ceiling}: stop (demos stay suboptimal)")
                 state["stopped_at_ceiling"] = True
                 break
             if iteration % args.checkpoint_every == 0:
-                save_ppo_checkpoint(ctx, phase, agent, optimizer, rms, state)
+                checkpoint()
     except Interrupted:  # the model is unchanged since the last completed iteration: save that state
-        save_ppo_checkpoint(ctx, phase, agent, optimizer, rms, state)
+        checkpoint()
         raise Interrupted(f"{phase} stopped at iteration {state['iteration']}") from None
     finally:
         bar.close()
         envs.close()
     if phase == "demonstrator" and state["iteration"] % snapshot_every != 0:
-        save_snapshot(ctx["run_dir"] / "demonstrator", agent, state)
+        snapshot()
     state["done"] = True
-    save_ppo_checkpoint(ctx, phase, agent, optimizer, rms, state)
+    checkpoint()
     return agent, state
 
 
+def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games: Optional[list], lr, clock: dict):
+    """The finished games (true score; learned return with a learned reward) into the history and TensorBoard,
+    with the losses and the SPS since the clock started."""
+    step = state["global_step"]
+    if not clock:
+        clock.update(step=step, time=time.perf_counter())
+    elif step > clock["step"]:
+        state["sps"] = (step - clock["step"]) / (time.perf_counter() - clock["time"])
+        writer.add_scalar("charts/SPS", state["sps"], step)
+    for k, (score, length) in enumerate(buf.games):
+        learned = learned_games[k] if learned_games and k < len(learned_games) else float("nan")
+        state["history"].append((step, score, length, learned))
+        writer.add_scalar("charts/episodic_return", score, step)
+        writer.add_scalar("charts/episodic_length", length, step)
+        if learned_games is not None:
+            writer.add_scalar("trex/learned_episodic_return", learned, step)
+    writer.add_scalar("charts/learning_rate", lr, step)
+    for name, value in losses.items():
+        writer.add_scalar(f"losses/{name}", value, step)
+    var_y = returns.var()
+    explained = float("nan") if var_y == 0 else float(1 - (returns - buf.values).var() / var_y)
+    writer.add_scalar("losses/explained_variance", explained, step)
+    if learned_games is not None:
+        writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
+
+
 # ---- Phases
-def train_demonstrator(args: Args, ctx: dict) -> None:
-    """Phase 1: PPO on the true (clipped) reward, snapshots of rising quality in demonstrator/."""
+def train_demonstrator(args: Args, game: dict, device, run_dir: Path, resume: Optional[dict], plot) -> list:
+    """Phase 1: PPO on the true (clipped) reward, snapshots of rising quality in demonstrator/; returns its
+    history of finished games."""
     from torch.utils.tensorboard import SummaryWriter
 
     ceiling = args.demonstrator.return_ceiling
-    ceiling = PAPER_BEST_DEMO.get(ctx["rom"]) if ceiling is None else ceiling
+    ceiling = PAPER_BEST_DEMO.get(game["rom"]) if ceiling is None else ceiling
     if ceiling is None:
-        print(f"[demonstrator] no paper best-demo score for {ctx['rom']}: no ceiling (--demonstrator.return-ceiling)")
-    with SummaryWriter(str(ctx["run_dir"] / "demonstrator")) as writer:
-        train_ppo(args, ctx, "demonstrator", args.demonstrator.total_timesteps, writer, ceiling=ceiling)
+        print(f"[demonstrator] no paper best-demo score for {game['rom']}: no ceiling (--demonstrator.return-ceiling)")
+    with SummaryWriter(str(run_dir / "demonstrator")) as writer:
+        _, state = train_ppo(args, game, "demonstrator", writer, device, run_dir, plot, resume, ceiling=ceiling)
+    return state["history"]
 
 
-def collect_demos(args: Args, ctx: dict) -> dict:
-    """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots; each frame stored once."""
-    snapshots, episodes = ctx["snapshots"], args.collect.episodes_per_snapshot
+def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path) -> None:
+    """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots, [(iteration, state_dict)] of
+    the demonstrator; each frame stored once, into demos.npz (and a table of them into demos_table.md)."""
+    episodes = args.collect.episodes_per_snapshot
     if len(snapshots) < args.collect.num_snapshots:
         episodes = max(episodes, math.ceil(args.collect.num_snapshots / len(snapshots)))
         print(f"[demos] only {len(snapshots)} snapshots: {episodes} games from each")
-    env = make_envs(ctx["rom"], 1, ctx["sticky"], args.env, life_loss=False)
-    agent, collected = Agent(int(env.single_action_space.n)).to(ctx["device"]), []
+    env = make_envs(game, 1, life_loss=False)
+    agent, collected = Agent(int(env.single_action_space.n)).to(device), []
     for s_i, (iteration, weights) in enumerate(tqdm(snapshots, desc="demos", file=sys.stderr, disable=None)):
         agent.load_state_dict(weights)
         for episode in range(episodes):
@@ -630,18 +688,17 @@ def collect_demos(args: Args, ctx: dict) -> dict:
     frames, lengths, actions, returns, snapshot_ids = zip(*collected)
     demos = {"frames": np.concatenate(frames), "lengths": np.array(lengths), "actions": np.concatenate(actions)}
     demos |= {"returns": np.array(returns), "checkpoint": np.array(snapshot_ids)}
-    save(ctx["run_dir"] / "demos.npz", demos)
-    write_demo_table(demos, ctx["run_dir"] / "demos_table.md")
-    return demos
+    save(run_dir / "demos.npz", "demos", **demos)
+    write_demo_table(demos, run_dir / "demos_table.md")
 
 
-def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
-    """Phase 3: Bradley-Terry reward learning on snippet pairs; keeps the best validation-accuracy model."""
+def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, writer) -> dict:
+    """Phase 3: Bradley-Terry reward learning on snippet pairs; the model of the best validation accuracy goes
+    into reward_model.pt with its scores (returned)."""
     cfg, rng = args.reward, np.random.default_rng(args.seed)
-    frames = torch.as_tensor(demos["frames"], device=ctx["device"])
+    frames = torch.as_tensor(demos["frames"], device=device)
     offsets, lengths, scores = demos["offsets"], demos["lengths"], demos["scores"]
-    top, bottom = ctx["mask"]
-    net = RewardNet(top, bottom).to(ctx["device"])
+    net = RewardNet(*mask).to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     live = cfg.sampling == "live"
     stride = 1 if live else cfg.stride
@@ -693,10 +750,10 @@ def train_reward(args: Args, ctx: dict, demos: dict, writer) -> dict:
     info = {"val_accuracy": best["acc"], "best_step": best["step"], "steps_run": step + 1, "num_val_pairs": num_val}
     sigmoid_correlations = correlations(predicted_sigmoid, scores)
     info |= correlations(predicted, scores) | {f"{k}_sigmoid": v for k, v in sigmoid_correlations.items()}
-    model = {"state_dict": net.state_dict(), "mask_top": top, "mask_bottom": bottom, "env_id": args.env_id}
-    save(ctx["run_dir"] / "reward_model.pt", model | {"info": info})
+    model = {"state_dict": net.state_dict(), "mask_top": mask[0], "mask_bottom": mask[1], "env_id": args.env_id}
+    save(run_dir / "reward_model.pt", "reward_model", **model, info=info)
     true = demos["returns"] if np.isfinite(demos["returns"]).all() else scores
-    plot_pred_vs_true(predicted, predicted_sigmoid, true, info, ctx["run_dir"] / "reward_pred_vs_true.png", args.env_id)
+    plot_pred_vs_true(predicted, predicted_sigmoid, true, info, run_dir / "reward_pred_vs_true.png", args.env_id)
     print(f"[reward] val accuracy {best['acc']:.3f}; Spearman of predicted vs true demo returns {info['spearman']:.2f}")
     return info
 
@@ -711,14 +768,14 @@ def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float
     return correct / len(pairs[0])
 
 
-def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_dir: Optional[Path], tag: str) -> dict:
+def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag: str) -> dict:
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy, N games per seed;
     each env plays a fixed quota of games, so short games are not over-represented."""
     per_seed, episodes = [], args.eval.episodes
     for s_i, seed in enumerate(args.eval.seeds):
         num_envs = min(args.eval.num_envs, episodes)
         quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
-        envs = make_envs(rom, num_envs, sticky, args.env, life_loss=False)
+        envs = make_envs(game, num_envs, life_loss=False)
         obs, _ = envs.reset(seed=seed)
         tracker, finished, returns = GameTracker(num_envs), np.zeros(num_envs, dtype=int), []
         video = [obs[0, -1].copy()] if args.capture_video else None
@@ -747,68 +804,83 @@ def evaluate(args: Args, agent: Agent, rom: str, sticky: float, writer, video_di
     return {"per_seed": per_seed} | summary
 
 
-def run_pipeline(args: Args, ctx: dict, writer) -> Optional[dict]:
-    """Phases 1-5; each is skipped when its artifact is already in the run directory (loaded by validate)."""
-    run_dir = ctx["run_dir"]
-    if ctx["demos"] is None and ctx["reward_net"] is None:
-        if not ctx["demonstrator_done"]:
-            train_demonstrator(args, ctx)
+def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> Optional[dict]:
+    """Phases 1-5; a phase is skipped when validate found its artifact in the run directory (`found`)."""
+    demos, reward, resume = found["demos"], found["reward_model"], found["checkpoints"]
+    histories = {phase: ckpt["state"]["history"] for phase, ckpt in resume.items()}
+    stats = demo_stats(demos["returns"] if demos is not None else [])
+
+    def plot(phase):  # learning_curve.png of both PPO phases, redrawn at every checkpoint
+        return lambda history: plot_learning_curve(run_dir, args.env_id, histories | {phase: history}, stats)
+
+    if demos is None and reward is None:
+        snapshots = found["snapshots"]
+        if snapshots is None:
+            resumed = resume.get("demonstrator")
+            histories["demonstrator"] = train_demonstrator(args, game, device, run_dir, resumed, plot("demonstrator"))
             if args.stop_after == "demonstrator":
                 return None
-            ctx["snapshots"] = load_snapshots(run_dir / "demonstrator", args.collect.num_snapshots)
-        ctx["demos"] = load_demos(collect_demos(args, ctx), "the collected demos")
-    stats = demo_stats(ctx["demos"]["returns"] if ctx["demos"] is not None else [])
+            snapshots = load_snapshots(run_dir / "demonstrator", args.collect.num_snapshots)
+        collect_demos(args, game, snapshots, device, run_dir)
+        demos = load(run_dir / "demos.npz", "demos")
+        stats = demo_stats(demos["returns"])
     if args.stop_after in ("demonstrator", "demos"):
         return None
-    if ctx["reward_net"] is None:
-        train_reward(args, ctx, ctx["demos"], writer)
-        ctx["reward_net"], ctx["reward_info"] = load_reward_model(str(run_dir / "reward_model.pt"))
-    reward_net = ctx["reward_net"].to(ctx["device"]).requires_grad_(False)
+    if reward is None:
+        train_reward(args, demos, score_mask(game["rom"], args.reward), device, run_dir, writer)
+        reward = load(run_dir / "reward_model.pt", "reward_model")
+    reward_net = reward["net"].to(device).requires_grad_(False)
     if args.stop_after == "reward":
         return None
-    agent, state = train_ppo(args, ctx, "policy", args.policy.total_timesteps, writer, reward_net=reward_net)
-    save_policy(agent, run_dir / "policy.pt")
-    plot_learning_curve(ctx, stats)
+    resumed = resume.get("policy")
+    agent, state = train_ppo(args, game, "policy", writer, device, run_dir, plot("policy"), resumed, reward_net)
+    histories["policy"] = state["history"]
+    config = {"num_actions": agent.actor.out_features, "env_config": game}
+    policy = {"script": SCRIPT, "env_id": args.env_id, "network": "Agent", "config": config}
+    save(run_dir / "policy.pt", "policy", **policy, state_dict=agent.state_dict())
+    plot_learning_curve(run_dir, args.env_id, histories, stats)
     if args.stop_after == "policy":
         return None
-    ev = evaluate(args, agent, ctx["rom"], ctx["sticky"], writer, run_dir / "videos", "eval")
-    demonstrator = ctx["histories"].get("demonstrator")
-    results = {"env_id": args.env_id, "seed": args.seed, "demos": stats, "reward": ctx["reward_info"]}
+    ev = evaluate(args, agent, game, writer, run_dir / "videos", "eval")
+    demonstrator = histories.get("demonstrator")
+    results = {"env_id": args.env_id, "seed": args.seed, "demos": stats, "reward": reward["info"]}
     step = state["global_step"]
     results["policy"] = {"global_step": step, "frames": 4 * step, "sps": state.get("sps"), "reward": args.policy.reward}
     results["demonstrator"] = {"global_step": int(demonstrator[-1][0])} if demonstrator else None
-    results |= {"eval": ev, "trex_score": ev["best_mean"], "device": str(ctx["device"])}
-    results["paper"] = PAPER_BREAKOUT if ctx["rom"] == "breakout" else None
-    plot_learning_curve(ctx, stats, final_eval=ev["best_mean"])
-    save(run_dir / "results.json", results)
+    results |= {"eval": ev, "trex_score": ev["best_mean"], "device": str(device)}
+    results["paper"] = PAPER_BREAKOUT if game["rom"] == "breakout" else None
+    plot_learning_curve(run_dir, args.env_id, histories, stats, final_eval=ev["best_mean"])
+    save(run_dir / "results.json", "results", **results)
     best, average = stats["best"], stats["average"]
     demos = "no demo scores" if best is None else f"demos best {best:g}, average {average:.2f}"
     print(f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); {demos}")
     return results
 
 
-def evaluate_only(args: Args, ctx: dict, writer) -> dict:
+def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> dict:
     """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt with the --eval.* flags, into evaluations/eval_NNN.json."""
-    agent, path = ctx["policy"].to(ctx["device"]), ctx["eval_path"]
-    ev = evaluate(args, agent, ctx["rom"], ctx["sticky"], writer, ctx["run_dir"] / "videos", path.stem)
-    save(path, {"env_id": agent.env_id, "policy": "policy.pt", "eval": ev, "device": str(ctx["device"])})
+    agent, path = found["policy"].to(device), found["eval_path"]
+    ev = evaluate(args, agent, game, writer, run_dir / "videos", path.stem)
+    save(path, "evaluation", env_id=agent.env_id, policy="policy.pt", eval=ev, device=str(device))
     print(f"[eval-only] best seed mean {ev['best_mean']:.2f}; written to {path}")
     return ev
 
 
 def main(args: Args) -> Optional[dict]:
     try:
-        ctx = validate(args)
+        game, run_dir, found = validate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if ctx["finished"] is not None:
-        print(f"{ctx['run_dir']} is finished (results.json is never overwritten); --eval-only evaluates it again")
-        return ctx["finished"]
-    writer, restore_signals = start_run(args, ctx)
-    print(f"run dir: {ctx['run_dir']}")
+    if found.get("finished") is not None:
+        print(f"{run_dir} is finished (results.json is never overwritten); --eval-only evaluates it again")
+        return found["finished"]
+    device, writer, restore_signals = start_run(args, game, run_dir, found)
+    print(f"run dir: {run_dir}")
     try:
-        return evaluate_only(args, ctx, writer) if args.eval_only else run_pipeline(args, ctx, writer)
+        if args.eval_only:
+            return evaluate_only(args, game, run_dir, found, device, writer)
+        return run_pipeline(args, game, run_dir, found, device, writer)
     except (UsageError, NonFiniteLoss, Interrupted) as e:  # a UsageError here: the collected demos are unusable
         resume = "; re-run the same command to resume" if isinstance(e, Interrupted) else ""
         print(f"{'interrupted' if resume else 'error'}: {e}{resume}", file=sys.stderr)
@@ -816,7 +888,7 @@ def main(args: Args) -> Optional[dict]:
     finally:
         writer.close()
         restore_signals()
-        print(f"run dir: {ctx['run_dir']}")
+        print(f"run dir: {run_dir}")
 
 
 # ---- run management ----
@@ -867,17 +939,6 @@ def resolve_env_id(env_id: str) -> tuple[str, float]:
     raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
-def fire_action(rom: str) -> Optional[int]:
-    """Index of FIRE in the minimal action set when it is action 1 of >= 3 (FireResetEnv's rule), else None."""
-    from ale_py import ALEInterface, LoggerMode, roms
-
-    ALEInterface.setLoggerMode(LoggerMode.Error)
-    ale = ALEInterface()
-    ale.loadROM(roms.get_rom_path(rom))
-    actions = [str(a).split(".")[-1] for a in ale.getMinimalActionSet()]
-    return 1 if len(actions) >= 3 and actions[1] == "FIRE" else None
-
-
 # Every numeric flag's valid range, "name low high" (NaN fails every range test).
 RANGES = """
 seed 0 4294967295 | torch_threads 0 1024 | checkpoint_every 1 1e9 | env.sticky_actions -1 1 | env.noop_max 0 1e4
@@ -917,63 +978,52 @@ def check_args(args: Args) -> None:
         raise UsageError("--stop-after has no meaning with --eval-only")
 
 
-def validate(args: Args) -> dict:
-    """Every check that can fail on user input, before anything is written; returns everything it loaded."""
+def validate(args: Args) -> tuple[dict, Path, dict]:
+    """Every check that can fail on user input, before anything is written. Returns the game (the env settings),
+    the run dir and what it holds, loaded: finished results, demos, reward model, PPO checkpoints, snapshots."""
     check_args(args)
     if args.eval_only:
         return validate_eval_only(args)
     rom, sticky = resolve_env_id(args.env_id)
     sticky = sticky if args.env.sticky_actions < 0 else args.env.sticky_actions
+    game = {"rom": rom, "sticky": sticky, "noop_max": args.env.noop_max}
+    game["max_episode_frames"] = args.env.max_episode_frames
     default_dir = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = Path(args.run_dir or default_dir)
     check_run_dir(run_dir, args.env_id)
-    masks = zip((args.reward.mask_top, args.reward.mask_bottom), SCORE_MASKS.get(rom, DEFAULT_MASK))
-    top, bottom = (mask if mask >= 0 else default for mask, default in masks)
-    if top + bottom >= 84:
+    if sum(score_mask(rom, args.reward)) >= 84:
         raise UsageError("--reward.mask-top + --reward.mask-bottom hide the whole frame: use fewer rows")
-    env_config = {"rom": rom, "sticky": sticky, "noop_max": args.env.noop_max}
-    env_config["max_episode_frames"] = args.env.max_episode_frames
-    ctx = {"rom": rom, "sticky": sticky, "run_dir": run_dir, "mask": (top, bottom), "env_config": env_config}
-    ctx |= {"histories": {}, "finished": None, "demos": None, "reward_net": None, "reward_info": {}, "checkpoints": {}}
+    found = {"finished": None, "demos": None, "reward_model": None, "checkpoints": {}, "snapshots": None}
     if (run_dir / "results.json").exists():
-        ctx["finished"] = read_json(run_dir / "results.json")
-        return ctx
-    if (run_dir / "demos.npz").exists():
-        ctx["demos"] = load_demos(str(run_dir / "demos.npz"), "demos.npz in the run dir (delete it to collect again)")
-    elif args.demos:
-        ctx["demos"] = load_demos(args.demos, f"demos file {args.demos!r}")
+        return game, run_dir, found | {"finished": load(run_dir / "results.json", "results")}
+    if (run_dir / "demos.npz").exists() or args.demos:
+        found["demos"] = load(run_dir / "demos.npz" if (run_dir / "demos.npz").exists() else args.demos, "demos")
     if args.reward_model or (run_dir / "reward_model.pt").exists():
-        ctx["reward_net"], ctx["reward_info"] = load_reward_model(args.reward_model or str(run_dir / "reward_model.pt"))
+        found["reward_model"] = load(args.reward_model or run_dir / "reward_model.pt", "reward_model")
     for phase in ("demonstrator", "policy"):
         if (path := run_dir / "checkpoints" / f"{phase}.pt").exists():
-            keys = ("agent", "optimizer", "reward_rms", "rng", "state")
-            ctx["checkpoints"][phase] = torch_load(path, "resume checkpoint", "delete it to redo that phase", keys)
-            ctx["histories"][phase] = ctx["checkpoints"][phase]["state"]["history"]
-    ctx["demonstrator_done"] = ctx["checkpoints"].get("demonstrator", {}).get("state", {}).get("done", False)
-    if ctx["demos"] is None and ctx["reward_net"] is None and ctx["demonstrator_done"]:
-        ctx["snapshots"] = load_snapshots(run_dir / "demonstrator", args.collect.num_snapshots)
-    ctx["demo_stats"] = demo_stats(ctx["demos"]["returns"] if ctx["demos"] is not None else [])
-    return ctx
+            found["checkpoints"][phase] = load(path, "ppo_checkpoint")
+    demonstrator_done = found["checkpoints"].get("demonstrator", {"state": {"done": False}})["state"]["done"]
+    if found["demos"] is None and found["reward_model"] is None and demonstrator_done:
+        found["snapshots"] = load_snapshots(run_dir / "demonstrator", args.collect.num_snapshots)
+    return game, run_dir, found
 
 
-def validate_eval_only(args: Args) -> dict:
+def validate_eval_only(args: Args) -> tuple[dict, Path, dict]:
     run_dir = Path(args.eval_only)
     if not (run_dir / "policy.pt").is_file():
         raise UsageError(f"--eval-only {run_dir}: no policy.pt there; pass the run dir of a finished training run")
     check_run_dir(run_dir, None)
-    policy = load_policy(str(run_dir / "policy.pt"))
+    policy = load(run_dir / "policy.pt", "policy")["net"]
     numbers = [int(p.stem[5:]) for p in (run_dir / "evaluations").glob("eval_*.json") if p.stem[5:].isdigit()]
     eval_path = run_dir / "evaluations" / f"eval_{max(numbers, default=0) + 1:03d}.json"
-    config = policy.env_config
-    ctx = {"rom": config["rom"], "sticky": config["sticky"], "run_dir": run_dir, "policy": policy}
-    args.env = EnvArgs(noop_max=config["noop_max"], max_episode_frames=config["max_episode_frames"])
-    return ctx | {"eval_path": eval_path, "finished": None}
+    return policy.env_config, run_dir, {"policy": policy, "eval_path": eval_path}
 
 
 def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
     """A run dir is ours (args.json names this script and the env) and writable; nothing is created here."""
     if (run_dir / "args.json").exists():
-        saved = read_json(run_dir / "args.json")
+        saved = load(run_dir / "args.json", "args")
         if not isinstance(saved, dict) or saved.get("script") != SCRIPT:
             raise UsageError(f"{run_dir} was not made by {SCRIPT} (args.json): pass a new --run-dir")
         if env_id is not None and saved.get("env_id") != env_id:
@@ -989,24 +1039,6 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
         raise UsageError(f"cannot write in {probe}: pass a writable --run-dir") from None
 
 
-def read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise UsageError(f"{path} is corrupt or unreadable: delete it (it is rewritten) or pass a new --run-dir")
-
-
-def torch_load(path, what: str, fix: str, keys=(), weights_only: bool = False) -> dict:
-    """A dict written by torch.save holding `keys`; else a UsageError naming the file and the fix."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=weights_only)
-    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
-        obj = None
-    if not isinstance(obj, dict) or not set(keys) <= set(obj):
-        raise UsageError(f"{path} is not a readable {what}: {fix}")
-    return obj
-
-
 def load_snapshots(folder: Path, keep: int) -> list:
     """The demonstrator snapshots phase 2 draws from, each loaded and checked: [(iteration, state_dict)]."""
     paths = sorted(folder.glob("ckpt_*.pt"))
@@ -1014,40 +1046,17 @@ def load_snapshots(folder: Path, keep: int) -> list:
         paths = [paths[i] for i in np.unique(np.linspace(0, len(paths) - 1, keep).round().astype(int))]
     if not paths:
         raise UsageError(f"{folder} holds no snapshots: delete checkpoints/demonstrator.pt to train the demonstrator")
-    fix = "delete it and checkpoints/demonstrator.pt to train the demonstrator again"
-    snapshots = [torch_load(p, "demonstrator snapshot", fix, ("agent", "iteration")) for p in paths]
-    return [(int(s["iteration"]), s["agent"]) for s in snapshots]
+    return [(int(s["iteration"]), s["agent"]) for s in (load(p, "snapshot") for p in paths)]
 
 
-def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games: Optional[list], lr: float):
-    """The finished games (true score; learned return with a learned reward) into the history and TensorBoard."""
-    step = state["global_step"]
-    for k, (score, length) in enumerate(buf.games):
-        learned = learned_games[k] if learned_games and k < len(learned_games) else float("nan")
-        state["history"].append((step, score, length, learned))
-        writer.add_scalar("charts/episodic_return", score, step)
-        writer.add_scalar("charts/episodic_length", length, step)
-        if learned_games is not None:
-            writer.add_scalar("trex/learned_episodic_return", learned, step)
-    writer.add_scalar("charts/learning_rate", lr, step)
-    for name, value in losses.items():
-        writer.add_scalar(f"losses/{name}", value, step)
-    var_y = returns.var()
-    explained = float("nan") if var_y == 0 else float(1 - (returns - buf.values).var() / var_y)
-    writer.add_scalar("losses/explained_variance", explained, step)
-    if learned_games is not None:
-        writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
-
-
-def resume_ppo(ctx: dict, phase: str, num_iterations: int, agent, optimizer, rms, state: dict) -> bool:
+def resume_ppo(ckpt: Optional[dict], phase: str, num_iterations: int, agent, optimizer, rms, state: dict) -> bool:
     """Loads the phase's checkpoint (read by validate) into the objects; True when the phase is finished. A finished
     policy phase given a larger budget trains on; the demonstrator is never extended (the demos came from it)."""
-    ckpt = ctx["checkpoints"].get(phase)
     if ckpt is None:
         return False
     agent.load_state_dict(ckpt["agent"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    vars(rms).update({k: v.to(ctx["device"]) for k, v in ckpt["reward_rms"].items()})
+    vars(rms).update({k: v.to(rms.mean.device) for k, v in ckpt["reward_rms"].items()})
     set_rng_state(ckpt["rng"])
     state.update(ckpt["state"])
     extend = phase == "policy" and state["done"] and state["iteration"] < num_iterations
@@ -1059,30 +1068,94 @@ def resume_ppo(ctx: dict, phase: str, num_iterations: int, agent, optimizer, rms
     return False
 
 
-def save_ppo_checkpoint(ctx: dict, phase: str, agent, optimizer, rms, state: dict) -> None:
-    ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "reward_rms": dict(vars(rms))}
-    save(ctx["run_dir"] / "checkpoints" / f"{phase}.pt", ckpt | {"rng": rng_state(), "state": state})
-    ctx["histories"][phase] = state["history"]
-    plot_learning_curve(ctx)
+# The torch artifacts: kind -> (the keys it holds, what it is, the fix when it cannot be used)
+ARTIFACTS = {
+    "ppo_checkpoint": (
+        ("agent", "optimizer", "reward_rms", "rng", "state"),
+        "resume checkpoint",
+        "delete it to redo that phase",
+    ),
+    "snapshot": (
+        ("agent", "iteration", "global_step"),
+        "demonstrator snapshot",
+        "delete it and checkpoints/demonstrator.pt to train the demonstrator again",
+    ),
+    "reward_model": (
+        ("state_dict", "mask_top", "mask_bottom", "env_id", "info"),
+        "reward model",
+        "pass a reward_model.pt of this script (or delete it to redo phase 3)",
+    ),
+    "policy": (
+        ("script", "env_id", "network", "config", "state_dict"),
+        "policy",
+        f"pass the policy.pt of a run of {SCRIPT}",
+    ),
+}
+VERSION = 1  # of that layout: load refuses files of another (no shims for older runs)
 
 
-def save_snapshot(folder: Path, agent: Agent, state: dict) -> None:
-    snapshot = {"agent": agent.state_dict(), "iteration": state["iteration"], "global_step": state["global_step"]}
-    save(folder / f"ckpt_{state['iteration']:05d}.pt", snapshot)
-
-
-def load_demos(source, name: str) -> dict:
-    """Read and check a demo npz (a path) or freshly collected demos (a dict); UsageError naming the key.
-    Format (docs/trex_ppo_atari.md): frames uint8 (F, 84, 84), lengths int (D,) with F = sum(lengths + 3),
-    returns float (D,) and/or ranks (D,); optional offsets (D,), actions (sum(lengths),), checkpoint (D,)."""
-    if isinstance(source, dict):
-        d = dict(source)
+def save(path: Path, kind: str, **payload) -> None:
+    """Writes one artifact atomically. A torch file holds {kind, version, **payload}, which load checks; .json
+    (args, results, evaluations) and .npz (demos) hold the payload alone, in the formats users write too."""
+    if path.suffix == ".json":
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2)))
+    elif path.suffix == ".npz":
+        atomic_write(path, lambda tmp: np.savez_compressed(tmp.open("wb"), **payload))
     else:
+        atomic_write(path, lambda tmp: torch.save({"kind": kind, "version": VERSION} | payload, tmp))
+
+
+def load(path, kind: str):
+    """Reads one artifact and checks it: any flaw is a UsageError naming the file and the fix. Returns the parsed
+    .json, the checked demos (.npz), or a torch file's payload, with "net" built for a policy or reward model."""
+    path = Path(path)
+    if kind == "demos":
+        name = f"demos file {str(path)!r}"
         try:
-            with np.load(source) as z:
-                d = {k: z[k] for k in z.files}
+            with np.load(path) as z:
+                arrays = {k: z[k] for k in z.files}
         except Exception:  # noqa: BLE001 -- an unreadable file, or an object array inside it
             raise UsageError(f"cannot read {name}: pass an .npz in the format of docs/trex_ppo_atari.md") from None
+        return check_demos(arrays, name)
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"{path} is corrupt or unreadable: delete it (it is rewritten) or pass a new --run-dir")
+    keys, what, fix = ARTIFACTS[kind]
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=kind == "policy")
+    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
+        obj = None
+    if kind == "policy" and isinstance(obj, dict) and (obj.get("script"), obj.get("network")) != (SCRIPT, "Agent"):
+        raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
+    if not isinstance(obj, dict) or (obj.get("kind"), obj.get("version")) != (kind, VERSION) or set(keys) - set(obj):
+        raise UsageError(f"{path} is not a readable {what}: {fix}")
+    try:
+        if kind == "policy":
+            obj["net"] = Agent(obj["config"]["num_actions"], obj["env_id"], obj["config"]["env_config"])
+        elif kind == "reward_model":
+            obj["net"] = RewardNet(obj["mask_top"], obj["mask_bottom"])
+        if "net" in obj:
+            obj["net"].load_state_dict(obj["state_dict"])
+            obj["net"].eval()
+    except Exception:  # noqa: BLE001 -- a dict of something else
+        raise UsageError(f"{path} is not a {what} of this script: {fix}") from None
+    return obj
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(tmp) into `name.tmp` beside path (`name.tmp.webm` for opencv, which picks the container from the
+    extension), then os.replace: a killed run never leaves half a file under an artifact's name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp" + (".webm" if path.suffix == ".webm" else ""))
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def check_demos(d: dict, name: str) -> dict:
+    """The demo arrays checked, with offsets, int64 lengths, float returns (NaN without) and scores (ranks or
+    returns) added; UsageError naming the key."""
     for key in ("frames", "lengths") + (() if "ranks" in d else ("returns",)):
         if key not in d:
             raise UsageError(f"{name} lacks the key {key!r}: see the npz format in docs/trex_ppo_atari.md")
@@ -1109,55 +1182,14 @@ def load_demos(source, name: str) -> dict:
     return d | {"lengths": lengths, "scores": scores, "offsets": offsets, "returns": returns}
 
 
-def load_reward_model(path: str) -> tuple:
-    ckpt = torch_load(path, "reward model", "pass a reward_model.pt of this script (or delete it to redo phase 3)")
-    try:
-        net = RewardNet(ckpt["mask_top"], ckpt["mask_bottom"])
-        net.load_state_dict(ckpt["state_dict"])
-    except Exception:  # noqa: BLE001 -- a dict of something else
-        raise UsageError(f"{path} is not a reward model of this script: delete it to redo phase 3") from None
-    return net.eval(), ckpt.get("info", {})
-
-
-def save_policy(agent: Agent, path: Path) -> None:
-    config = {"num_actions": agent.actor.out_features, "env_config": agent.env_config}
-    policy = {"script": SCRIPT, "env_id": agent.env_id, "network": "Agent", "config": config}
-    save(path, policy | {"state_dict": agent.state_dict()})
-
-
 def load_policy(path: str, device="cpu") -> Agent:
     """policy.pt -> the Agent in eval mode on `device`, with .act(obs) and .env_id (see docs/CONTRACT.md)."""
-    saved = torch_load(path, "policy", f"pass the policy.pt of a run of {SCRIPT}", weights_only=True)
-    if saved.get("script") != SCRIPT or saved.get("network") != "Agent":
-        raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
-    agent = Agent(saved["config"]["num_actions"], saved["env_id"], saved["config"]["env_config"])
-    agent.load_state_dict(saved["state_dict"])
-    return agent.to(device).eval()
+    return load(path, "policy")["net"].to(device)
 
 
 def make_policy_envs(policy: Agent, num_envs: int):
     """The envs a loaded policy plays, made as in its evaluation: full games, the settings saved in policy.pt."""
-    config = policy.env_config
-    env_args = EnvArgs(noop_max=config["noop_max"], max_episode_frames=config["max_episode_frames"])
-    return make_envs(config["rom"], num_envs, config["sticky"], env_args, life_loss=False)
-
-
-def save(path: Path, obj) -> None:
-    """Atomic: written to `name.tmp` beside path (`name.tmp.webm` for opencv, which picks the container from the
-    extension), then os.replace. A dict goes by path's suffix (.json, .npz, else torch.save), a str as text; a
-    callable writes the tmp path itself."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp" + (".webm" if path.suffix == ".webm" else ""))
-    if callable(obj):
-        obj(tmp)
-    elif isinstance(obj, str) or path.suffix == ".json":
-        tmp.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
-    elif path.suffix == ".npz":
-        with open(tmp, "wb") as f:  # a file object: given a path, numpy would append .npz
-            np.savez_compressed(f, **obj)
-    else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)
+    return make_envs(policy.env_config, num_envs, life_loss=False)
 
 
 def demo_stats(returns) -> dict:
@@ -1173,7 +1205,7 @@ def write_demo_table(demos: dict, path: Path) -> None:
         lines.append(f"| {i} | {demos['checkpoint'][i]} | {demos['returns'][i]:g} | {demos['lengths'][i]} |")
     s = demo_stats(demos["returns"])
     lines += ["", f"best {s['best']}, average {s['average']:.1f}, worst {s['worst']} over {s['num_demos']} demos"]
-    save(path, "\n".join(lines) + "\n")
+    atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
     print("\n".join(lines))
 
 
@@ -1197,20 +1229,19 @@ def plot_pred_vs_true(predicted, predicted_sigmoid, true, info, path: Path, env_
         ax.set_title(f"Spearman {info['spearman' + key]:.2f}, Pearson {info['pearson' + key]:.2f}", fontsize=9)
     fig.suptitle(f"{env_id}: learned vs true return of every demo", fontsize=9)
     fig.tight_layout()
-    save(path, lambda tmp: fig.savefig(tmp, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
 
 
-def plot_learning_curve(ctx: dict, stats: Optional[dict] = None, final_eval: Optional[float] = None) -> None:
+def plot_learning_curve(run_dir: Path, env_id: str, histories: dict, stats: dict, final_eval=None) -> None:
     """One panel per PPO phase (true game score, 20-game mean) with the demos and the final evaluation marked."""
-    phases = [p for p in ("demonstrator", "policy") if p in ctx["histories"]]
+    phases = [p for p in ("demonstrator", "policy") if p in histories]
     if not phases:
         return
     from matplotlib.figure import Figure
 
-    stats = stats or ctx.get("demo_stats") or {}
     fig = Figure(figsize=(5 * len(phases), 3.4), dpi=100)
     for ax, phase in zip(fig.subplots(1, len(phases), squeeze=False)[0], phases):
-        steps, scores = np.array([h[:2] for h in ctx["histories"][phase]]).reshape(-1, 2).T
+        steps, scores = np.array([h[:2] for h in histories[phase]]).reshape(-1, 2).T
         k = min(20, len(scores))  # no finished game yet: an empty panel
         if k:
             ax.plot(steps[k - 1 :] * 4, np.convolve(scores, np.ones(k) / k, mode="valid"), label="training games")
@@ -1223,9 +1254,9 @@ def plot_learning_curve(ctx: dict, stats: Optional[dict] = None, final_eval: Opt
         ax.set(xlabel="emulator frames", ylabel="true game score (20-game mean)", title=title)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    fig.suptitle(ctx["env_id"], fontsize=9)
+    fig.suptitle(env_id, fontsize=9)
     fig.tight_layout()
-    save(ctx["run_dir"] / "learning_curve.png", lambda tmp: fig.savefig(tmp, format="png"))
+    atomic_write(run_dir / "learning_curve.png", lambda tmp: fig.savefig(tmp, format="png"))
 
 
 def write_video(frames: list, path: Path, scale: int = 4) -> None:
@@ -1241,7 +1272,7 @@ def write_video(frames: list, path: Path, scale: int = 4) -> None:
             writer.write(cv2.cvtColor(cv2.resize(f, size, interpolation=cv2.INTER_NEAREST), cv2.COLOR_GRAY2BGR))
         writer.release()
 
-    save(path, write)
+    atomic_write(path, write)
 
 
 def keep_freed_memory() -> None:
@@ -1266,8 +1297,9 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def start_run(args: Args, ctx: dict):
-    """After validation: seeds, threads, device, the run dir (stale *.tmp removed, args.json), signals, logging."""
+def start_run(args: Args, game: dict, run_dir: Path, found: dict):
+    """After validation: seeds, threads, the run dir (stale *.tmp removed, args.json), signals, logging. Returns
+    the device, the TensorBoard writer and a function that restores the signal handlers."""
     from torch.utils.tensorboard import SummaryWriter
 
     random.seed(args.seed)
@@ -1277,19 +1309,16 @@ def start_run(args: Args, ctx: dict):
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     keep_freed_memory()
-    ctx["device"] = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    ctx["env_id"] = args.env_id if not args.eval_only else ctx["policy"].env_id
-    run_dir = ctx["run_dir"]
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in run_dir.rglob("*.tmp*"):
         stale.unlink()
     if not args.eval_only:
-        if ctx["rom"] not in SCORE_MASKS and args.reward.mask_top < 0:
-            warning = f"warning: no score mask known for {ctx['rom']}: hiding the top {DEFAULT_MASK[0]} rows"
+        if game["rom"] not in SCORE_MASKS and args.reward.mask_top < 0:
+            warning = f"warning: no score mask known for {game['rom']}: hiding the top {DEFAULT_MASK[0]} rows"
             print(f"{warning} (check a frame and set --reward.mask-top/--reward.mask-bottom)", file=sys.stderr)
-        save(run_dir / "args.json", {"script": SCRIPT, "env_id": args.env_id, "args": asdict(args)})
+        save(run_dir / "args.json", "args", script=SCRIPT, env_id=args.env_id, args=asdict(args))
         if args.demos and not (run_dir / "demos.npz").exists():
-            save(run_dir / "demos.npz", {k: v for k, v in ctx["demos"].items() if k != "scores"})
+            save(run_dir / "demos.npz", "demos", **{k: v for k, v in found["demos"].items() if k != "scores"})
     handlers = {s: signal.signal(s, lambda num, _: STOP.update(signal=num)) for s in (signal.SIGINT, signal.SIGTERM)}
     STOP["signal"] = 0
     if args.track:
@@ -1297,8 +1326,9 @@ def start_run(args: Args, ctx: dict):
 
         settings = dict(name=run_dir.name, sync_tensorboard=True, config=asdict(args), save_code=True, resume="allow")
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, **settings)
-    writer = SummaryWriter(str(run_dir))
-    return writer, lambda: [signal.signal(s, h) for s, h in handlers.items()]
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    restore_signals = lambda: [signal.signal(s, h) for s, h in handlers.items()]  # noqa: E731
+    return device, SummaryWriter(str(run_dir)), restore_signals
 
 
 def parse_args(argv: Optional[list] = None) -> Args:

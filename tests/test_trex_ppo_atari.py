@@ -165,9 +165,14 @@ def test_snippet_index_and_frame_store_rebuild_stacks():
     assert stacks[:, :, 0, 0].tolist() == [[0, 1, 2, 3], [15, 16, 17, 18]]
 
 
+def breakout(max_episode_frames: int) -> dict:
+    """The game settings make_envs takes (saved in policy.pt as env_config): Breakout without sticky actions."""
+    return {"rom": "breakout", "sticky": 0.0, "noop_max": 30, "max_episode_frames": max_episode_frames}
+
+
 def test_demo_frames_stored_once_rebuild_the_env_stacks():
     """Demos keep 1 frame per step; frames[t:t+4] must equal the env's stacked observation t."""
-    env = trex.make_envs("breakout", 1, 0.0, trex.EnvArgs(max_episode_frames=400), life_loss=False)
+    env = trex.make_envs(breakout(max_episode_frames=400), 1, life_loss=False)
     obs, _ = env.reset(seed=3)
     stacks, frames = [obs[0].copy()], [obs[0].copy()]
     for t in range(40):
@@ -206,7 +211,7 @@ def test_env_id_mapping():
 def test_only_real_game_ends_use_the_final_frame():
     """Issue 16's cause: at a lost life (life_loss_info) ale-py's info["final_obs"] holds stale memory. The rollout
     keeps final frames only of envs whose game really ended, and those equal the last observation shifted by one."""
-    envs = trex.make_envs("breakout", 3, 0.0, trex.EnvArgs(max_episode_frames=600), life_loss=True)
+    envs = trex.make_envs(breakout(max_episode_frames=600), 3, life_loss=True)
     player = trex.Player(envs, trex.fire_action("breakout"), seed=5, device="cpu")
     agent = trex.Agent(int(envs.single_action_space.n))
     buf = trex.Rollout(160, 3, "cpu")
@@ -236,10 +241,8 @@ class ConstantReward(torch.nn.Module):
 def test_the_env_reward_never_reaches_the_policy(tmp_path):
     """With a constant learned reward every PPO reward is sigmoid(0.7), whatever the game scores."""
     args = trex.parse_args([*TINY, "--policy.total-timesteps", "128", "--env.max-episode-frames", "400"])
-    ctx = {"device": torch.device("cpu"), "rom": "breakout", "sticky": 0.0, "run_dir": tmp_path, "checkpoints": {}}
-    ctx |= {"histories": {}, "env_config": {}, "env_id": args.env_id}
-    writer = RecordingWriter()
-    trex.train_ppo(args, ctx, "policy", 128, writer, reward_net=ConstantReward())
+    writer, game = RecordingWriter(), breakout(max_episode_frames=400)
+    trex.train_ppo(args, game, "policy", writer, "cpu", tmp_path, lambda history: None, reward_net=ConstantReward())
     assert writer.scalars["trex/mean_step_reward"] == pytest.approx([1 / (1 + math.exp(-0.7))] * 2, abs=1e-6)
     assert sum(writer.scalars.get("charts/episodic_return", [])) >= 0  # games were played and logged
 
@@ -264,18 +267,18 @@ def synthetic_demos(qualities, length, rng):
 
 def test_reward_learning_ranks_held_out_trajectories(tmp_path):
     """Known-quality policies: a reward net trained on ranked trajectories must rank unseen ones (Spearman >= 0.8)."""
-    demos = trex.load_demos(synthetic_demos(np.linspace(0.05, 0.95, 10), 60, np.random.default_rng(0)), "demos")
+    demos = trex.check_demos(synthetic_demos(np.linspace(0.05, 0.95, 10), 60, np.random.default_rng(0)), "demos")
     args = trex.parse_args(
         ["--reward.num-pairs", "400", "--reward.epochs", "1", "--reward.batch-size", "8", "--reward.lr", "1e-3"]
         + ["--reward.min-len", "20", "--reward.max-len", "40", "--reward.eval-every", "25", "--reward.patience", "100"]
         + ["--seed", "0"]
     )
-    ctx = {"device": torch.device("cpu"), "mask": (10, 0), "run_dir": tmp_path}
-    info = trex.train_reward(args, ctx, demos, RecordingWriter())
+    info = trex.train_reward(args, demos, (10, 0), "cpu", tmp_path, RecordingWriter())
     assert info["val_accuracy"] >= 0.8
     assert (tmp_path / "reward_pred_vs_true.png").exists()
-    net, saved_info = trex.load_reward_model(str(tmp_path / "reward_model.pt"))
-    assert saved_info == info
+    saved = trex.load(tmp_path / "reward_model.pt", "reward_model")
+    net = saved["net"]
+    assert saved["info"] == info
     held_out = synthetic_demos([0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.6, 0.3], 60, np.random.default_rng(1))
     predicted = trex.demo_returns(net, torch.as_tensor(held_out["frames"]), np.arange(8) * 63, held_out["lengths"])
     assert trex.correlations(predicted, held_out["returns"])["spearman"] >= 0.8
@@ -561,7 +564,7 @@ def valid_demo_arrays() -> dict:
 def test_demos_file_mutated_key_by_key(tmp_path):
     valid = valid_demo_arrays() | {"actions": np.zeros(38, dtype=np.int64), "checkpoint": np.array([0, 5, 9])}
     np.savez(tmp_path / "valid.npz", **valid)
-    trex.load_demos(str(tmp_path / "valid.npz"), "demos")
+    trex.load(tmp_path / "valid.npz", "demos")
     optional = {"offsets", "actions", "checkpoint"}
     for key, how, arrays in mutated_arrays(valid):
         path = tmp_path / f"{key}_{how.replace(' ', '_')}.npz"
