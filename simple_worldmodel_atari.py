@@ -38,19 +38,25 @@ import tyro
 
 # ale_py, tensorboard, cv2 and matplotlib are imported where they are used: importing this file (tests) and
 # rejecting bad input stay fast.
+SCRIPT = os.path.basename(__file__)
+
+
+def ranged(default, lo, hi):
+    """A numeric flag's default and its allowed range [lo, hi], checked before any work."""
+    return field(default=default, metadata={"range": (lo, hi)})
 
 
 @dataclass
 class EnvArgs:
     """The real game (ale-py AtariVectorEnv, 105x80 RGB frames, stack 4, frameskip 4)."""
 
-    sticky_actions: float = -1.0
+    sticky_actions: float = ranged(-1.0, -1.0, 1.0)
     """repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5"""
-    noop_max: int = 8
+    noop_max: int = ranged(8, 0, 10_000)
     """up to this many no-ops at every reset of the real game (the reference's max_num_noops)"""
-    max_episode_frames: int = 108_000
+    max_episode_frames: int = ranged(108_000, 100, 10**8)
     """emulator frames per real game before truncation"""
-    num_envs: int = 16
+    num_envs: int = ranged(16, 1, 1024)
     """parallel real envs for collection (each plays steps-per-epoch / num-envs steps per collection)"""
 
 
@@ -58,9 +64,9 @@ class EnvArgs:
 class LoopArgs:
     """The SimPLe loop and its real-step budget."""
 
-    epochs: int = 15
+    epochs: int = ranged(15, 1, 1000)
     """SimPLe epochs (world model -> PPO in the model -> real collection -> evaluation)"""
-    real_steps: int = 96_000
+    real_steps: int = ranged(96_000, 1, 10**9)
     """agent steps collected by the policy over all epochs; one more equal collection of random play comes first"""
 
 
@@ -70,71 +76,71 @@ class WorldModelArgs:
 
     model: Literal["stochastic-discrete", "deterministic"] = "stochastic-discrete"
     """deterministic trunk, or the trunk with a 128-bit latent (inference net in training, LSTM prior at play)"""
-    hidden_size: int = 96
+    hidden_size: int = ranged(96, 1, 4096)
     """channels after the input embedding"""
-    compress_steps: int = 6
+    compress_steps: int = ranged(6, 1, 7)
     """encoder blocks (conv 4x4 stride 2 each) and as many decoder blocks"""
-    filter_double_steps: int = 3
+    filter_double_steps: int = ranged(3, 0, 7)
     """the first this-many encoder blocks double the channels (the last decoder blocks halve them)"""
-    hidden_layers: int = 2
+    hidden_layers: int = ranged(2, 0, 64)
     """3x3 conv layers at the bottleneck"""
-    dropout: float = 0.15
+    dropout: float = ranged(0.15, 0.0, 0.99)
     """dropout before every encoder and decoder block"""
-    residual_dropout: float = 0.5
+    residual_dropout: float = ranged(0.5, 0.0, 0.99)
     """dropout of the bottleneck conv layers"""
-    target_frames: int = 6
+    target_frames: int = ranged(6, 1, 256)
     """frames predicted per training sequence after the 4 context frames (scheduled sampling acts on them)"""
-    batch_size: int = 4
+    batch_size: int = ranged(4, 1, 4096)
     """sequences per optimiser step"""
     optimizer: Literal["adafactor", "adam"] = "adafactor"
     """adafactor as the reference; adam learns small models faster (the CPU quick configuration uses it)"""
-    learning_rate: float = 2e-3
+    learning_rate: float = ranged(2e-3, 1e-12, 10.0)
     """peak learning rate of the world-model optimiser"""
-    warmup_steps: int = 2000
+    warmup_steps: int = ranged(2000, 1, 10**9)
     """linear learning-rate warm-up, then constant"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, 1e-9, 1e9)
     """gradient-norm clip"""
-    loss_cutoff: float = 0.03
+    loss_cutoff: float = ranged(0.03, 0.0, 10.0)
     """per-pixel cross-entropy below this gives no gradient: loss = relu(xent - cutoff)"""
-    input_noise: float = 0.0
+    input_noise: float = ranged(0.0, 0.0, 1.0)
     """share of input pixels set to the median colour in training (0 = off; the deterministic reference: 0.05)"""
-    train_steps: int = 15_000
+    train_steps: int = ranged(15_000, 0, 10**9)
     """optimiser steps per epoch"""
-    epoch_multiplier: int = 3
+    epoch_multiplier: int = ranged(3, 1, 1000)
     """train_steps x this at epochs 0, 1, 4, 9 and 14"""
-    ss_exp_steps: int = 10_000
+    ss_exp_steps: int = ranged(10_000, 1, 10**9)
     """scheduled sampling: inverse-exponential ramp length (steps)"""
-    ss_lin_steps: int = 40_000
+    ss_lin_steps: int = ranged(40_000, 1, 10**9)
     """scheduled sampling: inverse-linear ramp length (steps)"""
-    ss_max_prob: float = 1.0
+    ss_max_prob: float = ranged(1.0, 0.0, 1.0)
     """scheduled sampling: final probability of feeding back the model's own frame (0 = always the real frame)"""
-    bits: int = 128
+    bits: int = ranged(128, 8, 4096)
     """latent bits (a multiple of 8: the prior predicts 8 bits at a time)"""
-    bit_noise: float = 0.2
+    bit_noise: float = ranged(0.2, 0.0, 10.0)
     """std of the Gaussian noise added to the bit logits in training"""
-    bit_flip: float = 0.1
+    bit_flip: float = ranged(0.1, 0.0, 0.5)
     """bit dropout: probability of flipping each bit in training"""
-    discretize_warmup: int = 40_000
+    discretize_warmup: int = ranged(40_000, 1, 10**9)
     """steps over which the share of hard bits (vs continuous tanh) rises to 1"""
-    prior_max_sampling: float = 0.5
+    prior_max_sampling: float = ranged(0.5, 0.0, 1.0)
     """final probability of replacing the posterior bits by the LSTM prior's in training"""
-    prior_warmup: int = 40_000
+    prior_warmup: int = ranged(40_000, 1, 10**9)
     """steps over which that probability rises linearly"""
-    latent_use_max: float = 0.8
+    latent_use_max: float = ranged(0.8, 0.0, 1.0)
     """final share of examples that use the latent in training (the rest train without it)"""
-    latent_use_warmup: int = 20_000
+    latent_use_warmup: int = ranged(20_000, 1, 10**9)
     """steps over which that share rises"""
-    lstm_size: int = 128
+    lstm_size: int = ranged(128, 1, 65_536)
     """LSTM prior state size"""
-    inference_filters: int = 128
+    inference_filters: int = ranged(128, 1, 65_536)
     """filters of the inference net's first conv (the second has 4x)"""
-    pixel_temperature: float = 0.0
+    pixel_temperature: float = ranged(0.0, 0.0, 100.0)
     """sampling temperature of predicted pixels fed back in simulation (0 = argmax, the reference)"""
-    latent_temperature: float = 1.0
+    latent_temperature: float = ranged(1.0, 0.0, 100.0)
     """sampling temperature of the LSTM prior's bits in simulation"""
-    eval_sequences: int = 16
+    eval_sequences: int = ranged(16, 1, 10**6)
     """held-out real sequences for the open-loop evaluation"""
-    eval_horizon: int = 50
+    eval_horizon: int = ranged(50, 1, 10**6)
     """open-loop steps of that evaluation (metrics at 1, 12 and this)"""
 
 
@@ -142,33 +148,33 @@ class WorldModelArgs:
 class PPOArgs:
     """Phase 2: PPO inside the world model (and on the real game in model-free mode)."""
 
-    iterations: int = 1000
+    iterations: int = ranged(1000, 0, 10**9)
     """PPO iterations in the model per epoch (x3 on the last epoch, x2 on epochs 1, 7, 11)"""
-    num_envs: int = 16
+    num_envs: int = ranged(16, 1, 65_536)
     """simulated envs (model-free mode: the real --env.num-envs are used)"""
-    num_steps: int = 50
+    num_steps: int = ranged(50, 2, 100_000)
     """rollout length; every simulated rollout starts from fresh real frames"""
-    learning_rate: float = 1e-4
+    learning_rate: float = ranged(1e-4, 1e-12, 10.0)
     """Adam learning rate (beta1 0.85, beta2 0.997, eps 1e-6), constant"""
-    gamma: float = 0.99
+    gamma: float = ranged(0.99, 0.0, 1.0)
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = ranged(0.95, 0.0, 1.0)
     """GAE lambda"""
-    clip_coef: float = 0.1
+    clip_coef: float = ranged(0.1, 1e-6, 10.0)
     """PPO ratio clip"""
-    vf_coef: float = 1.0
+    vf_coef: float = ranged(1.0, 0.0, 1e6)
     """value loss weight"""
-    ent_coef: float = 0.01
+    ent_coef: float = ranged(0.01, 0.0, 1e6)
     """entropy bonus weight"""
-    update_epochs: int = 3
+    update_epochs: int = ranged(3, 1, 1000)
     """passes over a rollout: (num_steps - 1) x update_epochs // minibatch_steps minibatches"""
-    minibatch_steps: int = 20
+    minibatch_steps: int = ranged(20, 1, 100_000)
     """time indices per minibatch (x all envs)"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = ranged(0.5, 1e-9, 1e9)
     """gradient-norm clip"""
-    dropout: float = 0.1
+    dropout: float = ranged(0.1, 0.0, 0.99)
     """policy dropout before the dense layer"""
-    collect_temperature: float = 1.0
+    collect_temperature: float = ranged(1.0, 0.0, 100.0)
     """policy sampling temperature when collecting real frames"""
 
 
@@ -176,15 +182,15 @@ class PPOArgs:
 class EvalArgs:
     """Phase 4: evaluation in the real game (and --eval-only)."""
 
-    episodes: int = 8
+    episodes: int = ranged(8, 0, 10**6)
     """full real games per evaluation (0 = no evaluation)"""
-    num_envs: int = 8
+    num_envs: int = ranged(8, 1, 1024)
     """parallel envs of the evaluation"""
-    temperature: float = 0.5
+    temperature: float = ranged(0.5, 0.0, 100.0)
     """policy sampling temperature: logits / T (0 = argmax); the paper found 0.5 usually best"""
-    noop_max: int = 8
+    noop_max: int = ranged(8, 0, 10_000)
     """up to this many no-ops at every reset of an evaluation game"""
-    max_steps: int = 0
+    max_steps: int = ranged(0, 0, 10**8)
     """agent steps per evaluation game (0 = full games; the reference's periodic evaluation used 1000)"""
     grid: bool = False
     """--eval-only: evaluate every --eval.grid-temperatures x --eval.grid-noops pair (the reference's grid)"""
@@ -192,7 +198,7 @@ class EvalArgs:
     """sampling temperatures of the grid"""
     grid_noops: list[int] = field(default_factory=lambda: [8, 0])
     """max no-ops of the grid"""
-    debug_steps: int = 200
+    debug_steps: int = ranged(200, 1, 10**6)
     """--eval-only --capture-video with a world_model.pt: steps of the model / real / difference video"""
 
 
@@ -200,9 +206,9 @@ class EvalArgs:
 class PlayArgs:
     """--mode play: the player."""
 
-    zoom: int = 4
+    zoom: int = ranged(4, 1, 32)
     """window zoom"""
-    fps: int = 20
+    fps: int = ranged(20, 1, 1000)
     """frames per second when the wait mode is off"""
     wait: bool = True
     """the game advances only on a key press (the reference's WAIT mode; the c key toggles it)"""
@@ -214,9 +220,9 @@ class PlayArgs:
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT[: -len(".py")]
     """the name of this experiment"""
-    seed: int = 1
+    seed: int = ranged(1, 0, 2**31 - 1)
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
@@ -230,7 +236,7 @@ class Args:
     """the wandb entity"""
     capture_video: bool = False
     """record the first game of each evaluation to run_dir/videos/ (VP9 WebM)"""
-    torch_threads: int = 0
+    torch_threads: int = ranged(0, 0, 1024)
     """CPU threads for torch (0 = torch's default)"""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """world model's convolutions in bf16 autocast (weights, optimiser, heads, LSTM prior, losses stay fp32);
@@ -245,7 +251,7 @@ class Args:
     """a run directory: evaluate its policy.pt with the --eval.* flags, write evaluations/eval_NNN.json"""
     world_model: Optional[str] = None
     """a world_model.pt of this script for the same game: kept fixed (no world-model training)"""
-    checkpoint_every: int = 200
+    checkpoint_every: int = ranged(200, 1, 10**9)
     """world-model steps or PPO iterations between resume checkpoints"""
     env: EnvArgs = field(default_factory=EnvArgs)
     loop: LoopArgs = field(default_factory=LoopArgs)
@@ -259,6 +265,8 @@ FRAME_SHAPE = (105, 80, 3)  # SimPLe's frames: 210x160 RGB downscaled x2 (area),
 STACK = 4
 WM_MULTIPLIER_EPOCHS = (0, 1, 4, 9, 14)  # epochs whose world-model steps are x epoch_multiplier
 PPO_X2_EPOCHS = (1, 7, 11)  # epochs whose PPO iterations are x2 (the last epoch: x3)
+FORMAT_VERSION = 1  # of the .pt files (policy, world_model, checkpoint); a file of another version is refused
+SIMPLE_PHASES = ("world_model", "policy", "collect", "evaluate")  # one epoch of the loop, in order
 PAPER_SIMPLE = {"pong": 12.8, "breakout": 16.4, "freeway": 16.7}  # SD-long, mean of 5 runs, 100K (iris SimPLe.json)
 
 
@@ -272,6 +280,9 @@ class NonFiniteLoss(Exception):
 
 class Interrupted(Exception):
     """SIGINT/SIGTERM: the phase saved its state; main exits 130."""
+
+
+STOP = {"signal": 0}  # set by SIGINT/SIGTERM (SignalGuard, below): the running phase stops at its next step
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -304,17 +315,41 @@ def make_envs(rom: str, num_envs: int, sticky: float, noop_max: int, max_frames:
     from ale_py.vector_env import AtariVectorEnv
 
     return AtariVectorEnv(
-        rom, num_envs, repeat_action_probability=sticky, reward_clipping=False, episodic_life=False,
-        noop_max=noop_max, max_num_frames_per_episode=max_frames, autoreset_mode="SameStep", use_fire_reset=False,
-        full_action_space=False, frameskip=4, maxpool=True, stack_num=STACK,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], grayscale=False,
-    )  # fmt: skip
+        rom,
+        num_envs,
+        repeat_action_probability=sticky,
+        reward_clipping=False,
+        episodic_life=False,
+        noop_max=noop_max,
+        max_num_frames_per_episode=max_frames,
+        autoreset_mode="SameStep",
+        use_fire_reset=False,
+        full_action_space=False,
+        frameskip=4,
+        maxpool=True,
+        stack_num=STACK,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        grayscale=False,
+    )
 
 
 def make_policy_envs(policy, num_envs: int = 1):
     """The real envs `policy` (from load_policy) was trained on, made as in training."""
     c = policy.env_config
     return make_envs(c["rom"], num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
+
+
+def real_envs(args: Args, ctx: dict) -> dict:
+    """The persistent real envs of the collections, made on first use (a resumed run starts new games)."""
+    if ctx.get("real") is None:
+        c = ctx["env_config"]
+        envs = make_envs(c["rom"], args.env.num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
+        obs, _ = envs.reset(seed=int(ctx["rng"].integers(0, 2**31 - 1)))
+        n = obs.shape[0]
+        ctx["real"] = {"envs": envs, "obs": obs, "episodes": []}
+        ctx["real"].update(ep_return=np.zeros(n), ep_length=np.zeros(n, dtype=np.int64))
+    return ctx["real"]
 
 
 def valid_starts(dones: np.ndarray, targets: int) -> np.ndarray:
@@ -589,6 +624,16 @@ class WorldModel(nn.Module):
         use = torch.rand(B, device=x.device) < cfg.latent_use_max * inverse_lin_decay(step, cfg.latent_use_warmup)
         return torch.where(use[:, None, None, None], self.bits_in(x, bits), x), prior_loss
 
+    def to_file(self) -> dict:
+        """What world_model.pt holds besides its tags (world_model_from rebuilds the model from it)."""
+        shape, config = list(self.frame_shape), asdict(self.cfg)
+        return {
+            "num_actions": self.num_actions,
+            "frame_shape": shape,
+            "config": config,
+            "state_dict": self.state_dict(),
+        }
+
     @torch.no_grad()
     def predict(self, frames, actions, pixel_temperature: float = 0.0, latent_temperature: float = 1.0):
         """Next frame (B, H, W, C) uint8 and reward (B,) in {-1, 0, 1}, as the simulated env uses them."""
@@ -620,23 +665,16 @@ class Policy(nn.Module):
         h = self.dense(self.convs(x))
         return self.logits(h), self.value(h).squeeze(-1)
 
+    def to_file(self) -> dict:
+        """What policy.pt holds besides its tags (load_policy rebuilds the policy from it)."""
+        return {"config": self.config, "env_config": self.env_config, "state_dict": self.state_dict()}
+
     @torch.no_grad()
     def act(self, obs, temperature: float = 1.0):
         """numpy observations (B, 4, 105, 80, 3) uint8 -> numpy actions (B,), sampled from logits / temperature."""
         device = next(self.parameters()).device
         logits, _ = self(torch.as_tensor(np.asarray(obs), device=device))
         return sample_logits(logits, temperature).cpu().numpy()
-
-
-def load_policy(path, device="cpu") -> Policy:
-    """policy.pt of this script -> the Policy in eval mode with .act(obs) and .env_config (for make_policy_envs)."""
-    ck = torch.load(path, map_location=device, weights_only=False)
-    if ck.get("script") != os.path.basename(__file__) or ck.get("network") != "Policy":
-        raise UsageError(f"{path} is not a policy.pt written by {os.path.basename(__file__)}: pass one of its run dirs")
-    policy = Policy(**{**ck["config"], "frame_shape": tuple(ck["config"]["frame_shape"])})
-    policy.load_state_dict(ck["state_dict"])
-    policy.env_config = ck["env_config"]
-    return policy.to(device).eval()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -725,8 +763,12 @@ def real_steps_schedule(real_steps: int, epochs: int, num_envs: int) -> dict:
     """Accounting of real play: per_epoch = ceil(real_steps / epochs) agent steps (rounded up to a multiple of
     num_envs); collections = 1 random + 1 per epoch; 96,000 / 15 -> 16 x 6,400 = 102,400 (the paper's "100K")."""
     per_epoch = math.ceil(math.ceil(real_steps / epochs) / num_envs) * num_envs
-    return {"per_epoch": per_epoch, "per_env": per_epoch // num_envs, "collections": epochs + 1,
-            "total": per_epoch * (epochs + 1)}  # fmt: skip
+    return {
+        "per_epoch": per_epoch,
+        "per_env": per_epoch // num_envs,
+        "collections": epochs + 1,
+        "total": per_epoch * (epochs + 1),
+    }
 
 
 def world_model_steps(epoch: int, train_steps: int, multiplier: int) -> int:
@@ -771,6 +813,12 @@ class SimulatedEnv:
 # ----------------------------------------------------------------------------------------------------------------
 # Phases
 # ----------------------------------------------------------------------------------------------------------------
+def progress_bar(total: int, desc: str, initial: int = 0):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not sys.stderr.isatty())
+
+
 def make_wm_optimizer(model: WorldModel, cfg: WorldModelArgs):
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
@@ -797,13 +845,16 @@ def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: Wo
     return loss / targets, {"pixel_xent": xent / targets, "reward_accuracy": reward_acc / targets, "ss_prob": p_own}
 
 
-def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, ctx: dict, state: dict, steps: int):
-    """Phase 1 of an epoch: `steps` optimiser steps on random windows of all real data collected so far."""
-    cfg, device, rng = args.wm, ctx["device"], ctx["rng"]
+def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldModelArgs, state, steps: int, ctx):
+    """Phase 1 of an epoch: `steps` optimiser steps on random windows of all real data collected so far
+    (a resumed run starts at state["phase_step"])."""
+    device, rng, writer = ctx["device"], ctx["rng"], ctx["writer"]
     windows = data.windows(cfg.target_frames, held_out=False)
     if len(windows) == 0:
-        raise UsageError(f"no real sequence of {STACK + cfg.target_frames} frames without a game end: collect "
-                         "more steps per env (--loop.real-steps) or lower --wm.target-frames")  # fmt: skip
+        raise UsageError(
+            f"no real sequence of {STACK + cfg.target_frames} frames without a game end: collect "
+            "more steps per env (--loop.real-steps) or lower --wm.target-frames"
+        )
     model.train()
     bar = progress_bar(steps, f"epoch {state['epoch']} world model", state["phase_step"])
     t_log, step_log = time.time(), state["wm_step"]
@@ -821,27 +872,26 @@ def train_world_model(model, optimizer, scheduler, data: RealData, args: Args, c
         state["wm_step"] += 1
         state["phase_step"] += 1
         bar.update(1)
-        if state["wm_step"] % 20 == 0 or state["phase_step"] == steps:
-            w = ctx["writer"]
-            for key, value in (("loss", loss), ("pixel_xent", info["pixel_xent"]), ("grad_norm", grad_norm),
-                               ("train_reward_accuracy", info["reward_accuracy"])):  # fmt: skip
-                w.add_scalar(f"world_model/{key}", float(value.detach()), state["wm_step"])
-            w.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], state["wm_step"])
-            w.add_scalar(
-                "world_model/steps_per_s", (state["wm_step"] - step_log) / (time.time() - t_log), state["wm_step"]
-            )
-            t_log, step_log = time.time(), state["wm_step"]
+        step = state["wm_step"]
+        if step % 20 == 0 or state["phase_step"] == steps:
+            scalars = {"loss": loss, "pixel_xent": info["pixel_xent"], "grad_norm": grad_norm}
+            scalars["train_reward_accuracy"] = info["reward_accuracy"]
+            for key, value in scalars.items():
+                writer.add_scalar(f"world_model/{key}", float(value.detach()), step)
+            writer.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], step)
+            writer.add_scalar("world_model/steps_per_s", (step - step_log) / (time.time() - t_log), step)
+            t_log, step_log = time.time(), step
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
-        maybe_checkpoint(ctx, state, state["phase_step"])
+        checkpoint(ctx, state, state["phase_step"])
     bar.close()
 
 
 @torch.no_grad()
-def evaluate_world_model(model: WorldModel, data: RealData, args: Args, ctx: dict) -> dict:
+def evaluate_world_model(model: WorldModel, data: RealData, cfg: WorldModelArgs, rng, device):
     """Open-loop rollouts of the model on held-out real sequences (the reference's evaluate_world_model), beside
     the copy-the-last-frame baseline (and reward always 0). Frame error: mean squared pixel error in [0, 1]
-    averaged over the first h steps; reward accuracy likewise; h in (1, 12, eval_horizon)."""
-    cfg = args.wm
+    averaged over the first h steps; reward accuracy likewise; h in (1, 12, eval_horizon).
+    Returns the metrics and the first sequence's (real, predicted) frames for wm_strip.png."""
     horizon, windows = cfg.eval_horizon, np.zeros((0, 3), dtype=np.int64)
     while horizon >= 1:  # the longest horizon (<= eval_horizon) that the held-out play allows
         windows = data.windows(horizon, held_out=True)
@@ -849,9 +899,9 @@ def evaluate_world_model(model: WorldModel, data: RealData, args: Args, ctx: dic
             break
         horizon //= 2
     if not len(windows):
-        return {}
-    picks = windows[ctx["rng"].choice(len(windows), size=min(cfg.eval_sequences, len(windows)), replace=False)]
-    frames, actions, rewards = (t.to(ctx["device"]) for t in data.sequences(picks, horizon))
+        return {}, None
+    picks = windows[rng.choice(len(windows), size=min(cfg.eval_sequences, len(windows)), replace=False)]
+    frames, actions, rewards = (t.to(device) for t in data.sequences(picks, horizon))
     model.eval()
     sim = SimulatedEnv(model, cfg.pixel_temperature, cfg.latent_temperature)
     stack = sim.reset(frames[:, :STACK])
@@ -870,8 +920,7 @@ def evaluate_world_model(model: WorldModel, data: RealData, args: Args, ctx: dic
         out[f"copy_frame_mse_{h}"] = float(np.mean(copy_err[:h]))
         out[f"reward_accuracy_{h}"] = float(np.mean(model_acc[:h]))
         out[f"copy_reward_accuracy_{h}"] = float(np.mean(copy_acc[:h]))
-    ctx["strip"] = (frames[0, STACK:].cpu().numpy(), torch.stack(predicted, 1)[0].cpu().numpy())
-    return out
+    return out, (frames[0, STACK:].cpu().numpy(), torch.stack(predicted, 1)[0].cpu().numpy())
 
 
 def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
@@ -899,8 +948,12 @@ def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
         loss.backward()
         nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
-        stats = {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
-                 "clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean().item()}  # fmt: skip
+        stats = {
+            "policy_loss": pg_loss.item(),
+            "value_loss": v_loss.item(),
+            "entropy": entropy.item(),
+            "clipfrac": ((ratio - 1).abs() > cfg.clip_coef).float().mean().item(),
+        }
     return stats
 
 
@@ -929,10 +982,11 @@ def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps
     return obs, rollout, ppo_update(policy, optimizer, rollout, cfg)
 
 
-def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, ctx: dict, state: dict, iterations):
+def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, state: dict, iterations: int, ctx):
     """Phase 2: PPO inside the world model. Every iteration resets the simulated envs to real 4-frame stacks
-    drawn from the latest collection and rolls out num_steps steps; the reward is the reward head's."""
-    cfg, device = args.ppo, ctx["device"]
+    drawn from the latest collection and rolls out num_steps steps; the reward is the reward head's.
+    Returns the last iteration's mean simulated return."""
+    cfg, device, writer = args.ppo, ctx["device"], ctx["writer"]
     model.eval()
     sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
     bar = progress_bar(iterations, f"epoch {state['epoch']} PPO in the model", state["phase_step"])
@@ -946,31 +1000,32 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
         state["ppo_iter"] += 1
         state["phase_step"] += 1
         sim_return = rollout["rewards"].sum(0).mean().item()
-        w, it = ctx["writer"], state["ppo_iter"]
-        w.add_scalar("sim/rollout_return", sim_return, it)
-        w.add_scalar("sim/SPS", cfg.num_envs * cfg.num_steps / max(time.time() - t0, 1e-9), it)
+        it = state["ppo_iter"]
+        writer.add_scalar("sim/rollout_return", sim_return, it)
+        writer.add_scalar("sim/SPS", cfg.num_envs * cfg.num_steps / max(time.time() - t0, 1e-9), it)
         for key, value in stats.items():
-            w.add_scalar(f"losses/{key}", value, it)
+            writer.add_scalar(f"losses/{key}", value, it)
         state["last_sim_return"] = sim_return
         bar.update(1)
         bar.set_postfix(sim_return=f"{sim_return:.2f}")
-        maybe_checkpoint(ctx, state, state["phase_step"])
+        checkpoint(ctx, state, state["phase_step"])
     bar.close()
+    return state.get("last_sim_return")
 
 
-def collect_real(policy, real: dict, args: Args, ctx: dict, random_policy: bool) -> dict:
-    """Phase 3: play steps-per-epoch real agent steps (per env: per_env steps) with the policy at the collection
-    temperature, or uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
-    envs, obs, steps = real["envs"], real["obs"], ctx["schedule"]["per_env"]
+def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng, random_policy: bool) -> dict:
+    """Phase 3: play `steps` real agent steps per env with the policy at the collection temperature, or
+    uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
+    envs, obs = real["envs"], real["obs"]
     policy.eval()  # no dropout when acting
     frames = [obs[:, k] for k in range(STACK)]
     actions, rewards, dones = [], [], []
     t0 = time.time()
     for _ in range(steps):
         if random_policy:
-            action = ctx["rng"].integers(0, ctx["num_actions"], size=obs.shape[0])
+            action = rng.integers(0, policy.config["num_actions"], size=obs.shape[0])
         else:
-            action = policy.act(obs, args.ppo.collect_temperature)
+            action = policy.act(obs, temperature)
         obs, reward, term, trunc, _ = envs.step(action)
         done = term | trunc
         real["ep_return"] += reward
@@ -984,21 +1039,22 @@ def collect_real(policy, real: dict, args: Args, ctx: dict, random_policy: bool)
         dones.append(done)
     real["obs"] = obs
     real["sps"] = steps * obs.shape[0] / max(time.time() - t0, 1e-9)
-    return {"frames": np.stack(frames), "actions": np.stack(actions).astype(np.int64),
-            "rewards": np.stack(rewards).astype(np.float32), "dones": np.stack(dones)}  # fmt: skip
+    actions, rewards = np.stack(actions).astype(np.int64), np.stack(rewards).astype(np.float32)
+    return {"frames": np.stack(frames), "actions": actions, "rewards": rewards, "dones": np.stack(dones)}
 
 
-def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float, noop_max: int, seed: int,
-                    video_path: Optional[Path] = None, max_steps: int = 0) -> dict:  # fmt: skip
-    """Phase 4: real games, each env a fixed quota of games, logits / T; full games (up to max_episode_frames)
-    or, with max_steps, games truncated after that many agent steps (scored as they stand)."""
+def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, video_path=None, max_steps=0) -> dict:
+    """Phase 4: real games in the envs the policy was trained on, each env a fixed quota of games, logits / T;
+    full games (up to max_episode_frames) or, with max_steps, games truncated after that many agent steps
+    (scored as they stand)."""
     if episodes == 0:
         return {}
-    n = min(ctx["eval_envs"], episodes)
+    n = min(num_envs, episodes)
     policy.eval()
     quota = np.array([episodes // n + (i < episodes % n) for i in range(n)])
-    frames_cap = min(ctx["max_episode_frames"], 4 * max_steps) if max_steps else ctx["max_episode_frames"]
-    envs = make_envs(ctx["rom"], n, ctx["sticky"], noop_max, frames_cap)
+    c = policy.env_config
+    frames_cap = min(c["max_episode_frames"], 4 * max_steps) if max_steps else c["max_episode_frames"]
+    envs = make_envs(c["rom"], n, c["sticky"], noop_max, frames_cap)
     obs, _ = envs.reset(seed=seed)
     ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
     while (done_count < quota).any():
@@ -1018,15 +1074,395 @@ def evaluate_policy(policy: Policy, ctx: dict, episodes: int, temperature: float
                 video = None
             ret[i] = 0.0
     envs.close()
-    return {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns,
-            "temperature": temperature, "noop_max": noop_max, "max_steps": max_steps}  # fmt: skip
+    mean, std = float(np.mean(returns)), float(np.std(returns))
+    settings = {"temperature": temperature, "noop_max": noop_max, "max_steps": max_steps}
+    return {"mean": mean, "std": std, "returns": returns, **settings}
+
+
+def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
+    """The SimPLe loop (the reference's order): a random collection first, then per epoch train the world model on
+    all real data, train PPO inside it, collect real steps with the policy, evaluate the policy in the real game.
+    world-model-only: the world model and random collections only. A killed run restarts at the epoch, phase and
+    step it was in: `todo` skips the phases its epoch had finished, and each phase resumes at its saved step."""
+    data, model, policy, history = ctx["data"], modules["model"], modules["policy"], state["history"]
+    phases = ("world_model", "collect") if args.mode == "world-model-only" else SIMPLE_PHASES
+
+    def todo(phase: str) -> bool:
+        return phase in phases and phases.index(phase) >= state["phase"]
+
+    if not data.collections:
+        collect_phase(policy, data, args, ctx, random_policy=True)
+    for epoch in range(state["epoch"], args.loop.epochs):
+        if todo("world_model"):
+            wm_eval = world_model_phase(epoch, modules, data, args, ctx, state)
+            history.append({"epoch": epoch, "world_model": wm_eval})
+            end_phase(state, phases, ctx, modules)
+        if todo("policy"):
+            iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
+            opt = modules["ppo_opt"]
+            history[-1]["sim_return"] = train_policy_in_model(policy, opt, model, data, args, state, iterations, ctx)
+            end_phase(state, phases, ctx, modules)
+        if todo("collect"):
+            collect_phase(policy, data, args, ctx, random_policy=args.mode == "world-model-only")
+            end_phase(state, phases, ctx, modules)
+        if todo("evaluate"):
+            history[-1].update(eval=evaluate_phase(epoch, policy, data, args, ctx), real_steps=data.real_steps)
+            save(ctx["run_dir"] / "policy.pt", "policy", **policy.to_file())
+            end_phase(state, phases, ctx, modules)
+    final = history[-1] if history else {}
+    world_model, ev = final.get("world_model"), final.get("eval")
+    return {"real_steps": data.real_steps, "world_model": world_model, "eval": ev, "history": history}
+
+
+def world_model_phase(epoch: int, modules: dict, data: RealData, args: Args, ctx: dict, state: dict) -> dict:
+    """Train the world model (unless --world-model fixed it), save it, evaluate it open loop on held-out play."""
+    model = modules["model"]
+    if args.world_model is None:
+        steps = world_model_steps(epoch, args.wm.train_steps, args.wm.epoch_multiplier)
+        train_world_model(model, modules["wm_opt"], modules["wm_sched"], data, args.wm, state, steps, ctx)
+    save(ctx["run_dir"] / "world_model.pt", "world_model", env_id=args.env_id, **model.to_file())
+    wm_eval, strip = evaluate_world_model(model, data, args.wm, ctx["rng"], ctx["device"])
+    for key, value in wm_eval.items():
+        ctx["writer"].add_scalar(f"world_model/eval_{key}", value, epoch)
+    write_strip(ctx["run_dir"], strip, args.env_id, epoch)
+    print(f"[epoch {epoch}] world model: " + ", ".join(f"{k} {v:.4g}" for k, v in wm_eval.items()))
+    return wm_eval
+
+
+def collect_phase(policy: Policy, data: RealData, args: Args, ctx: dict, random_policy: bool):
+    """Play one collection in the real game, save it as data/collection_NNN.npz, add it to the data."""
+    real, steps = real_envs(args, ctx), ctx["schedule"]["per_env"]
+    collection = collect_real(policy, real, steps, args.ppo.collect_temperature, ctx["rng"], random_policy)
+    save(ctx["run_dir"] / "data" / f"collection_{len(data.collections):03d}.npz", "collection", **collection)
+    data.add(collection)
+    writer = ctx["writer"]
+    for ret, length in real["episodes"]:
+        writer.add_scalar("charts/episodic_return", ret, data.real_steps)
+        writer.add_scalar("charts/episodic_length", length, data.real_steps)
+    real["episodes"].clear()
+    writer.add_scalar("charts/SPS", real["sps"], data.real_steps)
+    writer.add_scalar("charts/real_steps", data.real_steps, len(data.collections))
+    who = "random" if random_policy else "policy"
+    print(
+        f"[collect] {who} play: {data.real_steps} real agent steps in all "
+        f"({len(data.collections)} collections, {real['sps']:.0f} steps/s)"
+    )
+
+
+def evaluate_phase(epoch: int, policy: Policy, data: RealData, args: Args, ctx: dict) -> dict:
+    """The epoch's evaluation in the real game, logged against the real steps collected so far."""
+    cfg = args.eval
+    video = ctx["run_dir"] / "videos" / f"eval_epoch{epoch:02d}.webm" if args.capture_video else None
+    seed = args.seed + 10_000 + epoch
+    ev = evaluate_policy(policy, cfg.num_envs, cfg.episodes, cfg.temperature, cfg.noop_max, seed, video)
+    if ev:
+        ctx["writer"].add_scalar("eval/episodic_return", ev["mean"], data.real_steps)
+        print(
+            f"[epoch {epoch}] real score {ev['mean']:.2f} +- {ev['std']:.2f} over {len(ev['returns'])} games "
+            f"({data.real_steps} real steps so far)"
+        )
+    return ev
+
+
+def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
+    """The baseline: PPO (same network and settings) on the real game for the same number of real agent steps."""
+    policy, optimizer, cfg, device, writer = (
+        modules["policy"],
+        modules["ppo_opt"],
+        args.ppo,
+        ctx["device"],
+        ctx["writer"],
+    )
+    real = real_envs(args, ctx)
+    num_envs = real["obs"].shape[0]
+    iterations = ctx["schedule"]["total"] // (num_envs * cfg.num_steps)
+
+    def env_step(action):
+        obs, reward, term, trunc, _ = real["envs"].step(action.cpu().numpy())
+        real["ep_return"] += reward
+        real["ep_length"] += 1
+        done = term | trunc
+        for i in np.flatnonzero(done):
+            writer.add_scalar("charts/episodic_return", real["ep_return"][i], state["real_steps"])
+            state["recent"] = (state.get("recent", []) + [float(real["ep_return"][i])])[-20:]
+            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+        state["real_steps"] += num_envs
+        reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        return torch.as_tensor(obs, device=device), reward, torch.as_tensor(done, device=device)
+
+    obs = torch.as_tensor(real["obs"], device=device)
+    bar = progress_bar(iterations, "model-free PPO", state["ppo_iter"])
+    while state["ppo_iter"] < iterations:
+        t0 = time.time()
+        try:
+            obs, _, stats = rollout_and_update(policy, optimizer, env_step, obs, cfg, cfg.num_steps)
+        except NonFiniteLoss as e:
+            raise NonFiniteLoss(f"{e} in model-free PPO at iteration {state['ppo_iter'] + 1}") from None
+        state["ppo_iter"] += 1
+        sps = num_envs * cfg.num_steps / max(time.time() - t0, 1e-9)
+        writer.add_scalar("charts/SPS", sps, state["real_steps"])
+        for key, value in stats.items():
+            writer.add_scalar(f"losses/{key}", value, state["real_steps"])
+        bar.update(1)
+        if state.get("recent"):
+            bar.set_postfix(score=f"{np.mean(state['recent']):.1f}")
+        checkpoint(ctx, state, state["ppo_iter"])
+    bar.close()
+    save(ctx["run_dir"] / "policy.pt", "policy", **policy.to_file())
+    e = args.eval
+    video = ctx["run_dir"] / "videos" / "eval_final.webm" if args.capture_video else None
+    ev = evaluate_policy(policy, e.num_envs, e.episodes, e.temperature, e.noop_max, args.seed + 10_000, video)
+    if ev:
+        writer.add_scalar("eval/episodic_return", ev["mean"], state["real_steps"])
+        print(f"[model-free] real score {ev['mean']:.2f} +- {ev['std']:.2f} after {state['real_steps']} real steps")
+    return {"real_steps": state["real_steps"], "eval": ev}
+
+
+def main(args: Args) -> None:
+    try:
+        run = start_run(args)  # validation; --eval-only and --mode play run there; None: nothing left to train
+        if run is None:
+            return
+        ctx, state, modules = run
+        with SignalGuard(ctx, state, modules):  # SIGINT/SIGTERM: the phase stops, the state is saved
+            if args.mode == "model-free":
+                result = run_model_free(args, ctx, state, modules)
+            else:
+                result = run_simple(args, ctx, state, modules)
+        finish(args, ctx, state, result)
+    except UsageError as e:  # bad input, found before any work or only with the collected data
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except NonFiniteLoss as e:
+        print(f"error: {e}; lower the learning rate or re-run to resume from the last checkpoint", file=sys.stderr)
+        raise SystemExit(3) from None
+    except Interrupted as e:
+        run_dir = ctx["run_dir"]
+        print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+# ---- run management ----
+
+# --wm settings that shape the networks or the optimiser: a run dir is resumed only with the same ones
+ARCHITECTURE = "model optimizer hidden_size compress_steps filter_double_steps hidden_layers bits lstm_size".split()
+ARCHITECTURE += ["inference_filters"]
+
+
+def field_ranges(cls, prefix: str = ""):
+    """(dotted name, (lo, hi)) of every numeric field of Args and its nested phase dataclasses."""
+    for f in dataclasses.fields(cls):
+        if "range" in f.metadata:
+            yield prefix + f.name, f.metadata["range"]
+        elif isinstance(f.type, type) and dataclasses.is_dataclass(f.type):
+            yield from field_ranges(f.type, f"{f.name}.")
+
+
+LIMITS = dict(field_ranges(Args))  # allowed ranges (inclusive); the generated bad-input tests loop over these
+
+
+def numeric_fields(obj, prefix: str = ""):
+    """(dotted name, value) of every int/float field of Args and its nested phase dataclasses."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from numeric_fields(value, f"{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + f.name, value
+
+
+def start_run(args: Args):
+    """Validation, then --eval-only or --mode play (run here), or the training run's set-up: (ctx, state, modules),
+    resumed from checkpoints/state.pt when the run dir has one. None when nothing is left to train."""
+    ctx = validate(args)
+    if args.eval_only:
+        return eval_only(args, ctx)
+    if args.mode == "play":
+        return play(args, ctx)
+    print(f"run dir: {ctx['run_dir']}")
+    if ctx.get("finished"):
+        print(f"{ctx['run_dir']} holds a finished run (results.json); nothing to do")
+        return None
+    setup_run(args, ctx)
+    try:
+        modules, state = build_modules(args, ctx)
+    except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
+        raise UsageError(
+            f"a saved network ({ctx['run_dir']}/checkpoints/state.pt or --world-model) does not fit this script's "
+            f"networks ({type(e).__name__}): pass a new --run-dir or another world model"
+        ) from None
+    return ctx, state, modules
+
+
+def validate(args: Args) -> dict:
+    """Every check that can fail on user input, before anything is created. Returns what it loaded."""
+    for name, value in numeric_fields(args):
+        lo, hi = LIMITS[name]
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
+    if args.wm.filter_double_steps > args.wm.compress_steps:
+        raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
+    grid = args.eval.grid_temperatures + args.eval.grid_noops
+    if not grid or not all(math.isfinite(v) and 0 <= v <= 10_000 for v in grid) or not args.eval.grid_noops:
+        raise UsageError("--eval.grid-temperatures and --eval.grid-noops need values in [0, 10000]")
+    if args.wm.bits % BitPrior.GROUP:
+        raise UsageError(f"--wm.bits must be a multiple of {BitPrior.GROUP} (got {args.wm.bits})")
+    if args.eval_only:
+        return validate_eval_only(args)
+    rom, sticky_default = resolve_env_id(args.env_id)
+    sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
+    if args.mode == "play":
+        if not args.world_model:
+            raise UsageError("--mode play needs --world-model PATH (a world_model.pt of this script)")
+        ck = check_world_model(args.world_model, args, check_type=False)
+        return {"rom": rom, "sticky": sticky, "world_model_ck": ck}
+    schedule = real_steps_schedule(args.loop.real_steps, args.loop.epochs, args.env.num_envs)
+    if args.mode == "model-free" and schedule["total"] < args.env.num_envs * args.ppo.num_steps:
+        raise UsageError("model-free: fewer real steps than one rollout: raise --loop.real-steps")
+    if args.mode != "model-free" and schedule["per_env"] < STACK + args.wm.target_frames:
+        raise UsageError(
+            f"{schedule['per_env']} real steps per env per collection cannot hold a training sequence of "
+            f"{STACK + args.wm.target_frames} frames: raise --loop.real-steps or lower --env.num-envs"
+        )
+    if args.mode != "model-free" and args.ppo.minibatch_steps > args.ppo.num_steps:
+        raise UsageError("--ppo.minibatch-steps must be <= --ppo.num-steps")
+    default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = Path(args.run_dir or default)
+    ctx = {"rom": rom, "sticky": sticky, "schedule": schedule, "run_dir": run_dir}
+    check_run_dir(args, ctx)
+    if args.world_model:
+        if args.mode != "simple":
+            raise UsageError("--world-model is for --mode simple or play")
+        ctx["world_model_ck"] = check_world_model(args.world_model, args)
+    return ctx
+
+
+def check_run_dir(args: Args, ctx: dict):
+    run_dir = ctx["run_dir"]
+    saved = run_dir / "args.json"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file: pass a directory")
+    if saved.exists():
+        try:
+            old = json.loads(saved.read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"{saved} is unreadable: delete it or pass a new --run-dir") from None
+        if old.get("script") != SCRIPT:
+            raise UsageError(f"{run_dir} was made by {old.get('script')!r}, not this script: pass a new --run-dir")
+        if old.get("env_id") != args.env_id or old.get("mode") != args.mode:
+            raise UsageError(f"{run_dir} is a {old.get('mode')} run on {old.get('env_id')}: pass a new --run-dir")
+        changed = [k for k in ARCHITECTURE if old.get("wm", {}).get(k) != getattr(args.wm, k)]
+        if changed:
+            raise UsageError(
+                f"{run_dir} was trained with other --wm.{changed[0].replace('_', '-')}: resume with "
+                "the same world-model settings or pass a new --run-dir"
+            )
+        ctx["finished"] = (run_dir / "results.json").exists()
+        state_file = run_dir / "checkpoints" / "state.pt"
+        fix = "delete it to restart the run's training"
+        ctx["resume"] = load(state_file, "checkpoint", fix) if state_file.exists() else None
+        if ctx["resume"] is not None and not ctx["finished"]:
+            check_saved_networks_fit(args, ctx)
+        ctx["data"] = load_collections(run_dir)
+    probe = run_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
+
+
+def check_saved_networks_fit(args: Args, ctx: dict):
+    """The resume checkpoint's networks must load into this file's networks (another version may differ)."""
+    saved = ctx["resume"]["modules"]
+    num_actions = num_actions_of(ctx["rom"])
+    nets = {"policy": Policy(num_actions, FRAME_SHAPE, args.ppo.dropout)}
+    if args.mode != "model-free" and args.world_model is None:
+        nets["model"] = WorldModel(num_actions, FRAME_SHAPE, args.wm)
+    try:
+        for name, net in nets.items():
+            net.load_state_dict(saved[name])
+    except (RuntimeError, KeyError):
+        raise UsageError(
+            f"{ctx['run_dir']}/checkpoints/state.pt holds networks that do not fit this file's "
+            "(another version of the script?): pass a new --run-dir"
+        ) from None
+
+
+def check_world_model(path: str, args: Args, check_type: bool = True) -> dict:
+    ck = load(path, "world_model", "pass a world_model.pt from a run dir")
+    if ck["env_id"] != args.env_id:
+        raise UsageError(f"{path} is a world model of {ck['env_id']}, not {args.env_id}: pass --env-id {ck['env_id']}")
+    if check_type and ck["config"]["model"] != args.wm.model:
+        raise UsageError(f"{path} is a {ck['config']['model']} world model: pass --wm.model {ck['config']['model']}")
+    return ck
+
+
+def load_collections(run_dir: Path) -> RealData:
+    data = RealData()
+    for path in sorted((run_dir / "data").glob("collection_*.npz")):
+        ck = load(path, "collection", "delete it (and later collections) to collect it again")
+        data.add({k: ck[k] for k in ("frames", "actions", "rewards", "dones")})
+    return data
+
+
+def load_policy(path, device="cpu") -> Policy:
+    """policy.pt of this script -> the Policy in eval mode with .act(obs) and .env_config (for make_policy_envs)."""
+    ck = load(path, "policy", "pass one of its run dirs")
+    policy = Policy(**{**ck["config"], "frame_shape": tuple(ck["config"]["frame_shape"])})
+    policy.load_state_dict(ck["state_dict"])
+    policy.env_config = ck["env_config"]
+    return policy.to(device).eval()
+
+
+def validate_eval_only(args: Args) -> dict:
+    run_dir = Path(args.eval_only)
+    path = run_dir / "policy.pt"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist: pass --eval-only a run dir of this script that has a policy.pt")
+    policy = load_policy(path)
+    if not os.access(run_dir, os.W_OK):
+        raise UsageError(f"{run_dir} is not writable: evaluations/ goes there")
+    return {"run_dir": run_dir, "policy": policy}
+
+
+def eval_only(args: Args, ctx: dict):
+    """--eval-only: the run's policy.pt in the real game (--eval.*, or the grid) -> evaluations/eval_NNN.json."""
+    run_dir = ctx["run_dir"]
+    out_dir = run_dir / "evaluations"
+    out_dir.mkdir(exist_ok=True)
+    n = len(list(out_dir.glob("eval_*.json")))
+    cfg, policy = args.eval, ctx["policy"]
+    video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
+    pairs = [(cfg.temperature, cfg.noop_max)]
+    if cfg.grid:
+        pairs = [(t, k) for t in cfg.grid_temperatures for k in cfg.grid_noops]
+    games = f" of at most {cfg.max_steps} steps" if cfg.max_steps else " (full games)"
+    grid = []
+    for i, (temperature, noops) in enumerate(pairs):
+        first_video = video if i == 0 else None
+        ev = evaluate_policy(
+            policy, cfg.num_envs, cfg.episodes, temperature, noops, args.seed, first_video, cfg.max_steps
+        )
+        grid.append(ev)
+        mean = ev.get("mean", float("nan"))
+        print(f"eval T={temperature} max no-ops={noops}: {mean:.2f} over {cfg.episodes} games{games}")
+    out = {**grid[0], "grid": grid} if cfg.grid else grid[0]
+    out.update(env_id=policy.env_config["env_id"], seed=args.seed, episodes=cfg.episodes)
+    if args.capture_video and (run_dir / "world_model.pt").exists():
+        model = world_model_from(load(run_dir / "world_model.pt", "world_model", "pass a run dir of this script"))
+        frames = model_vs_real_frames(model, policy, cfg.debug_steps, cfg.temperature, args.seed)
+        write_video(frames, run_dir / "videos" / f"debug_model_real_diff_{n:03d}.webm")
+        out["debug_video"] = f"videos/debug_model_real_diff_{n:03d}.webm"
+    write_json(out_dir / f"eval_{n:03d}.json", out)
+    print(f"-> {out_dir}/eval_{n:03d}.json")
 
 
 @torch.no_grad()
-def model_vs_real_frames(model: WorldModel, policy: Policy, ctx: dict, steps: int, temperature: float, seed: int):
+def model_vs_real_frames(model: WorldModel, policy: Policy, steps: int, temperature: float, seed: int):
     """The evaluator's debug video: the policy plays the real game while the model, started from the same real
     stack, runs open loop on the same actions. Frames: [model | real | max(|model - real| - 10, 0)]."""
-    envs = make_envs(ctx["rom"], 1, ctx["sticky"], 0, ctx["max_episode_frames"])
+    c = policy.env_config
+    envs = make_envs(c["rom"], 1, c["sticky"], 0, c["max_episode_frames"])
     obs, _ = envs.reset(seed=seed)
     sim = SimulatedEnv(model.eval(), 0.0, 1.0)
     sim.reset(torch.as_tensor(obs))
@@ -1042,116 +1478,6 @@ def model_vs_real_frames(model: WorldModel, policy: Policy, ctx: dict, steps: in
             break
     envs.close()
     return frames
-
-
-def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
-    """The SimPLe loop: a random collection first, then per epoch world model -> PPO in the model -> real
-    collection with the policy -> evaluation (the reference's order). world-model-only: world model and random
-    collection only. A killed run continues at its epoch and phase."""
-    data, writer = ctx["data"], ctx["writer"]
-    model, policy = modules["model"], modules["policy"]
-    phases = ("wm", "collect") if args.mode == "world-model-only" else ("wm", "ppo", "collect", "eval")
-    if not data.collections:
-        collect_phase(args, ctx, state, modules, random_policy=True)
-    while state["epoch"] < args.loop.epochs:
-        epoch = state["epoch"]
-        name = phases[state["phase"]]
-        if name == "wm":
-            if args.world_model is None:
-                steps = world_model_steps(epoch, args.wm.train_steps, args.wm.epoch_multiplier)
-                train_world_model(model, modules["wm_opt"], modules["wm_sched"], data, args, ctx, state, steps)
-            save_world_model(model, args, ctx)
-            wm_eval = evaluate_world_model(model, data, args, ctx)
-            for key, value in wm_eval.items():
-                writer.add_scalar(f"world_model/eval_{key}", value, epoch)
-            state["history"].append({"epoch": epoch, "world_model": wm_eval})
-            write_strip(ctx, args.env_id, epoch)
-            print(f"[epoch {epoch}] world model: " + ", ".join(f"{k} {v:.4g}" for k, v in wm_eval.items()))
-        elif name == "ppo":
-            iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
-            train_policy_in_model(policy, modules["ppo_opt"], model, data, args, ctx, state, iterations)
-            state["history"][-1]["sim_return"] = state.get("last_sim_return")
-        elif name == "collect":
-            collect_phase(args, ctx, state, modules, random_policy=args.mode == "world-model-only")
-        elif name == "eval":
-            video = video_path_for(args, ctx, f"eval_epoch{epoch:02d}")
-            ev = evaluate_policy(policy, ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
-                                 args.seed + 10_000 + epoch, video)  # fmt: skip
-            if ev:
-                writer.add_scalar("eval/episodic_return", ev["mean"], data.real_steps)
-                print(f"[epoch {epoch}] real score {ev['mean']:.2f} +- {ev['std']:.2f} over {len(ev['returns'])} games "
-                      f"({data.real_steps} real steps so far)")  # fmt: skip
-            state["history"][-1]["eval"] = ev
-            state["history"][-1]["real_steps"] = data.real_steps
-            save_policy(policy, ctx)
-        advance_phase(state, len(phases))
-        save_state(ctx, state, modules)
-        plot_learning_curve(state["history"], ctx["run_dir"] / "learning_curve.png", args.env_id)
-    final = state["history"][-1] if state["history"] else {}
-    return {"real_steps": data.real_steps, "world_model": final.get("world_model"), "eval": final.get("eval"),
-            "history": state["history"]}  # fmt: skip
-
-
-def collect_phase(args: Args, ctx: dict, state: dict, modules: dict, random_policy: bool):
-    data, real = ctx["data"], real_envs(ctx)
-    collection = collect_real(modules["policy"], real, args, ctx, random_policy)
-    save_collection(ctx, len(data.collections), collection)
-    data.add(collection)
-    for ret, length in real["episodes"]:
-        ctx["writer"].add_scalar("charts/episodic_return", ret, data.real_steps)
-        ctx["writer"].add_scalar("charts/episodic_length", length, data.real_steps)
-    real["episodes"].clear()
-    ctx["writer"].add_scalar("charts/SPS", real["sps"], data.real_steps)
-    ctx["writer"].add_scalar("charts/real_steps", data.real_steps, len(data.collections))
-    print(f"[collect] {'random' if random_policy else 'policy'} play: {data.real_steps} real agent steps in all "
-          f"({len(data.collections)} collections, {real['sps']:.0f} steps/s)")  # fmt: skip
-
-
-def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
-    """The baseline: PPO (same network and settings) on the real game for the same number of real agent steps."""
-    policy, optimizer, cfg, device = modules["policy"], modules["ppo_opt"], args.ppo, ctx["device"]
-    real = real_envs(ctx)
-    num_envs = real["obs"].shape[0]
-    iterations = ctx["schedule"]["total"] // (num_envs * cfg.num_steps)
-
-    def env_step(action):
-        obs, reward, term, trunc, _ = real["envs"].step(action.cpu().numpy())
-        real["ep_return"] += reward
-        real["ep_length"] += 1
-        done = term | trunc
-        for i in np.flatnonzero(done):
-            ctx["writer"].add_scalar("charts/episodic_return", real["ep_return"][i], state["real_steps"])
-            state["recent"] = (state.get("recent", []) + [float(real["ep_return"][i])])[-20:]
-            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
-        state["real_steps"] += num_envs
-        return torch.as_tensor(obs, device=device), torch.as_tensor(reward, dtype=torch.float32, device=device), \
-            torch.as_tensor(done, device=device)  # fmt: skip
-
-    obs = torch.as_tensor(real["obs"], device=device)
-    bar = progress_bar(iterations, "model-free PPO", state["ppo_iter"])
-    while state["ppo_iter"] < iterations:
-        t0 = time.time()
-        try:
-            obs, _, stats = rollout_and_update(policy, optimizer, env_step, obs, cfg, cfg.num_steps)
-        except NonFiniteLoss as e:
-            raise NonFiniteLoss(f"{e} in model-free PPO at iteration {state['ppo_iter'] + 1}") from None
-        state["ppo_iter"] += 1
-        sps = num_envs * cfg.num_steps / max(time.time() - t0, 1e-9)
-        ctx["writer"].add_scalar("charts/SPS", sps, state["real_steps"])
-        for key, value in stats.items():
-            ctx["writer"].add_scalar(f"losses/{key}", value, state["real_steps"])
-        bar.update(1)
-        if state.get("recent"):
-            bar.set_postfix(score=f"{np.mean(state['recent']):.1f}")
-        maybe_checkpoint(ctx, state, state["ppo_iter"])
-    bar.close()
-    save_policy(policy, ctx)
-    ev = evaluate_policy(policy, ctx, args.eval.episodes, args.eval.temperature, args.eval.noop_max,
-                         args.seed + 10_000, video_path_for(args, ctx, "eval_final"))  # fmt: skip
-    if ev:
-        ctx["writer"].add_scalar("eval/episodic_return", ev["mean"], state["real_steps"])
-        print(f"[model-free] real score {ev['mean']:.2f} +- {ev['std']:.2f} after {state['real_steps']} real steps")
-    return {"real_steps": state["real_steps"], "eval": ev}
 
 
 KEY_MEANINGS = {"w": "UP", "s": "DOWN", "a": "LEFT", "d": "RIGHT", " ": "FIRE", "n": "NOOP"}
@@ -1180,13 +1506,13 @@ def player_image(model_frame, real_frame, texts: list[str], wait: bool, zoom: in
     return np.concatenate(columns, axis=1)
 
 
-def play(args: Args, ctx: dict) -> int:
+def play(args: Args, ctx: dict):
     """The player: a person plays the world model with the keyboard while the real game gets the same actions.
     w/a/s/d/space act, n = NOOP, x = restart the model from the real game's current frames, r = reset both,
     c = wait mode on/off, q or Esc = quit."""
     import cv2
 
-    cfg, model, meanings = args.play, load_world_model(args.world_model), action_meanings(ctx["rom"])
+    cfg, model, meanings = args.play, world_model_from(ctx["world_model_ck"]), action_meanings(ctx["rom"])
     envs = make_envs(ctx["rom"], 1, ctx["sticky"], 0, args.env.max_episode_frames)
     obs, _ = envs.reset(seed=args.seed)
     sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
@@ -1226,274 +1552,9 @@ def play(args: Args, ctx: dict) -> int:
     if cfg.screenshot:
         cv2.imwrite(cfg.screenshot, image[:, :, ::-1])
     print(f"played {steps} steps: model total {totals[0]:.0f}, real total {totals[1]:.0f}")
-    return 0
 
 
-def main(args: Args) -> None:
-    try:
-        ctx = validate(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if args.eval_only:
-        raise SystemExit(eval_only(args, ctx))
-    if args.mode == "play":
-        raise SystemExit(play(args, ctx))
-    run_dir = ctx["run_dir"]
-    print(f"run dir: {run_dir}")
-    if ctx.get("finished"):
-        print(f"{run_dir} holds a finished run (results.json); nothing to do")
-        return
-    setup_run(args, ctx)
-    try:
-        modules, state = build_modules(args, ctx)
-    except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
-        print(
-            f"error: a saved network ({run_dir}/checkpoints/state.pt or --world-model) does not fit this script's "
-            f"networks ({type(e).__name__}): pass a new --run-dir or another world model",
-            file=sys.stderr,
-        )
-        raise SystemExit(2) from None
-    with SignalGuard():
-        try:
-            if args.mode == "model-free":
-                result = run_model_free(args, ctx, state, modules)
-            else:
-                result = run_simple(args, ctx, state, modules)
-        except UsageError as e:  # a problem that only shows with the collected data
-            print(f"error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        except NonFiniteLoss as e:
-            print(f"error: {e}; lower the learning rate or re-run to resume from the last checkpoint", file=sys.stderr)
-            raise SystemExit(3) from None
-        except Interrupted as e:
-            save_state(ctx, state, modules)
-            print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
-            raise SystemExit(130) from None
-        finally:
-            ctx["writer"].close()
-            if ctx.get("real"):
-                ctx["real"]["envs"].close()
-    finish(args, ctx, state, result)
-    print(f"run dir: {run_dir}")
-
-
-# ---- run management ----
-STOP = {"signal": 0}
-
-# Allowed ranges of every numeric flag (inclusive); the generated bad-input tests loop over these fields.
-LIMITS = {
-    "seed": (0, 2**31 - 1), "torch_threads": (0, 1024), "checkpoint_every": (1, 10**9),
-    "env.sticky_actions": (-1.0, 1.0), "env.noop_max": (0, 10_000), "env.max_episode_frames": (100, 10**8),
-    "env.num_envs": (1, 1024),
-    "loop.epochs": (1, 1000), "loop.real_steps": (1, 10**9),
-    "wm.hidden_size": (1, 4096), "wm.compress_steps": (1, 7), "wm.filter_double_steps": (0, 7),
-    "wm.hidden_layers": (0, 64), "wm.dropout": (0.0, 0.99), "wm.residual_dropout": (0.0, 0.99),
-    "wm.target_frames": (1, 256), "wm.batch_size": (1, 4096), "wm.learning_rate": (1e-12, 10.0),
-    "wm.warmup_steps": (1, 10**9), "wm.max_grad_norm": (1e-9, 1e9), "wm.loss_cutoff": (0.0, 10.0),
-    "wm.input_noise": (0.0, 1.0),
-    "wm.train_steps": (0, 10**9), "wm.epoch_multiplier": (1, 1000), "wm.ss_exp_steps": (1, 10**9),
-    "wm.ss_lin_steps": (1, 10**9), "wm.ss_max_prob": (0.0, 1.0), "wm.bits": (8, 4096), "wm.bit_noise": (0.0, 10.0),
-    "wm.bit_flip": (0.0, 0.5), "wm.discretize_warmup": (1, 10**9), "wm.prior_max_sampling": (0.0, 1.0),
-    "wm.prior_warmup": (1, 10**9), "wm.latent_use_max": (0.0, 1.0), "wm.latent_use_warmup": (1, 10**9),
-    "wm.lstm_size": (1, 65536), "wm.inference_filters": (1, 65536), "wm.pixel_temperature": (0.0, 100.0),
-    "wm.latent_temperature": (0.0, 100.0), "wm.eval_sequences": (1, 10**6), "wm.eval_horizon": (1, 10**6),
-    "ppo.iterations": (0, 10**9), "ppo.num_envs": (1, 65536), "ppo.num_steps": (2, 100_000),
-    "ppo.learning_rate": (1e-12, 10.0), "ppo.gamma": (0.0, 1.0), "ppo.gae_lambda": (0.0, 1.0),
-    "ppo.clip_coef": (1e-6, 10.0), "ppo.vf_coef": (0.0, 1e6), "ppo.ent_coef": (0.0, 1e6),
-    "ppo.update_epochs": (1, 1000), "ppo.minibatch_steps": (1, 100_000), "ppo.max_grad_norm": (1e-9, 1e9),
-    "ppo.dropout": (0.0, 0.99), "ppo.collect_temperature": (0.0, 100.0),
-    "eval.episodes": (0, 10**6), "eval.num_envs": (1, 1024), "eval.temperature": (0.0, 100.0),
-    "play.zoom": (1, 32), "play.fps": (1, 1000),
-    "eval.noop_max": (0, 10_000), "eval.max_steps": (0, 10**8), "eval.debug_steps": (1, 10**6),
-}  # fmt: skip
-ARCHITECTURE = ("model", "optimizer", "hidden_size", "compress_steps", "filter_double_steps", "hidden_layers", "bits",
-                "lstm_size", "inference_filters")  # fmt: skip
-
-
-def numeric_fields(obj, prefix: str = ""):
-    """(dotted name, value) of every int/float field of Args and its nested phase dataclasses."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            yield from numeric_fields(value, f"{f.name}.")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield prefix + f.name, value
-
-
-def validate(args: Args) -> dict:
-    """Every check that can fail on user input, before anything is created. Returns what it loaded."""
-    for name, value in numeric_fields(args):
-        lo, hi = LIMITS[name]
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
-    if args.wm.filter_double_steps > args.wm.compress_steps:
-        raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
-    grid = args.eval.grid_temperatures + args.eval.grid_noops
-    if not grid or not all(math.isfinite(v) and 0 <= v <= 10_000 for v in grid) or not args.eval.grid_noops:
-        raise UsageError("--eval.grid-temperatures and --eval.grid-noops need values in [0, 10000]")
-    if args.wm.bits % BitPrior.GROUP:
-        raise UsageError(f"--wm.bits must be a multiple of {BitPrior.GROUP} (got {args.wm.bits})")
-    if args.eval_only:
-        return validate_eval_only(args)
-    rom, sticky_default = resolve_env_id(args.env_id)
-    sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
-    if args.mode == "play":
-        if not args.world_model:
-            raise UsageError("--mode play needs --world-model PATH (a world_model.pt of this script)")
-        load_world_model_file(args.world_model, args, check_type=False)
-        return {"rom": rom, "sticky": sticky}
-    schedule = real_steps_schedule(args.loop.real_steps, args.loop.epochs, args.env.num_envs)
-    if args.mode == "model-free" and schedule["total"] < args.env.num_envs * args.ppo.num_steps:
-        raise UsageError("model-free: fewer real steps than one rollout: raise --loop.real-steps")
-    if args.mode != "model-free" and schedule["per_env"] < STACK + args.wm.target_frames:
-        raise UsageError(
-            f"{schedule['per_env']} real steps per env per collection cannot hold a training sequence of "
-            f"{STACK + args.wm.target_frames} frames: raise --loop.real-steps or lower --env.num-envs"
-        )
-    if args.mode != "model-free" and args.ppo.minibatch_steps > args.ppo.num_steps:
-        raise UsageError("--ppo.minibatch-steps must be <= --ppo.num-steps")
-    default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.run_dir or default)
-    ctx = {"rom": rom, "sticky": sticky, "schedule": schedule, "run_dir": run_dir, "eval_envs": args.eval.num_envs,
-           "max_episode_frames": args.env.max_episode_frames}  # fmt: skip
-    check_run_dir(args, ctx)
-    if args.world_model:
-        if args.mode != "simple":
-            raise UsageError("--world-model is for --mode simple or play")
-        ctx["world_model_ck"] = load_world_model_file(args.world_model, args)
-    return ctx
-
-
-def check_run_dir(args: Args, ctx: dict):
-    run_dir = ctx["run_dir"]
-    saved = run_dir / "args.json"
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir} is a file: pass a directory")
-    if saved.exists():
-        try:
-            old = json.loads(saved.read_text())
-        except (OSError, ValueError):
-            raise UsageError(f"{saved} is unreadable: delete it or pass a new --run-dir") from None
-        if old.get("script") != os.path.basename(__file__):
-            raise UsageError(f"{run_dir} was made by {old.get('script')!r}, not this script: pass a new --run-dir")
-        if old.get("env_id") != args.env_id or old.get("mode") != args.mode:
-            raise UsageError(f"{run_dir} is a {old.get('mode')} run on {old.get('env_id')}: pass a new --run-dir")
-        changed = [k for k in ARCHITECTURE if old.get("wm", {}).get(k) != getattr(args.wm, k)]
-        if changed:
-            raise UsageError(f"{run_dir} was trained with other --wm.{changed[0].replace('_', '-')}: resume with "
-                             "the same world-model settings or pass a new --run-dir")  # fmt: skip
-        ctx["finished"] = (run_dir / "results.json").exists()
-        ctx["resume"] = load_state_file(run_dir / "checkpoints" / "state.pt")
-        if ctx["resume"] is not None and not ctx["finished"]:
-            check_saved_networks_fit(args, ctx)
-        ctx["data"] = load_collections(run_dir)
-    probe = run_dir
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
-
-
-def check_saved_networks_fit(args: Args, ctx: dict):
-    """The resume checkpoint's networks must load into this file's networks (another version may differ)."""
-    saved = ctx["resume"]["modules"]
-    num_actions = num_actions_of(ctx["rom"])
-    nets = {"policy": Policy(num_actions, FRAME_SHAPE, args.ppo.dropout)}
-    if args.mode != "model-free" and args.world_model is None:
-        nets["model"] = WorldModel(num_actions, FRAME_SHAPE, args.wm)
-    try:
-        for name, net in nets.items():
-            net.load_state_dict(saved[name])
-    except (RuntimeError, KeyError):
-        raise UsageError(f"{ctx['run_dir']}/checkpoints/state.pt holds networks that do not fit this file's "
-                         "(another version of the script?): pass a new --run-dir") from None  # fmt: skip
-
-
-def load_world_model_file(path: str, args: Args, check_type: bool = True) -> dict:
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-        assert ck["script"] == os.path.basename(__file__)
-    except Exception:  # noqa: BLE001 -- any unreadable or foreign file is the same user error
-        raise UsageError(f"cannot read {path} as a world_model.pt of this script: pass one from a run dir") from None
-    if ck["env_id"] != args.env_id:
-        raise UsageError(f"{path} is a world model of {ck['env_id']}, not {args.env_id}: pass --env-id {ck['env_id']}")
-    if check_type and ck["config"]["model"] != args.wm.model:
-        raise UsageError(f"{path} is a {ck['config']['model']} world model: pass --wm.model {ck['config']['model']}")
-    return ck
-
-
-def load_state_file(path: Path):
-    if not path.exists():
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # noqa: BLE001
-        raise UsageError(f"{path} is corrupt: delete it to restart the run's training") from None
-
-
-def load_collections(run_dir: Path) -> RealData:
-    data = RealData()
-    for path in sorted((run_dir / "data").glob("collection_*.npz")):
-        try:
-            with np.load(path) as z:
-                data.add({k: z[k] for k in ("frames", "actions", "rewards", "dones")})
-        except Exception:  # noqa: BLE001
-            raise UsageError(f"{path} is corrupt: delete it (and later collections) to collect it again") from None
-    return data
-
-
-def validate_eval_only(args: Args) -> dict:
-    run_dir = Path(args.eval_only)
-    path = run_dir / "policy.pt"
-    if not path.exists():
-        raise UsageError(f"{path} does not exist: pass --eval-only a run dir of this script that has a policy.pt")
-    try:
-        policy = load_policy(path)
-    except UsageError:
-        raise
-    except Exception:  # noqa: BLE001
-        raise UsageError(f"{path} is corrupt: pass another run dir") from None
-    if not os.access(run_dir, os.W_OK):
-        raise UsageError(f"{run_dir} is not writable: evaluations/ goes there")
-    c = policy.env_config
-    return {"run_dir": run_dir, "policy": policy, "rom": c["rom"], "sticky": c["sticky"],
-            "eval_envs": args.eval.num_envs, "max_episode_frames": c["max_episode_frames"]}  # fmt: skip
-
-
-def eval_only(args: Args, ctx: dict) -> int:
-    run_dir = ctx["run_dir"]
-    out_dir = run_dir / "evaluations"
-    out_dir.mkdir(exist_ok=True)
-    n = len(list(out_dir.glob("eval_*.json")))
-    cfg, policy = args.eval, ctx["policy"]
-    video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
-    pairs = (
-        [(t, k) for t in cfg.grid_temperatures for k in cfg.grid_noops]
-        if cfg.grid
-        else [(cfg.temperature, cfg.noop_max)]
-    )
-    grid = []
-    for i, (temperature, noops) in enumerate(pairs):
-        ev = evaluate_policy(policy, ctx, cfg.episodes, temperature, noops, args.seed, video if i == 0 else None,
-                             cfg.max_steps)  # fmt: skip
-        grid.append(ev)
-        print(f"eval T={temperature} max no-ops={noops}: {ev.get('mean', float('nan')):.2f} over {cfg.episodes} games"
-              f"{' (full games)' if not cfg.max_steps else f' of at most {cfg.max_steps} steps'}")  # fmt: skip
-    out = {**grid[0], "grid": grid} if cfg.grid else grid[0]
-    out.update(env_id=policy.env_config["env_id"], seed=args.seed, episodes=cfg.episodes)
-    if args.capture_video and (run_dir / "world_model.pt").exists():
-        model = load_world_model(run_dir / "world_model.pt")
-        frames = model_vs_real_frames(model, policy, ctx, cfg.debug_steps, cfg.temperature, args.seed)
-        write_video(frames, run_dir / "videos" / f"debug_model_real_diff_{n:03d}.webm")
-        out["debug_video"] = f"videos/debug_model_real_diff_{n:03d}.webm"
-    write_json(out_dir / f"eval_{n:03d}.json", out)
-    print(f"-> {out_dir}/eval_{n:03d}.json")
-    return 0
-
-
-def load_world_model(path) -> WorldModel:
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+def world_model_from(ck: dict) -> WorldModel:
     model = WorldModel(ck["num_actions"], tuple(ck["frame_shape"]), WorldModelArgs(**ck["config"]))
     model.load_state_dict(ck["state_dict"])
     return model.eval()
@@ -1505,7 +1566,7 @@ def setup_run(args: Args, ctx: dict):
     (run_dir / "data").mkdir(exist_ok=True)
     for stale in run_dir.rglob("*.tmp"):
         stale.unlink()
-    write_json(run_dir / "args.json", {"script": os.path.basename(__file__), **asdict(args)})
+    write_json(run_dir / "args.json", {"script": SCRIPT, **asdict(args)})
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -1513,22 +1574,22 @@ def setup_run(args: Args, ctx: dict):
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     ctx["device"] = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    fast_bf16 = (torch.cuda.is_bf16_supported() if ctx["device"].type == "cuda"
-                 else torch.backends.cpu.get_cpu_capability().startswith("AVX512"))  # fmt: skip
+    fast_bf16 = (
+        torch.cuda.is_bf16_supported()
+        if ctx["device"].type == "cuda"
+        else torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    )
     ctx["bf16"] = args.precision == "bf16" or (args.precision == "auto" and fast_bf16)
     ctx["rng"] = np.random.default_rng(args.seed)
     ctx.setdefault("data", RealData())
-    ctx["num_actions"] = num_actions_of(ctx["rom"])
-    ctx["last_save"] = time.time()
     ctx["checkpoint_every"] = args.checkpoint_every
-    ctx["args_env"] = args.env
-    ctx["env_config"] = {"env_id": args.env_id, "rom": ctx["rom"], "sticky": ctx["sticky"],
-                         "noop_max": args.env.noop_max, "max_episode_frames": args.env.max_episode_frames}  # fmt: skip
+    ctx["env_config"] = {"env_id": args.env_id, "rom": ctx["rom"], "sticky": ctx["sticky"]}
+    ctx["env_config"].update(noop_max=args.env.noop_max, max_episode_frames=args.env.max_episode_frames)
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=run_dir.name, save_code=True, resume="allow")  # fmt: skip
+        names = {"project": args.wandb_project_name, "entity": args.wandb_entity, "name": run_dir.name}
+        wandb.init(**names, config=asdict(args), sync_tensorboard=True, save_code=True, resume="allow")
     from torch.utils.tensorboard import SummaryWriter
 
     ctx["writer"] = SummaryWriter(str(run_dir))
@@ -1548,14 +1609,14 @@ def num_actions_of(rom: str) -> int:
 
 
 def build_modules(args: Args, ctx: dict):
-    device = ctx["device"]
-    policy = Policy(ctx["num_actions"], FRAME_SHAPE, args.ppo.dropout).to(device)
+    device, num_actions = ctx["device"], num_actions_of(ctx["rom"])
+    policy = Policy(num_actions, FRAME_SHAPE, args.ppo.dropout).to(device)
     policy.env_config = ctx["env_config"]
     ppo_opt = torch.optim.Adam(policy.parameters(), lr=args.ppo.learning_rate, betas=(0.85, 0.997), eps=1e-6)
     modules = {"policy": policy, "ppo_opt": ppo_opt}
     if args.mode != "model-free":
         wm_cfg = WorldModelArgs(**ctx["world_model_ck"]["config"]) if args.world_model else args.wm
-        model = WorldModel(ctx["num_actions"], FRAME_SHAPE, wm_cfg).to(device)
+        model = WorldModel(num_actions, FRAME_SHAPE, wm_cfg).to(device)
         model.bf16 = ctx["bf16"]
         if args.world_model:
             model.load_state_dict(ctx["world_model_ck"]["state_dict"])
@@ -1575,27 +1636,18 @@ def build_modules(args: Args, ctx: dict):
     return modules, state
 
 
-def real_envs(ctx: dict) -> dict:
-    """The persistent real envs of the collections (made on first use; a resumed run starts new games)."""
-    if ctx.get("real") is None:
-        envs = make_envs(ctx["rom"], ctx["args_env"].num_envs, ctx["sticky"], ctx["args_env"].noop_max,
-                         ctx["max_episode_frames"])  # fmt: skip
-        obs, _ = envs.reset(seed=int(ctx["rng"].integers(0, 2**31 - 1)))
-        n = obs.shape[0]
-        ctx["real"] = {"envs": envs, "obs": obs, "ep_return": np.zeros(n), "ep_length": np.zeros(n, dtype=np.int64),
-                       "episodes": []}  # fmt: skip
-    return ctx["real"]
-
-
-def advance_phase(state: dict, num_phases: int):
+def end_phase(state: dict, phases: tuple, ctx: dict, modules: dict):
+    """Marks the phase done (the next epoch after the last phase), saves the resume state, redraws the curve."""
     state["phase"] += 1
     state["phase_step"] = 0
-    if state["phase"] == num_phases:
+    if state["phase"] == len(phases):
         state["phase"], state["epoch"] = 0, state["epoch"] + 1
+    save_state(ctx, state, modules)
+    plot_learning_curve(state["history"], ctx["run_dir"] / "learning_curve.png", ctx["env_config"]["env_id"])
 
 
-def maybe_checkpoint(ctx: dict, state: dict, step: int):
-    """Saves the resume state every checkpoint_every steps; a pending signal stops the phase (main saves)."""
+def checkpoint(ctx: dict, state: dict, step: int):
+    """A pending SIGINT/SIGTERM stops the phase (SignalGuard saves the state); every checkpoint_every steps save it."""
     if STOP["signal"]:
         raise Interrupted(f"signal {STOP['signal']}")
     if step % ctx["checkpoint_every"] == 0:
@@ -1604,14 +1656,39 @@ def maybe_checkpoint(ctx: dict, state: dict, step: int):
 
 def save_state(ctx: dict, state: dict, modules: dict):
     ctx["modules"] = modules
-    save_atomic({"state": state, "modules": {k: m.state_dict() for k, m in modules.items()}, "rng": rng_states(ctx)},
-                ctx["run_dir"] / "checkpoints" / "state.pt")  # fmt: skip
+    states = {k: m.state_dict() for k, m in modules.items()}
+    save(ctx["run_dir"] / "checkpoints" / "state.pt", "checkpoint", state=state, modules=states, rng=rng_states(ctx))
 
 
-def save_atomic(obj, path: Path):
+def save(path: Path, kind: str, **payload):
+    """The one save of every artifact (policy, world_model, checkpoint .pt; collection .npz of arrays): written
+    atomically, tagged with this script, the kind and the format version."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    tagged = {"script": SCRIPT, "kind": kind, "version": FORMAT_VERSION, **payload}
+    if path.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez(f, **tagged)
+    else:
+        torch.save(tagged, tmp)
     os.replace(tmp, path)
+
+
+def load(path, kind: str, fix: str) -> dict:
+    """The one load: what `save` wrote, or a UsageError naming the file and the fix when it is unreadable or not
+    a `kind` of this script's current format."""
+    try:
+        if Path(path).suffix == ".npz":
+            with np.load(path) as z:
+                ck = {k: z[k] for k in z.files}
+            ck.update({k: ck[k].item() for k in ("script", "kind", "version") if k in ck})
+        else:
+            ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
+        ck = None
+    tag = ck if isinstance(ck, dict) else {}
+    if (tag.get("script"), tag.get("kind"), tag.get("version")) != (SCRIPT, kind, FORMAT_VERSION):
+        raise UsageError(f"cannot read {path} as a {kind} file of this script: {fix}")
+    return ck
 
 
 def write_json(path: Path, obj):
@@ -1620,30 +1697,13 @@ def write_json(path: Path, obj):
     os.replace(tmp, path)
 
 
-def save_collection(ctx: dict, index: int, collection: dict):
-    path = ctx["run_dir"] / "data" / f"collection_{index:03d}.npz"
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **collection)
-    os.replace(tmp, path)
-
-
-def save_world_model(model: WorldModel, args: Args, ctx: dict):
-    save_atomic({"script": os.path.basename(__file__), "env_id": args.env_id, "network": "WorldModel",
-                 "num_actions": model.num_actions, "frame_shape": list(model.frame_shape),
-                 "config": asdict(model.cfg), "state_dict": model.state_dict()},
-                ctx["run_dir"] / "world_model.pt")  # fmt: skip
-
-
-def save_policy(policy: Policy, ctx: dict):
-    save_atomic({"script": os.path.basename(__file__), "env_id": ctx["env_config"]["env_id"], "network": "Policy",
-                 "config": policy.config, "env_config": ctx["env_config"], "state_dict": policy.state_dict()},
-                ctx["run_dir"] / "policy.pt")  # fmt: skip
-
-
 def rng_states(ctx: dict) -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "generator": ctx["rng"].bit_generator.state}  # fmt: skip
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "generator": ctx["rng"].bit_generator.state,
+    }
 
 
 def set_rng_states(states: dict, ctx: dict):
@@ -1654,7 +1714,11 @@ def set_rng_states(states: dict, ctx: dict):
 
 
 class SignalGuard:
-    """SIGINT/SIGTERM set STOP; the running phase saves and raises Interrupted."""
+    """SIGINT/SIGTERM set STOP; the running phase stops at its next step (Interrupted) and the state is saved here.
+    On the way out the real envs and the writer are closed."""
+
+    def __init__(self, ctx: dict, state: dict, modules: dict):
+        self.ctx, self.state, self.modules = ctx, state, modules
 
     def __enter__(self):
         STOP["signal"] = 0
@@ -1664,26 +1728,22 @@ class SignalGuard:
     def _stop(signum, _frame):
         STOP["signal"] = signum
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *_):
         for s, h in self.old.items():
             signal.signal(s, h)
-
-
-def progress_bar(total: int, desc: str, initial: int = 0):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not sys.stderr.isatty())
+        if exc_type is Interrupted:
+            save_state(self.ctx, self.state, self.modules)
+        self.ctx["writer"].close()
+        if self.ctx.get("real"):
+            self.ctx["real"]["envs"].close()
 
 
 def finish(args: Args, ctx: dict, state: dict, result: dict):
-    result.update(env_id=args.env_id, mode=args.mode, seed=args.seed, device=str(ctx["device"]),
-                  schedule=ctx["schedule"], world_model_steps=state["wm_step"], ppo_iterations=state["ppo_iter"],
-                  paper_simple_sd_long=PAPER_SIMPLE.get(ctx["rom"]))  # fmt: skip
+    result.update(env_id=args.env_id, mode=args.mode, seed=args.seed, device=str(ctx["device"]))
+    result.update(schedule=ctx["schedule"], world_model_steps=state["wm_step"], ppo_iterations=state["ppo_iter"])
+    result.update(paper_simple_sd_long=PAPER_SIMPLE.get(ctx["rom"]))
     write_json(ctx["run_dir"] / "results.json", result)
-
-
-def video_path_for(args: Args, ctx: dict, name: str) -> Optional[Path]:
-    return ctx["run_dir"] / "videos" / f"{name}.webm" if args.capture_video else None
+    print(f"run dir: {ctx['run_dir']}")
 
 
 def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
@@ -1698,25 +1758,25 @@ def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
     writer.release()
 
 
-def write_strip(ctx: dict, env_id: str, epoch: int, steps: int = 10, scale: int = 2):
+def write_strip(run_dir: Path, strip, env_id: str, epoch: int, steps: int = 10, scale: int = 2):
     """wm_strip.png: rows real / predicted (open loop from real frames) / |difference|, the first `steps` steps."""
-    if "strip" not in ctx:
+    if strip is None:
         return
     import cv2
 
-    real, pred = ctx.pop("strip")
+    real, pred = strip
     idx = np.unique(np.linspace(0, len(real) - 1, min(steps, len(real))).astype(int))
     diff = np.abs(real[idx].astype(np.int16) - pred[idx].astype(np.int16)).astype(np.uint8)
     rows = [np.concatenate(list(x), axis=1) for x in (real[idx], pred[idx], diff)]
     img = np.concatenate(rows, axis=0)
     img = cv2.resize(img, (img.shape[1] * scale, img.shape[0] * scale), interpolation=cv2.INTER_NEAREST)
     header = np.full((24, img.shape[1], 3), 255, np.uint8)
-    cv2.putText(header, f"{env_id} epoch {epoch}: real / predicted / diff, steps {idx[0] + 1}..{idx[-1] + 1}",
-                (4, 17), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)  # fmt: skip
+    title = f"{env_id} epoch {epoch}: real / predicted / diff, steps {idx[0] + 1}..{idx[-1] + 1}"
+    cv2.putText(header, title, (4, 17), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1)
     ok, png = cv2.imencode(".png", np.concatenate([header, img])[:, :, ::-1])
-    tmp = ctx["run_dir"] / "wm_strip.png.tmp"
+    tmp = run_dir / "wm_strip.png.tmp"
     tmp.write_bytes(png.tobytes())
-    os.replace(tmp, ctx["run_dir"] / "wm_strip.png")
+    os.replace(tmp, run_dir / "wm_strip.png")
 
 
 def plot_learning_curve(history: list, path: Path, env_id: str):

@@ -523,14 +523,12 @@ def test_non_finite_losses_stop_with_the_phase_and_step():
         model.frame_head.bias.fill_(float("nan"))
     data = sw.RealData()
     data.add(toy_collection(12, 2, base=0))
-    args = sw.Args(wm=cfg)
     opt = sw.make_wm_optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     ctx = {"device": torch.device("cpu"), "rng": np.random.default_rng(0), "writer": None}
     state = {"epoch": 0, "phase_step": 0, "wm_step": 7}
     with pytest.raises(sw.NonFiniteLoss, match="world-model step 7"):
-        sw.train_world_model(
-            model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), data, args, ctx, state, 3
-        )
+        sw.train_world_model(model, opt, sched, data, cfg, state, 3, ctx)
     policy = sw.Policy(2, (16, 16, 1))
     rollout = {"obs": torch.zeros(4, 2, 4, 16, 16, 1, dtype=torch.uint8), "actions": torch.zeros(4, 2).long(),
                "logprobs": torch.zeros(4, 2), "advantages": torch.full((4, 2), float("nan")),
@@ -558,7 +556,7 @@ def test_corrupt_state_or_collection_exits_2_naming_the_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and broken.name in err, err
         broken.unlink()
-    torch.save({"state": {}, "modules": {"policy": {}, "model": {}}}, run_dir / "checkpoints" / "state.pt")
+    sw.save(run_dir / "checkpoints" / "state.pt", "checkpoint", state={}, modules={"policy": {}, "model": {}})
     with pytest.raises(SystemExit) as exc:  # networks of another version of the file
         sw.main(args)
     err = capsys.readouterr().err
