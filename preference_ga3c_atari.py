@@ -1134,9 +1134,39 @@ def train(args: Args, ctx: dict) -> dict:
     return log.finish(scores)
 
 
+class RewardSchedule:
+    """How much the reward model trains against agent steps, as one rule.
+
+    Before RL: `pretrain_epochs` passes over the pretraining labels, the agents held (the paper: 200 passes).
+    During RL: `labels_per_step / batch_size` updates of every member per agent step since RL began (the paper:
+    about 1 label per 10 steps). `learn` looks every 0.1 s and makes at most `per_look` of the updates owed, so
+    queries and logging keep flowing; the rest stay owed. With --reward.keep-pace the agents wait while a whole
+    update is owed, and the run ends once none is; without it they never wait, and what is still owed when the
+    step budget is spent is not made."""
+
+    per_look = 4
+
+    def __init__(self, reward: RewardArgs):
+        self.epochs, self.batch_size, self.keep_pace = reward.pretrain_epochs, reward.batch_size, reward.keep_pace
+        self.rate = reward.labels_per_step / reward.batch_size  # updates per agent step
+        self.trained_until = 0  # the agent step up to which the owed updates were made
+
+    def pretrain_updates(self, examples: int) -> int:
+        return math.ceil(self.epochs * examples / self.batch_size)
+
+    def owed(self, step: int) -> int:
+        return int((step - self.trained_until) * self.rate)
+
+    def made(self, updates: int):
+        self.trained_until += updates / self.rate
+
+    def agents_wait(self, step: int) -> bool:
+        return self.keep_pace and self.owed(step) >= 1
+
+
 def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], reward_fn, log: "RunLog"):
     """Pretraining labels and reward pretraining (learned rewards only), then GA3C with the teacher alongside."""
-    progress = log.progress
+    progress, schedule = log.progress, RewardSchedule(args.reward)
     # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
     shared.random_actions = teacher is not None and not progress["pretrained"]
     while shared.random_actions and not log.should_stop():
@@ -1145,7 +1175,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         answered, pending = teacher.outstanding()
         if answered >= args.labels.pretrain:
             shared.hold.set()
-            updates = math.ceil(args.reward.pretrain_epochs * teacher.num_examples() / args.reward.batch_size)
+            updates = schedule.pretrain_updates(teacher.num_examples())
             for done in range(0, updates, 5):  # small chunks: a SIGINT/SIGTERM is answered within seconds
                 log.status(f"pretraining the reward model on {answered} labels, update {done}/{updates}", answered)
                 log.scalars(teacher.train(min(5, updates - done)), shared.steps)
@@ -1162,7 +1192,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
 
     # 2. GA3C on the learned (or true) reward while the teacher keeps asking and training, asynchronously.
     start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
-    trained_until, rate = shared.steps, args.reward.labels_per_step / args.reward.batch_size  # rate: updates per step
+    schedule.trained_until = shared.steps
     log.rl_start = (shared.steps, teacher.updates if teacher is not None else 0)
     behind = False  # --reward.keep-pace: the teacher owes updates, so the agents wait (and the run ends after them)
     while (shared.steps < args.total_timesteps or behind) and not log.should_stop():
@@ -1180,13 +1210,13 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             if args.labeler == "human":  # keep a few queries waiting so a person never waits for one
                 wanted = max(wanted, min(args.labels.budget, answered + 3))
             teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
-            due = int((shared.steps - trained_until) * rate)
-            if due > 0:  # a few updates per pass keep queries and logging flowing; the rest is caught up later
-                updates = min(due, 4)
+            owed = schedule.owed(shared.steps)
+            if owed > 0:
+                updates = min(owed, schedule.per_look)
                 log.scalars(teacher.train(updates), shared.steps)
-                trained_until += updates / rate
+                schedule.made(updates)
                 teacher.normalise(shared)
-            behind = args.reward.keep_pace and (shared.steps - trained_until) * rate >= 1  # steps made while training
+            behind = schedule.agents_wait(shared.steps)  # steps were made while it trained
             (shared.hold.set if behind or shared.steps >= args.total_timesteps else shared.hold.clear)()
             log.status(f"training the agent, step {shared.steps:,}", answered)
         shared.held_s += (time.time() - pass_start) if held else 0.0

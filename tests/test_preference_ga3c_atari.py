@@ -54,6 +54,18 @@ def test_label_schedule():
     assert (gains >= 0).all() and gains[0] > gains[-1]  # the rate decays
 
 
+def test_reward_schedule_owes_labels_per_step_over_batch_size_updates_per_agent_step():
+    schedule = pref.RewardSchedule(pref.RewardArgs(labels_per_step=0.1, batch_size=16, pretrain_epochs=200))
+    assert schedule.pretrain_updates(500) == 6250  # 200 passes over 500 labels, 16 a batch
+    schedule.trained_until = 1000  # RL began at step 1,000: 0.1 / 16 = 1 update per 160 steps from there
+    assert schedule.owed(1159) == 0 and schedule.owed(1160) == 1 and schedule.owed(2000) == 6
+    schedule.made(4)  # 4 updates: owed until step 1,640
+    assert schedule.trained_until == 1640 and schedule.owed(2000) == 2
+    assert not schedule.agents_wait(2000)  # without --reward.keep-pace the agents never wait
+    schedule.keep_pace = True
+    assert schedule.agents_wait(1800) and not schedule.agents_wait(1799)
+
+
 def test_disagreement_picks_the_most_disputed_pair():
     probs = torch.tensor([[0.5, 0.1, 0.9], [0.5, 0.9, 0.8], [0.5, 0.5, 0.85]])  # members x pairs
     var = pref.disagreement(probs)
