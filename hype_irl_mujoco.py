@@ -43,39 +43,48 @@ import torch.nn.functional as F
 import tyro
 
 try:
-    with contextlib.redirect_stderr(io.StringIO()):  # its import prints an Adroit notice that would break error lines
+    # its import prints an Adroit notice that would break the one-line error messages
+    with contextlib.redirect_stderr(io.StringIO()):
         import gymnasium_robotics
     gym.register_envs(gymnasium_robotics)
 except ImportError:  # only the mazes need gymnasium-robotics
     gymnasium_robotics = None
 
 SCRIPT = "hype_irl_mujoco.py"
-MAZE_VERSIONS = {"PointMaze_": ("v3",), "AntMaze_": ("v4", "v5")}  # the maze ids mbirl_antmaze.py makes data for
+MAZE_VERSIONS = {"PointMaze_": ("v3",), "AntMaze_": ("v4", "v5")}  # ids mbirl_antmaze.py has data for
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+VIDEO_SIZE = 240  # rendered frame width and height
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
-# demos.npz, key: (dtype, shape) in N transitions, E episodes and the env's sizes (obs, act, MuJoCo's nq and nv)
+# demos.npz, key: (dtype, shape) in N transitions, E episodes and the env's sizes (obs, act,
+# MuJoCo's nq and nv)
 DEMO_FORMAT = {
-    "observations": (np.float32, ("N", "obs")), "actions": (np.float32, ("N", "act")),
-    "next_observations": (np.float32, ("N", "obs")), "rewards": (np.float32, ("N",)), "terminals": (bool, ("N",)),
-    "timeouts": (bool, ("N",)), "episode_ids": (np.int64, ("N",)), "episode_starts": (bool, ("N",)),
-    "timesteps": (np.int64, ("N",)), "returns": (np.float64, ("E",)), "seeds": (np.int64, ("E",)),
-    "qpos": (np.float64, ("N", "nq")), "qvel": (np.float64, ("N", "nv")), "qacc_warmstart": (np.float64, ("N", "nv")),
-}  # fmt: skip
-OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
-MAZE_DEMO_FORMAT = {**DEMO_FORMAT, "goal": (np.float64, ("N", 2))}  # mbirl_antmaze.py's files: each step's goal
-MAZE_DEMO_KEYS = ("qpos", "qvel", "goal")  # required on mazes
-# Piecewise-linear rho schedules of the reference ([start, end, until_step] segments, in learner env steps).
-# HalfCheetah is not in the reference; it gets the Ant/Walker2d schedule (our choice). Any other env: Hopper's.
+    "observations": (np.float32, ("N", "obs")),
+    "actions": (np.float32, ("N", "act")),
+    "next_observations": (np.float32, ("N", "obs")),
+    "rewards": (np.float32, ("N",)),
+    "terminals": (bool, ("N",)),
+    "timeouts": (bool, ("N",)),
+    "episode_ids": (np.int64, ("N",)),
+    "episode_starts": (bool, ("N",)),
+    "timesteps": (np.int64, ("N",)),
+    "returns": (np.float64, ("E",)),
+    "seeds": (np.int64, ("E",)),
+    "qpos": (np.float64, ("N", "nq")),
+    "qvel": (np.float64, ("N", "nv")),
+    "qacc_warmstart": (np.float64, ("N", "nv")),
+}
+# Piecewise-linear rho schedules of the reference ([start, end, until] segments, in learner env
+# steps). HalfCheetah, not in the reference, gets the Ant/Walker2d one (our choice); others Hopper's.
 RHO_SCHEDULES = dict.fromkeys(("Hopper", "Humanoid"), "0.2,0.1,200000;0.1,0.01,1000000")
 RHO_SCHEDULES.update(dict.fromkeys(("Ant", "Walker2d", "HalfCheetah"), "0.2,0.2,300000;0.2,0.1,1000000"))
 
 
 Terminal = Optional[Literal["min", "none"]]
-ExpertPath = Annotated[Optional[str], tyro.conf.arg(aliases=("--expert.expert-path",))]  # mbirl_antmaze.py's name
+ExpertPath = Annotated[Optional[str], tyro.conf.arg(aliases=("--expert.expert-path",))]  # mbirl's name
 
 
 def ranged(default, interval: str):
-    """A numeric setting with the interval it must lie in ("(" and ")" exclude the bound), checked before any work."""
+    """A numeric setting and the interval it must lie in ("(" and ")" exclude the bound)."""
     return field(default=default, metadata={"range": interval})
 
 
@@ -162,7 +171,7 @@ class EnvInfo:  # what the phases need to know about the env, read once by valid
 
 
 class Stop(Exception):
-    """Every early end of a command: main prints the one-line message (and the run dir) and exits with `code`."""
+    """Every early end of a command: main prints the one-line message and exits with `code`."""
 
     code, prefix = 1, "error: "
 
@@ -185,17 +194,19 @@ class Interrupted(Stop):
     code, prefix = 130, ""
 
     def __str__(self) -> str:
-        return f"interrupted in the {self.args[0]} at step {self.args[1]}: checkpoint saved; re-run to resume"
+        phase, step = self.args
+        return f"interrupted in the {phase} at step {step}: checkpoint saved; re-run to resume"
 
 
-# ---------------------------------------------------------------------------------------------------- Environments
+# ---------------------------------------------------------------------- Environments
 def is_maze(env_id: str) -> bool:
     return env_id.startswith(tuple(MAZE_VERSIONS))
 
 
 class FlatMazeObs(gym.ObservationWrapper):
-    """A maze's dict observation -> the flat one of mbirl_antmaze.py's data, (x, y) first and the goal last:
-    PointMaze [x, y, vx, vy, gx, gy] (6-D); AntMaze [x, y, qpos[2:15], qvel, gx, gy] (31-D)."""
+    """A maze's dict observation -> the flat one of mbirl_antmaze.py's data, (x, y) first and
+    the goal last: PointMaze [x, y, vx, vy, gx, gy] (6-D); AntMaze [x, y, qpos[2:15], qvel, gx,
+    gy] (31-D)."""
 
     def __init__(self, env: gym.Env, prepend_xy: bool):
         super().__init__(env)
@@ -209,8 +220,9 @@ class FlatMazeObs(gym.ObservationWrapper):
 
 
 def make_gym_env(env_id: str, **kwargs) -> gym.Env:
-    """gym.make (with its TimeLimit); a maze as mbirl_antmaze.py makes it: it ends at the goal (within 0.45), the
-    goal stays put, AntMaze v5 has no contact forces, and the maze XML it writes to the temp dir is removed."""
+    """gym.make (with its TimeLimit); a maze as mbirl_antmaze.py makes it: it ends at the goal
+    (within 0.45), the goal stays put, AntMaze v5 has no contact forces, and the maze XML it
+    writes to the temp dir is removed."""
     if not is_maze(env_id):
         return gym.make(env_id, disable_env_checker=True, **kwargs)
     kwargs.update(continuing_task=False, reset_target=False)
@@ -224,29 +236,35 @@ def make_gym_env(env_id: str, **kwargs) -> gym.Env:
 
 
 def flat_obs(env_id: str, env: gym.Env) -> gym.Env:
-    return FlatMazeObs(env, prepend_xy=env_id.startswith("AntMaze_")) if is_maze(env_id) else env
+    if not is_maze(env_id):
+        return env
+    return FlatMazeObs(env, prepend_xy=env_id.startswith("AntMaze_"))
 
 
-def make_env(env_id: str, max_episode_steps: Optional[int] = None, render: bool = False) -> tuple[gym.Env, int]:
-    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time themselves, so that an episode
-    restored to expert time t runs for exactly horizon - t more steps. Mazes: the flat observation."""
+def make_env(env_id: str, max_episode_steps=None, render: bool = False) -> tuple[gym.Env, int]:
+    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time themselves,
+    so that an episode restored to expert time t runs for exactly horizon - t more steps. Mazes:
+    the flat observation."""
     size = {"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {}
     env = make_gym_env(env_id, **size)
     horizon = max_episode_steps or env.spec.max_episode_steps or 1000
-    return flat_obs(env_id, env.env if isinstance(env, gym.wrappers.TimeLimit) else env), horizon
+    if isinstance(env, gym.wrappers.TimeLimit):
+        env = env.env
+    return flat_obs(env_id, env), horizon
 
 
 def simulator(env: gym.Env):
-    """The MuJoCo env holding model and data: the maze's inner point/ant env, else the env itself."""
+    """The MuJoCo env holding model and data: the maze's inner point/ant env, else the env."""
     u = env.unwrapped
     return getattr(u, "point_env", None) or getattr(u, "ant_env", None) or u
 
 
 def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, goal=None) -> np.ndarray:
-    """Exact restore: the expert's next states replay bit for bit (warm start included); on a maze the goal (and its
-    target marker) too. Returns the recomputed observation, equal to the recorded one except, on Ant/Humanoid, for
-    the contact/actuator-force entries (gymnasium computes those from the last substep's solver state): the
-    learner's reset uses the recorded one."""
+    """Exact restore: the expert's next states replay bit for bit (warm start included); on a
+    maze the goal (and its target marker) too. Returns the recomputed observation, equal to the
+    recorded one except, on Ant/Humanoid, for the contact/actuator-force entries (gymnasium
+    computes those from the last substep's solver state): the learner's reset uses the recorded
+    one."""
     u, sim = env.unwrapped, simulator(env)
     if goal is not None:
         u.goal = np.array(goal, dtype=np.float64)
@@ -262,9 +280,9 @@ def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, goal=None) -> np.nda
     return env.observation(u._get_obs(inner[0] if isinstance(inner, tuple) else inner))
 
 
-def start_episode(env: gym.Env, seed: int, demos: Optional[dict], reset_prob: float, rng) -> tuple[np.ndarray, int]:
-    """Reset; with probability reset_prob restore a uniformly drawn expert state (and its goal on a maze). Returns
-    (observation, time index)."""
+def start_episode(env: gym.Env, seed: int, demos, reset_prob: float, rng) -> tuple[np.ndarray, int]:
+    """Reset; with probability reset_prob restore a uniformly drawn expert state (and its goal
+    on a maze). Returns (observation, time index)."""
     obs, _ = env.reset(seed=seed)
     if reset_prob > 0 and rng.random() < reset_prob:
         i = int(rng.integers(len(demos["observations"])))
@@ -274,16 +292,17 @@ def start_episode(env: gym.Env, seed: int, demos: Optional[dict], reset_prob: fl
     return obs, 0
 
 
-# ---------------------------------------------------------------------------------------------------- Networks
+# ---------------------------------------------------------------------- Networks
 class Actor(nn.Module):
-    """SAC actor: obs -> 256 -> 256 ReLU -> mean, log_std; tanh-squashed Gaussian (names as CleanRL's)."""
+    """SAC actor: obs -> 256 -> 256 ReLU -> mean, log_std; tanh-squashed Gaussian (as CleanRL)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, hidden: int = 256):
+    def __init__(self, obs_dim: int, act_dim: int, low, high, hidden: int = 256):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(obs_dim, hidden), nn.Linear(hidden, hidden)
         self.fc_mean, self.fc_logstd = nn.Linear(hidden, act_dim), nn.Linear(hidden, act_dim)
-        self.register_buffer("action_scale", torch.tensor((high - low) / 2.0, dtype=torch.float32))
-        self.register_buffer("action_bias", torch.tensor((high + low) / 2.0, dtype=torch.float32))
+        scale, bias = (high - low) / 2.0, (high + low) / 2.0
+        self.register_buffer("action_scale", torch.tensor(scale, dtype=torch.float32))
+        self.register_buffer("action_bias", torch.tensor(bias, dtype=torch.float32))
         self.env_id, self.max_episode_steps = "", None  # set by load_policy
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,7 +322,7 @@ class Actor(nn.Module):
         return y * scale + bias, log_prob, torch.tanh(mean) * scale + bias
 
     def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """A batch of observations (numpy) -> the batch of actions (numpy): deterministic, or sampled."""
+        """A batch of observations -> the batch of actions (numpy): deterministic, or sampled."""
         with torch.inference_mode():
             obs = torch.as_tensor(obs, dtype=torch.float32, device=self.action_scale.device)
             sample, _, mean = self.get_action(obs)
@@ -311,8 +330,8 @@ class Actor(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Both Q-networks as stacked weights and batched matmuls: one kernel per layer for the pair (the CPU update is
-    latency-bound on small batches)."""
+    """Both Q-networks as stacked weights and batched matmuls: one kernel per layer for the
+    pair (the CPU update is latency-bound on small batches)."""
 
     def __init__(self, in_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
@@ -329,18 +348,21 @@ class TwinQ(nn.Module):
         h = torch.cat([obs, act], -1).expand(w1.shape[0], -1, -1)
         h = F.relu(torch.baddbmm(b1, h, w1))
         h = F.relu(torch.baddbmm(b2, h, w2))
-        # width-1 output as multiply-sum: the batched matmul's backward (an outer product) is slow on CPU (measured
-        # with fused Adam: together 17-23 % of the IRL phase's SPS, benchmarks/results/readability_before_after.md)
+        # width-1 output as multiply-sum: the batched matmul's backward (an outer product) is slow
+        # on CPU (with fused Adam: 17-23 % of the IRL phase's SPS, benchmarks/results/
+        # readability_before_after.md)
         return (h * w3.transpose(1, 2)).sum(-1) + b3.squeeze(-1)
 
 
 class Discriminator(nn.Module):
-    """f(s, a): MLP 256-256 ReLU -> scalar cost, orthogonal weights (reference), default biases. Reward = -f."""
+    """f(s, a): MLP 256-256 ReLU -> scalar cost, orthogonal weights (reference), default biases.
+    Reward = -f."""
 
     def __init__(self, in_dim: int, hidden: int = 256):
         super().__init__()
-        layers = [nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)]
-        self.net = nn.Sequential(*layers)
+        self.net = nn.Sequential(
+            nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
         for m in self.net:
             if isinstance(m, nn.Linear):
                 nn.init.orthogonal_(m.weight, gain=1.0 if m.out_features == 1 else math.sqrt(2))
@@ -349,38 +371,43 @@ class Discriminator(nn.Module):
         return self.net(sa).squeeze(-1)
 
 
-# ---------------------------------------------------------------------------------------------------- The math
+# ---------------------------------------------------------------------- The math
 def parse_rho_schedule(spec: str) -> list[tuple[float, float, int]]:
-    """'0.2,0.1,200000;0.1,0.01,1000000' -> [(0.2, 0.1, 200000), (0.1, 0.01, 1000000)]; a single number is constant."""
-    spec = spec.strip()
+    """'0.2,0.1,200000;0.1,0.01,1000000' -> [(0.2, 0.1, 200000), (0.1, 0.01, 1000000)]; a single
+    number is a constant rho."""
+    spec, flag = spec.strip(), "--irl.rho-schedule"
     try:
         if ";" not in spec and "," not in spec:
             segments = [(float(spec), float(spec), 1)]
         else:
             parts = [part.split(",") for part in spec.split(";")]
-            segments = [(float(start), float(end), int(float(until))) for start, end, until in parts]
+            segments = [(float(a), float(b), int(float(until))) for a, b, until in parts]
     except ValueError:
-        raise UsageError(f"--irl.rho-schedule {spec!r} is not 'start,end,until;...' or a number, e.g. '0.2,0.1,200000'")
+        example = "e.g. '0.2,0.1,200000'"
+        raise UsageError(f"{flag} {spec!r} is not 'start,end,until;...' or a number, {example}")
     ends = [0] + [until for _, _, until in segments]
     if not all(0.0 <= rho <= 1.0 for start, end, _ in segments for rho in (start, end)):
-        raise UsageError(f"--irl.rho-schedule {spec!r}: every rho must lie in [0, 1]")
+        raise UsageError(f"{flag} {spec!r}: every rho must lie in [0, 1]")
     if any(until <= previous for previous, until in zip(ends, ends[1:])):
-        raise UsageError(f"--irl.rho-schedule {spec!r}: segment end steps must be positive and increasing")
+        raise UsageError(f"{flag} {spec!r}: segment end steps must be positive and increasing")
     return segments
 
 
 def rho_schedule(args: Args) -> str:
-    """--irl.rho-schedule, or the reference's schedule for the env (Hopper's for an env it does not list)."""
-    return args.irl.rho_schedule or RHO_SCHEDULES.get(args.env_id.split("-")[0], RHO_SCHEDULES["Hopper"])
+    """--irl.rho-schedule, or the reference's schedule for the env (Hopper's when it has none)."""
+    default = RHO_SCHEDULES.get(args.env_id.split("-")[0], RHO_SCHEDULES["Hopper"])
+    return args.irl.rho_schedule or default
 
 
 def terminal_reward(args: Args) -> str:
-    """min on MuJoCo (termination = a fall, the worst outcome); none on mazes, whose episodes end AT the goal."""
+    """min on MuJoCo (termination = a fall, the worst outcome); none on mazes, whose episodes
+    end AT the goal."""
     return args.irl.terminal_reward or ("none" if is_maze(args.env_id) else "min")
 
 
 def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
-    """Piecewise-linear: each segment runs from `start` at the previous `until` (0) to `end` at its own, then flat."""
+    """Piecewise-linear: each segment runs from `start` at the previous `until` (0) to `end` at
+    its own, then flat."""
     seg_start = 0
     for start, end, until in segments:
         if step <= until:
@@ -389,25 +416,30 @@ def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
     return segments[-1][1]
 
 
-def hybrid_indices(batch_size: int, rho: float, num_expert: int, num_learner: int, generator=None, device="cpu"):
-    """Row indices of one hybrid minibatch in the storage [expert rows 0..E-1 | learner rows E..E+L-1]: exactly
-    round(rho * batch_size) expert rows, the rest learner rows, each uniform with replacement (as SB3's buffers)."""
+def hybrid_indices(batch_size, rho, num_expert, num_learner, generator=None, device="cpu"):
+    """Row indices of one hybrid minibatch in the storage [expert rows 0..E-1 | learner rows
+    E..E+L-1]: exactly round(rho * batch_size) expert rows, the rest learner rows, each uniform
+    with replacement (as SB3's buffers)."""
     n_expert = int(round(rho * batch_size)) if num_expert > 0 else 0
     if num_learner == 0:
         n_expert = batch_size
-    expert = torch.randint(0, max(num_expert, 1), (n_expert,), generator=generator, device=device)
-    learner = torch.randint(0, max(num_learner, 1), (batch_size - n_expert,), generator=generator, device=device)
+    n_learner = batch_size - n_expert
+    where = dict(generator=generator, device=device)
+    expert = torch.randint(0, max(num_expert, 1), (n_expert,), **where)
+    learner = torch.randint(0, max(num_learner, 1), (n_learner,), **where)
     return torch.cat([expert, num_expert + learner])
 
 
 def relabel_rewards(disc: Discriminator, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-    """Reward of every sampled transition (expert and learner) under the CURRENT discriminator: r = -f(s, a)."""
+    """Reward of every sampled transition (expert and learner) under the CURRENT
+    discriminator: r = -f(s, a)."""
     with torch.no_grad():
         return -disc(torch.cat([obs, act], -1))
 
 
-def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target: float = 0.4, alpha=None):
-    """E[(||grad_x f(x_hat)||_2 - target)^2] at x_hat = alpha x_expert + (1 - alpha) x_learner, alpha ~ U(0, 1)."""
+def gradient_penalty(f, x_expert, x_learner, target: float = 0.4, alpha=None) -> torch.Tensor:
+    """E[(||grad_x f(x_hat)||_2 - target)^2] at x_hat = alpha x_expert + (1 - alpha) x_learner,
+    alpha ~ U(0, 1)."""
     if alpha is None:
         alpha = torch.rand(x_expert.shape[0], 1, device=x_expert.device)
     x_hat = (alpha * x_expert + (1 - alpha) * x_learner).detach().requires_grad_(True)
@@ -415,8 +447,9 @@ def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, target:
     return ((grad.norm(2, dim=-1) - target) ** 2).mean()
 
 
-def discriminator_loss(f, x_expert: torch.Tensor, x_learner: torch.Tensor, gp_weight: float = 10.0, gp_target=0.4):
-    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP (f is a cost). Returns (loss, ipm term, penalty)."""
+def discriminator_loss(f, x_expert, x_learner, gp_weight: float = 10.0, gp_target: float = 0.4):
+    """IPM loss E_expert[f] - E_learner[f] + gp_weight * GP (f is a cost). Returns (loss, ipm
+    term, penalty)."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
     gp = gradient_penalty(f, x_expert, x_learner, gp_target)
     return ipm + gp_weight * gp, ipm, gp
@@ -427,58 +460,67 @@ def disc_lr_at(outer_iteration: int, lr0: float) -> float:
     return lr0 / max(1, outer_iteration)
 
 
-def soft_q_target(reward, done, next_q, next_logp, alpha, gamma: float, absorbing_reward=None) -> torch.Tensor:
-    """r + gamma * (1 - d) * (min Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`, a terminal transition
-    instead enters an absorbing state earning that reward forever: + gamma * d * r_abs / (1 - gamma)."""
+def soft_q_target(reward, done, next_q, next_logp, alpha, gamma: float, absorbing_reward=None):
+    """r + gamma * (1 - d) * (min Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`,
+    a terminal transition instead enters an absorbing state earning that reward forever:
+    + gamma * d * r_abs / (1 - gamma)."""
     target = reward + gamma * (1.0 - done) * (next_q - alpha * next_logp)
     if absorbing_reward is not None:
         target = target + gamma * done * absorbing_reward / (1.0 - gamma)
     return target
 
 
-def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+def tremble(action: np.ndarray, rng, p: float, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Trembling hand: with probability p the whole action is replaced by a uniform random one."""
     if p > 0 and rng.random() < p:
         return rng.uniform(low, high).astype(np.float32)
     return action
 
 
-# ---------------------------------------------------------------------------------------------------- SAC and replay
+# ---------------------------------------------------------------------- SAC and replay
 class SAC:
-    """Actor, batched twin Q, target twin Q, automatic entropy tuning. `update` takes the rewards explicitly: in the
-    IRL phase they are always the discriminator's relabelled rewards, never stored ones."""
+    """Actor, batched twin Q, target twin Q, automatic entropy tuning. `update` takes the rewards
+    explicitly: in the IRL phase they are always the discriminator's relabelled rewards, never
+    stored ones."""
 
     PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer")
 
     def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
         self.cfg = cfg
-        self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim).to(device)
+        self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim)
+        self.actor.to(device)
         self.qf = TwinQ(info.obs_dim + info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target = TwinQ(info.obs_dim + info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target.load_state_dict(self.qf.state_dict())
         self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=cfg.q_lr, fused=True)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr, fused=True)
+        actor_params = self.actor.parameters()
+        self.actor_optimizer = torch.optim.Adam(actor_params, lr=cfg.policy_lr, fused=True)
         self.target_entropy = -float(info.act_dim)
         self.log_alpha = torch.tensor([math.log(cfg.alpha)], device=device, requires_grad=True)
-        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr, fused=True)  # CleanRL uses q_lr here
+        # CleanRL uses q_lr for the temperature too
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr, fused=True)
         self.num_updates = 0
 
-    def update(self, obs, act, next_obs, done, reward, absorbing: bool = False) -> dict[str, torch.Tensor]:
-        """One critic step, actor/temperature steps every `policy_frequency` calls, one target lerp (no host sync)."""
+    def update(self, obs, act, next_obs, done, reward, absorbing: bool = False) -> dict:
+        """One critic step, actor/temperature steps every `policy_frequency` calls, one target
+        lerp (no host sync)."""
         cfg = self.cfg
-        alpha = self.log_alpha.detach().exp() if cfg.autotune else torch.full_like(self.log_alpha, cfg.alpha)
+        if cfg.autotune:
+            alpha = self.log_alpha.detach().exp()
+        else:
+            alpha = torch.full_like(self.log_alpha, cfg.alpha)
         with torch.no_grad():
             next_act, next_logp, _ = self.actor.get_action(next_obs)
             next_q = self.qf_target(next_obs, next_act).min(0).values
-            absorbing_reward = reward.min() if absorbing else None
-            target = soft_q_target(reward, done, next_q, next_logp, alpha, cfg.gamma, absorbing_reward)
+            r_absorbing = reward.min() if absorbing else None
+            target = soft_q_target(reward, done, next_q, next_logp, alpha, cfg.gamma, r_absorbing)
         q = self.qf(obs, act)
         qf_loss = ((q - target) ** 2).mean(-1).sum()  # qf1_loss + qf2_loss, as CleanRL
         self.q_optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
         self.q_optimizer.step()
-        out = {"qf_loss": qf_loss.detach(), "qf1_values": q[0].detach().mean(), "qf2_values": q[1].detach().mean()}
-        out["relabelled_reward"] = reward.mean()
+        out = {"qf_loss": qf_loss.detach(), "qf1_values": q[0].detach().mean()}
+        out.update(qf2_values=q[1].detach().mean(), relabelled_reward=reward.mean())
         self.num_updates += 1
         if self.num_updates % cfg.policy_frequency == 0:
             self.qf.requires_grad_(False)  # the actor's loss needs gradients w.r.t. actions only
@@ -490,7 +532,8 @@ class SAC:
                 self.actor_optimizer.step()
                 out["actor_loss"] = actor_loss.detach()
                 if cfg.autotune:
-                    alpha_loss = (-self.log_alpha.exp() * (logp.detach() + self.target_entropy)).mean()
+                    entropy_gap = logp.detach() + self.target_entropy
+                    alpha_loss = (-self.log_alpha.exp() * entropy_gap).mean()
                     self.a_optimizer.zero_grad(set_to_none=True)
                     alpha_loss.backward()
                     self.a_optimizer.step()
@@ -505,7 +548,8 @@ class SAC:
 
     def state_dict(self) -> dict:
         state = {part: getattr(self, part).state_dict() for part in self.PARTS}
-        return {**state, "log_alpha": self.log_alpha.detach().clone(), "num_updates": self.num_updates}
+        log_alpha = self.log_alpha.detach().clone()
+        return {**state, "log_alpha": log_alpha, "num_updates": self.num_updates}
 
     def load_state_dict(self, state: dict) -> None:
         for part in self.PARTS:
@@ -516,22 +560,25 @@ class SAC:
 
 
 class Storage:
-    """Combined replay on the device: rows [0, E) hold expert transitions, rows [E, E + capacity) a ring of learner
-    transitions. A row is [obs | act | next_obs | done | reward] so a minibatch is ONE gather. In the IRL phase the
-    reward column is NaN in every row (the env reward is hidden, expert rewards are not loaded): a learning step
-    that read it would turn the losses into NaN and stop the run, which makes 'env reward never used' checkable."""
+    """Combined replay on the device: rows [0, E) hold expert transitions, rows [E, E + capacity)
+    a ring of learner transitions. A row is [obs | act | next_obs | done | reward] so a minibatch
+    is ONE gather. In the IRL phase the reward column is NaN in every row (the env reward is
+    hidden, expert rewards are not loaded): a learning step that read it would turn the losses
+    into NaN and stop the run, which makes 'env reward never used' checkable."""
 
-    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device, expert_rows=None):
+    def __init__(self, obs_dim: int, act_dim: int, capacity: int, device, expert_rows=None):
         self.obs_dim, self.act_dim, self.capacity = obs_dim, act_dim, capacity
         self.num_expert = 0 if expert_rows is None else expert_rows.shape[0]
-        self.data = torch.zeros(self.num_expert + capacity, 2 * obs_dim + act_dim + 2, device=device)
+        width = 2 * obs_dim + act_dim + 2
+        self.data = torch.zeros(self.num_expert + capacity, width, device=device)
         if expert_rows is not None:
             self.data[: self.num_expert] = expert_rows
         self.ptr, self.size = 0, 0
 
     @staticmethod
     def rows(obs, act, next_obs, done, reward) -> np.ndarray:
-        return np.concatenate([obs, act, next_obs, np.atleast_1d(done), np.atleast_1d(reward)], -1, dtype=np.float32)
+        columns = [obs, act, next_obs, np.atleast_1d(done), np.atleast_1d(reward)]
+        return np.concatenate(columns, -1, dtype=np.float32)
 
     def add(self, row: np.ndarray) -> None:
         self.data[self.num_expert + self.ptr] = torch.from_numpy(row)
@@ -540,9 +587,11 @@ class Storage:
 
     def sample(self, batch_size: int, rho: float, generator: Optional[torch.Generator] = None):
         """(obs, act, next_obs, done, reward) of one hybrid minibatch."""
-        batch = self.data[hybrid_indices(batch_size, rho, self.num_expert, self.size, generator, self.data.device)]
-        o, a = self.obs_dim, self.act_dim
-        return batch[:, :o], batch[:, o : o + a], batch[:, o + a : 2 * o + a], batch[:, -2], batch[:, -1]
+        device = self.data.device
+        idx = hybrid_indices(batch_size, rho, self.num_expert, self.size, generator, device)
+        batch, o, a = self.data[idx], self.obs_dim, self.act_dim
+        obs, act, next_obs = batch[:, :o], batch[:, o : o + a], batch[:, o + a : 2 * o + a]
+        return obs, act, next_obs, batch[:, -2], batch[:, -1]
 
     def learner_rows(self) -> torch.Tensor:
         """The filled learner rows, oldest first (for checkpoints)."""
@@ -555,11 +604,11 @@ class Storage:
         self.size, self.ptr = n, n % self.capacity
 
 
-# ---------------------------------------------------------------------------------------------------- Phases
+# ---------------------------------------------------------------------- Logging
 @dataclass
 class Run:
-    """Where a phase writes: the run dir, TensorBoard and the device; SIGINT/SIGTERM set `stop_requested`, and
-    the loops save a checkpoint and stop at the next step."""
+    """Where a phase writes: the run dir, TensorBoard and the device. SIGINT/SIGTERM set
+    `stop_requested`; the loops then save a checkpoint and stop at the next step."""
 
     dir: Path
     writer: object  # torch.utils.tensorboard.SummaryWriter
@@ -567,306 +616,8 @@ class Run:
     stop_requested: bool = False
 
 
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, max_episode_steps=None, video=None):
-    """True returns of deterministic actions, trembling as in training (reference); `video`: the first episode's.
-    Returns (returns, successes): on a maze whether each episode reached its goal (within 0.45), else None."""
-    rng, returns, successes, frames = np.random.default_rng(seed), [], [], []
-    for ep in range(episodes):
-        env, horizon = make_env(env_id, max_episode_steps, render=video is not None and ep == 0)
-        obs, _ = env.reset(seed=seed + ep)
-        ret, success = 0.0, False
-        for _ in range(horizon):
-            action = tremble(actor.act(obs[None])[0], rng, p_tremble, env.action_space.low, env.action_space.high)
-            obs, reward, terminated, _, info = env.step(action)
-            ret, success = ret + float(reward), success or bool(info.get("success", False))
-            if env.render_mode:
-                frames.append(env.render())
-            if terminated:
-                break
-        returns.append(ret)
-        successes.append(success or terminated)  # a maze terminates only at its goal
-        env.close()
-    if video is not None:
-        write_video(video, frames, fps=env.metadata.get("render_fps", 30))
-    return returns, (successes if is_maze(env_id) else None)
-
-
-def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list]:
-    """Expert phase: SAC on the TRUE env reward for `expert.timesteps`; resumable from checkpoints/expert.pt.
-    Returns the expert and its learning curve [(step, episodic return)]."""
-    env, horizon = make_env(args.env_id, args.max_episode_steps)
-    sac = SAC(info, args.sac, run.device)
-    storage = Storage(info.obs_dim, info.act_dim, min(args.sac.buffer_size, args.expert.timesteps), run.device)
-    np_rng = np.random.default_rng(args.seed)
-    progress = {"step": 0, "episodes": 0, "curve": []}
-    if ckpt:
-        progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
-    ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
-    obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
-    progress["episodes"] += 1
-    ep_return, losses = 0.0, {}
-    with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar:
-        while progress["step"] < args.expert.timesteps:
-            if run.stop_requested:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
-                raise Interrupted("expert phase", progress["step"])
-            learn_started = progress["step"] >= args.sac.learning_starts
-            action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
-            action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
-            next_obs, reward, terminated, _, _ = env.step(action)
-            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float(reward)))
-            obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(reward), progress["step"] + 1
-            progress["step"] = step
-            if terminated or ep_t >= horizon:
-                log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
-                progress["curve"].append((step, ep_return))
-                obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
-                progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
-            if learn_started:
-                meter.start(step - 1)
-                b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
-                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
-            if step % args.log_frequency == 0 and losses:
-                log_losses(run.writer, "expert", losses, args, step, meter)
-            if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
-                plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), progress["curve"])
-            bar.update(1)
-    save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
-    env.close()
-    return sac, progress["curve"]
-
-
-def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps: Optional[int] = None) -> dict:
-    """Complete episodes of `policy(obs) -> action` (reset seeds 0, 1, ...) as demos.npz, MuJoCo states included."""
-    env, horizon = make_env(env_id, max_episode_steps)
-    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids")
-    buf, returns, data = {k: [] for k in keys + ("episode_starts", "timesteps") + STATE_KEYS}, [], env.unwrapped.data
-    for ep in range(num_demos):
-        obs, _ = env.reset(seed=ep)
-        ret = 0.0
-        for t in range(horizon):
-            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())  # before the step
-            action = np.clip(np.asarray(policy(obs), dtype=np.float32), env.action_space.low, env.action_space.high)
-            next_obs, reward, terminated, _, _ = env.step(action)
-            values = (obs, action, next_obs, reward, terminated, t + 1 >= horizon, ep, t == 0, t, *state)
-            for k, v in zip(buf, values):
-                buf[k].append(v)
-            ret, obs = ret + float(reward), next_obs
-            if terminated:
-                break
-        returns.append(ret)
-    env.close()
-    demos = {k: np.asarray(buf[k], dtype=DEMO_FORMAT[k][0]) for k in buf}
-    demos.update(returns=np.asarray(returns, np.float64), seeds=np.arange(num_demos, dtype=np.int64))
-    demos["env_id"] = np.array(env_id)
-    return demos
-
-
-def collect_disc_pairs(actor: Actor, env: gym.Env, horizon: int, args: Args, rng, progress: dict) -> torch.Tensor:
-    """(s, a) pairs of `disc.trajectories` fresh episodes of the current policy from the env's own start states."""
-    pairs, low, high = [], env.action_space.low, env.action_space.high
-    for _ in range(args.disc.trajectories):
-        obs, t = start_episode(env, args.seed + progress["episodes"], None, 0.0, rng)
-        progress["episodes"] += 1
-        while t < horizon:
-            action = tremble(actor.act(obs[None], False)[0], rng, args.irl.p_tremble, low, high)
-            pairs.append(np.concatenate([obs, action]).astype(np.float32))
-            obs, _, terminated, _, _ = env.step(action)
-            t, progress["disc_env_steps"] = t + 1, progress["disc_env_steps"] + 1
-            if terminated:
-                break
-    return torch.from_numpy(np.stack(pairs))
-
-
-def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg: DiscArgs) -> dict[str, float]:
-    """Outer iteration k: `steps` steps of a FRESH Adam at lr0 / max(1, k) on batch_size expert vs learner pairs."""
-    lr, device = disc_lr_at(k, cfg.lr), expert_sa.device
-    optimizer = torch.optim.Adam(disc.parameters(), lr=lr)
-    for _ in range(cfg.steps):
-        x_e = expert_sa[torch.randint(0, len(expert_sa), (cfg.batch_size,), device=device)]
-        x_l = learner_sa[torch.randint(0, len(learner_sa), (cfg.batch_size,), device=device)]
-        loss, ipm, gp = discriminator_loss(disc, x_e, x_l, cfg.gp_weight, cfg.gp_target)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    with torch.no_grad():
-        stats = dict(disc_loss=loss, ipm=ipm, gradient_penalty=gp, reward_expert=-disc(x_e).mean())
-        stats["reward_learner"] = -disc(x_l).mean()
-    return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
-
-
-def evaluate_learner(sac: SAC, args: Args, run: Run, progress: dict, expert_return: float, expert_curve) -> float:
-    """Evaluate, append to the history, log, and redraw the learning curve; returns the mean return."""
-    seed, step = args.seed + 10_000, progress["step"]
-    returns, successes = evaluate(
-        sac.actor, args.env_id, args.eval.episodes, seed, args.irl.p_tremble, args.max_episode_steps
-    )
-    mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
-    success_rate = float(np.mean(successes)) if successes is not None else None
-    progress["history"].append(dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns))))
-    progress["history"][-1].update(returns=returns, success_rate=success_rate)
-    run.writer.add_scalar("eval/episodic_return", mean, step)
-    if success_rate is not None:
-        run.writer.add_scalar("eval/success_rate", success_rate, step)
-    if math.isfinite(expert_return) and expert_return != 0:
-        run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
-    return mean
-
-
-def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve: list, run: Run, ckpt: Optional[dict]) -> tuple:
-    """IRL phase (HyPE). At the start of every outer iteration (each `irl.train_every` policy steps) collect fresh
-    learner episodes and update f; every step: act, store the transition with a NaN reward, maybe start the next
-    episode at an expert state; every minibatch: round(rho * batch) expert rows + learner rows, rewards relabelled
-    as -f(s, a) with the current f. Returns (learner, progress)."""
-    env, horizon = make_env(args.env_id, args.max_episode_steps)
-    disc_env, _ = make_env(args.env_id, args.max_episode_steps)
-    sac = SAC(info, args.sac, run.device)
-    # Expert rows: reward column NaN (demo rewards never enter learning); done = the dataset's terminals only.
-    obs_act, done = (demos["observations"], demos["actions"]), demos["terminals"].astype(np.float32)[:, None]
-    expert_rows = Storage.rows(*obs_act, demos["next_observations"], done, np.full(done.shape, np.nan))
-    capacity = min(args.sac.buffer_size, args.irl.total_timesteps)
-    storage = Storage(info.obs_dim, info.act_dim, capacity, run.device, torch.from_numpy(expert_rows))
-    expert_sa = torch.from_numpy(np.concatenate(obs_act, -1)).to(run.device)
-    expert_return = float(np.mean(demos["returns"]))
-    disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
-    segments = parse_rho_schedule(rho_schedule(args))
-    np_rng = np.random.default_rng(args.seed + 1000)
-    progress = {"step": 0, "disc_env_steps": 0, "k": 0, "episodes": 0, "history": [], "resumed_from_step": 0}
-    if ckpt:
-        progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
-        progress["resumed_from_step"] = progress["step"]
-    ckpt_path, meter, absorbing = run.dir / "checkpoints" / "irl.pt", SPSMeter(), terminal_reward(args) == "min"
-    obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
-    progress["episodes"] += 1
-    ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
-    next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
-    with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar:
-        while progress["step"] < args.irl.total_timesteps:
-            if run.stop_requested:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
-                raise Interrupted("IRL phase", progress["step"])
-            step = progress["step"]
-            if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
-                learner_sa = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress).to(run.device)
-                stats = update_discriminator(disc, expert_sa, learner_sa, progress["k"], args.disc)
-                log_discriminator(run.writer, stats, progress, step)
-                progress["k"] += 1
-            learn_started = step >= args.sac.learning_starts
-            action = sac.actor.act(obs[None], False)[0] if learn_started else np_rng.uniform(info.low, info.high)
-            action = tremble(action.astype(np.float32), np_rng, args.irl.p_tremble, info.low, info.high)
-            next_obs, env_reward, terminated, _, _ = env.step(action)
-            # The env reward is NOT stored (NaN in its column): the learner's rewards come from f only.
-            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
-            obs, ep_t, ep_return, step = next_obs, ep_t + 1, ep_return + float(env_reward), step + 1  # (logs only)
-            progress["step"] = step
-            if terminated or ep_t >= horizon:
-                log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
-                obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, args.irl.reset_prob, np_rng)
-                progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
-            if learn_started:
-                meter.start(step - 1)
-                rho = rho_at(step, segments)
-                b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
-                b_rew = relabel_rewards(disc, b_obs, b_act)
-                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
-            if step % args.log_frequency == 0 and losses:
-                log_losses(run.writer, "irl", losses, args, step, meter, rho, progress["disc_env_steps"])
-            if step >= next_eval:
-                next_eval += args.eval.frequency
-                mean = meter.pause_while(evaluate_learner, sac, args, run, progress, expert_return, expert_curve)
-                success = progress["history"][-1]["success_rate"]
-                reached = f", success rate {success:.2f}" if success is not None else ""
-                bar.write(f"[irl] step {step}: eval return {mean:.1f} (expert {expert_return:.1f}){reached}")
-            if step % args.checkpoint_frequency == 0:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
-            bar.update(1)
-    if losses:
-        check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
-    if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
-        evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
-    progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
-    save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
-    env.close()
-    disc_env.close()
-    return sac, progress
-
-
-def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
-    """policy.pt of docs/CONTRACT.md: the actor's weights and what load_policy needs to rebuild it and its env."""
-    config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
-    config.update(low=info.low.tolist(), high=info.high.tolist())
-    state = {k: v.cpu() for k, v in actor.state_dict().items()}
-    saved = {"script": SCRIPT, "env_id": args.env_id, "network": "Actor", "config": config, "state_dict": state}
-    save(path, "policy", **saved, max_episode_steps=args.max_episode_steps)
-
-
-def load_policy(path, device="cpu") -> Actor:
-    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)  # (`load` checks it in --eval-only)
-    config = saved["config"]
-    low, high = np.array(config["low"]), np.array(config["high"])
-    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
-    actor.load_state_dict(saved["state_dict"])
-    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
-    return actor.to(device).eval()
-
-
-def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit; mazes flat)."""
-    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
-    env_id = policy.env_id
-    return gym.vector.SyncVectorEnv([lambda: flat_obs(env_id, make_gym_env(env_id, **limit)) for _ in range(num_envs)])
-
-
-def main(argv: Optional[list[str] | Args] = None) -> None:
-    """Parse (or take) and validate everything, then: expert phase (or the cache) -> HyPE -> policy.pt, results."""
-    run = None
-    try:
-        args = argv if isinstance(argv, Args) else parse_args(argv)
-        if args.eval_only:
-            return evaluate_saved_policy(args)
-        run_dir, info, demos, checkpoints = validate(args)
-        if info is None:
-            print(f"{run_dir} already holds a finished run (results.json); nothing to do")
-            return
-        start = time.time()
-        run = start_run(args, run_dir)
-        expert_curve = []
-        if demos is None:
-            expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
-            demos = collect_demos(args.env_id, expert.actor.act, args.expert.num_demos or 64, args.max_episode_steps)
-            demos = write_expert_cache(args, expert, demos)
-        sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
-        results = irl_results(args, demos, progress, time.time() - start, run.device)
-        if args.save_model:
-            save_policy(run.dir / "policy.pt", sac.actor, args, info)
-        if args.capture_video:
-            video = run.dir / "videos" / "final.webm"
-            evaluate(sac.actor, args.env_id, 1, args.seed + 10_000, args.irl.p_tremble, args.max_episode_steps, video)
-        save(run.dir / "results.json", "results", **results)
-        mean, std, expert_return = results["eval_mean"], results["eval_std"], results["expert_return"]
-        success = f", success rate {results['success_rate']:.2f}" if results["success_rate"] is not None else ""
-        print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f}){success}")
-    except Stop as e:
-        if run is None:
-            print(f"{e.prefix}{e}", file=sys.stderr)
-        else:
-            finish_run(run, f"{e.prefix}{e}")
-        raise SystemExit(e.code)
-    finish_run(run)
-
-
-# ---- run management ----
-# Everything below is plumbing a reader of the algorithm can skip: checkpoints, logging, plots, video, validation.
-MINARI_PREFIX = "minari:"
-VIDEO_SIZE = 240  # rendered frame width and height
-
-
 class SPSMeter:
-    """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
+    """Steps per second after warm-up (from the first update on), evaluation time excluded."""
 
     def __init__(self):
         self.t0, self.s0, self.paused = None, 0, 0.0
@@ -884,6 +635,403 @@ class SPSMeter:
     def sps(self, step: int) -> Optional[float]:
         if self.t0 is not None and step > self.s0:
             return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
+
+
+def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
+    """The losses as floats; a NaN or infinite one stops the run (NonFiniteLoss, exit 3)."""
+    values = {k: float(v.detach()) for k, v in losses.items()}
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        fix = "lower the learning rates or check the expert data (last checkpoint kept)"
+        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}; {fix}")
+    return values
+
+
+def log_losses(writer, phase: str, losses: dict, args: Args, step, meter, rho=None, disc_steps=0):
+    """The expert phase's scalars under expert/, the learner's under CleanRL's tags (losses/,
+    charts/) and irl/."""
+    expert = phase == "expert"
+    values = check_finite(losses, "expert SAC" if expert else "IRL learner", step)
+    group = "expert" if expert else "charts"
+    scalars = {f"{group}/learning_rate": args.sac.q_lr, f"{group}/SPS": meter.sps(step)}
+    for name, value in values.items():
+        if expert:
+            scalars["expert/" + name] = value
+        else:
+            scalars[("irl/" if name == "relabelled_reward" else "losses/") + name] = value
+    if not expert:
+        scalars.update({"irl/rho": rho, "irl/total_env_steps": step + disc_steps})
+    for tag, value in scalars.items():
+        if value is not None:
+            writer.add_scalar(tag, value, step)
+
+
+def log_episode(writer, prefix: str, from_expert: bool, ret: float, length: int, step: int, bar):
+    """Episodes started from an expert state have partial returns: logged apart."""
+    if from_expert:
+        writer.add_scalar("irl/reset_episodic_return", ret, step)
+        return
+    writer.add_scalar(f"{prefix}/episodic_return", ret, step)
+    writer.add_scalar(f"{prefix}/episodic_length", length, step)
+    bar.set_postfix(ret=f"{ret:.0f}", refresh=False)
+
+
+# ---------------------------------------------------------------------- Phases
+def evaluate(actor, env_id, episodes, seed, p_tremble, max_episode_steps=None, video=None):
+    """True returns of deterministic actions, trembling as in training (reference); `video`: the
+    first episode's. Returns (returns, successes): on a maze whether each episode reached its
+    goal (within 0.45), else None."""
+    rng, returns, successes, frames = np.random.default_rng(seed), [], [], []
+    for ep in range(episodes):
+        env, horizon = make_env(env_id, max_episode_steps, render=video is not None and ep == 0)
+        low, high = env.action_space.low, env.action_space.high
+        obs, _ = env.reset(seed=seed + ep)
+        ret, success = 0.0, False
+        for _ in range(horizon):
+            action = tremble(actor.act(obs[None])[0], rng, p_tremble, low, high)
+            obs, reward, terminated, _, info = env.step(action)
+            ret, success = ret + float(reward), success or bool(info.get("success", False))
+            if env.render_mode:
+                frames.append(env.render())
+            if terminated:
+                break
+        returns.append(ret)
+        successes.append(success or terminated)  # a maze terminates only at its goal
+        env.close()
+    if video is not None:
+        write_video(video, frames, fps=env.metadata.get("render_fps", 30))
+    return returns, (successes if is_maze(env_id) else None)
+
+
+def explore(sac: SAC, obs, learn_started: bool, info: EnvInfo, p_tremble: float, rng) -> np.ndarray:
+    """The behaviour action: uniform random until learning starts, then a sample of the policy;
+    with probability p_tremble a uniform random one instead (trembling hand)."""
+    if learn_started:
+        action = sac.actor.act(obs[None], False)[0]
+    else:
+        action = rng.uniform(info.low, info.high)
+    return tremble(action.astype(np.float32), rng, p_tremble, info.low, info.high)
+
+
+def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list]:
+    """Expert phase: SAC on the TRUE env reward for `expert.timesteps`, resumable from
+    checkpoints/expert.pt. Returns the expert and its learning curve [(step, return)]."""
+    env, horizon = make_env(args.env_id, args.max_episode_steps)
+    sac = SAC(info, args.sac, run.device)
+    capacity = min(args.sac.buffer_size, args.expert.timesteps)
+    storage = Storage(info.obs_dim, info.act_dim, capacity, run.device)
+    np_rng = np.random.default_rng(args.seed)
+    progress = {"step": 0, "episodes": 0, "curve": []}
+    if ckpt:
+        progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
+    ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
+    obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
+    progress["episodes"] += 1
+    ep_return, losses = 0.0, {}
+    with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar:
+        while progress["step"] < args.expert.timesteps:
+            if run.stop_requested:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                raise Interrupted("expert phase", progress["step"])
+            learn_started = progress["step"] >= args.sac.learning_starts
+            action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
+            next_obs, reward, terminated, _, _ = env.step(action)
+            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float(reward)))
+            obs, ep_t, ep_return = next_obs, ep_t + 1, ep_return + float(reward)
+            step = progress["step"] = progress["step"] + 1
+            if terminated or ep_t >= horizon:
+                log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
+                progress["curve"].append((step, ep_return))
+                obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
+                progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
+            if learn_started:
+                meter.start(step - 1)
+                b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
+                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
+            if step % args.log_frequency == 0 and losses:
+                log_losses(run.writer, "expert", losses, args, step, meter)
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                curve = progress["curve"]
+                plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), curve)
+            bar.update(1)
+    save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+    env.close()
+    return sac, progress["curve"]
+
+
+def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps=None) -> dict:
+    """Complete episodes of `policy(obs) -> action` (reset seeds 0, 1, ...) as demos.npz, MuJoCo
+    states included."""
+    env, horizon = make_env(env_id, max_episode_steps)
+    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts")
+    keys += ("episode_ids", "episode_starts", "timesteps") + STATE_KEYS
+    buf, returns, data = {k: [] for k in keys}, [], env.unwrapped.data
+    low, high = env.action_space.low, env.action_space.high
+    for ep in range(num_demos):
+        obs, _ = env.reset(seed=ep)
+        ret = 0.0
+        for t in range(horizon):
+            # the MuJoCo state before the step
+            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
+            action = np.clip(np.asarray(policy(obs), dtype=np.float32), low, high)
+            next_obs, reward, terminated, _, _ = env.step(action)
+            timeout = t + 1 >= horizon
+            values = (obs, action, next_obs, reward, terminated, timeout, ep, t == 0, t, *state)
+            for k, v in zip(buf, values):
+                buf[k].append(v)
+            ret, obs = ret + float(reward), next_obs
+            if terminated:
+                break
+        returns.append(ret)
+    env.close()
+    demos = {k: np.asarray(buf[k], dtype=DEMO_FORMAT[k][0]) for k in buf}
+    demos["returns"] = np.asarray(returns, np.float64)
+    demos["seeds"] = np.arange(num_demos, dtype=np.int64)
+    demos["env_id"] = np.array(env_id)
+    return demos
+
+
+def collect_disc_pairs(actor: Actor, env: gym.Env, horizon: int, args: Args, rng, progress):
+    """(s, a) pairs of `disc.trajectories` fresh episodes of the current policy from the env's
+    own start states; their steps are counted in progress["disc_env_steps"]."""
+    pairs, low, high = [], env.action_space.low, env.action_space.high
+    for _ in range(args.disc.trajectories):
+        obs, t = start_episode(env, args.seed + progress["episodes"], None, 0.0, rng)
+        progress["episodes"] += 1
+        while t < horizon:
+            action = tremble(actor.act(obs[None], False)[0], rng, args.irl.p_tremble, low, high)
+            pairs.append(np.concatenate([obs, action]).astype(np.float32))
+            obs, _, terminated, _, _ = env.step(action)
+            t, progress["disc_env_steps"] = t + 1, progress["disc_env_steps"] + 1
+            if terminated:
+                break
+    return torch.from_numpy(np.stack(pairs))
+
+
+def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg: DiscArgs) -> dict:
+    """Outer iteration k: `steps` steps of a FRESH Adam at lr0 / max(1, k), each on batch_size
+    expert and batch_size learner pairs. Returns the last step's statistics."""
+    lr, device = disc_lr_at(k, cfg.lr), expert_sa.device
+    optimizer = torch.optim.Adam(disc.parameters(), lr=lr)
+    for _ in range(cfg.steps):
+        x_e = expert_sa[torch.randint(0, len(expert_sa), (cfg.batch_size,), device=device)]
+        x_l = learner_sa[torch.randint(0, len(learner_sa), (cfg.batch_size,), device=device)]
+        loss, ipm, gp = discriminator_loss(disc, x_e, x_l, cfg.gp_weight, cfg.gp_target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        stats = dict(disc_loss=loss, ipm=ipm, gradient_penalty=gp)
+        stats.update(reward_expert=-disc(x_e).mean(), reward_learner=-disc(x_l).mean())
+    return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
+
+
+def evaluate_learner(sac: SAC, args: Args, run: Run, progress, expert_return, expert_curve, bar=None):
+    """Evaluate, append to the history, log, redraw the learning curve and (given the progress
+    bar) print the result."""
+    seed, step, p_tremble = args.seed + 10_000, progress["step"], args.irl.p_tremble
+    horizon = args.max_episode_steps
+    returns, successes = evaluate(sac.actor, args.env_id, args.eval.episodes, seed, p_tremble, horizon)
+    mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
+    success_rate = float(np.mean(successes)) if successes is not None else None
+    record = dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns)))
+    progress["history"].append(dict(record, returns=returns, success_rate=success_rate))
+    run.writer.add_scalar("eval/episodic_return", mean, step)
+    if success_rate is not None:
+        run.writer.add_scalar("eval/success_rate", success_rate, step)
+    if math.isfinite(expert_return) and expert_return != 0:
+        run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
+    if bar is not None:
+        reached = f", success rate {success_rate:.2f}" if success_rate is not None else ""
+        expert = f"(expert {expert_return:.1f})"
+        bar.write(f"[irl] step {step}: eval return {mean:.1f} {expert}{reached}")
+
+
+def expert_storage(demos: dict, info: EnvInfo, capacity: int, device) -> Storage:
+    """The replay with the expert transitions in front: their reward column NaN (demo rewards
+    never enter learning), done = the dataset's terminals only."""
+    done = demos["terminals"].astype(np.float32)[:, None]
+    rewards = np.full(done.shape, np.nan)
+    obs, act, next_obs = demos["observations"], demos["actions"], demos["next_observations"]
+    rows = torch.from_numpy(Storage.rows(obs, act, next_obs, done, rewards))
+    return Storage(info.obs_dim, info.act_dim, capacity, device, rows)
+
+
+def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, ckpt) -> tuple:
+    """IRL phase (HyPE), resumable from checkpoints/irl.pt; returns (learner, progress). Each
+    policy step: (1) every `irl.train_every` steps, an outer iteration: fresh learner episodes
+    and discriminator steps; (2) act, store the transition with a NaN reward; (3) at an episode's
+    end, maybe start the next at an expert state; (4) one SAC update on round(rho * batch) expert
+    and the rest learner rows, all rewards relabelled as -f(s, a) with the current f."""
+    env, horizon = make_env(args.env_id, args.max_episode_steps)
+    disc_env, _ = make_env(args.env_id, args.max_episode_steps)
+    sac = SAC(info, args.sac, run.device)
+    capacity = min(args.sac.buffer_size, args.irl.total_timesteps)
+    storage = expert_storage(demos, info, capacity, run.device)
+    obs_act = np.concatenate([demos["observations"], demos["actions"]], -1)
+    expert_sa = torch.from_numpy(obs_act).to(run.device)
+    expert_return = float(np.mean(demos["returns"]))
+    disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
+    segments, absorbing = parse_rho_schedule(rho_schedule(args)), terminal_reward(args) == "min"
+    np_rng = np.random.default_rng(args.seed + 1000)
+    progress = dict(step=0, disc_env_steps=0, k=0, episodes=0, history=[], resumed_from_step=0)
+    if ckpt:
+        progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
+        progress["resumed_from_step"] = progress["step"]
+    ckpt_path, meter, reset_prob = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.reset_prob
+    obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, reset_prob, np_rng)
+    progress["episodes"] += 1
+    ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
+    next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
+    with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar:
+        while progress["step"] < args.irl.total_timesteps:
+            step = progress["step"]
+            if run.stop_requested:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+                raise Interrupted("IRL phase", step)
+            # 1. an outer iteration starts: fresh learner episodes, then the discriminator's steps
+            k = progress["k"]
+            if step % args.irl.train_every == 0 and k <= step // args.irl.train_every:
+                pairs = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress)
+                stats = update_discriminator(disc, expert_sa, pairs.to(run.device), k, args.disc)
+                stats.update(outer_iteration=k, disc_env_steps=progress["disc_env_steps"])
+                for name, value in stats.items():
+                    run.writer.add_scalar(f"irl/{name}", value, step)
+                progress["k"] += 1
+            # 2. act; the env reward is NOT stored (NaN in its column): rewards come from f only
+            learn_started = step >= args.sac.learning_starts
+            action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
+            next_obs, env_reward, terminated, _, _ = env.step(action)
+            storage.add(Storage.rows(obs, action, next_obs, float(terminated), float("nan")))
+            obs, ep_t, ep_return = next_obs, ep_t + 1, ep_return + float(env_reward)  # (for logs)
+            step = progress["step"] = step + 1
+            # 3. the episode ends: the next one may start at an expert state
+            if terminated or ep_t >= horizon:
+                log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
+                seed = args.seed + progress["episodes"]
+                obs, ep_t = start_episode(env, seed, demos, reset_prob, np_rng)
+                progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
+            # 4. one SAC update on a hybrid minibatch, relabelled with the current f
+            if learn_started:
+                meter.start(step - 1)
+                rho = rho_at(step, segments)
+                b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
+                b_rew = relabel_rewards(disc, b_obs, b_act)
+                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
+            if step % args.log_frequency == 0 and losses:
+                disc_steps = progress["disc_env_steps"]
+                log_losses(run.writer, "irl", losses, args, step, meter, rho, disc_steps)
+            if step >= next_eval:
+                next_eval += args.eval.frequency
+                evaluation = (sac, args, run, progress, expert_return, expert_curve, bar)
+                meter.pause_while(evaluate_learner, *evaluation)
+            if step % args.checkpoint_frequency == 0:
+                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+            bar.update(1)
+    if losses:
+        check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
+    if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
+        evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
+    progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
+    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
+    save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+    env.close()
+    disc_env.close()
+    return sac, progress
+
+
+def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
+    """policy.pt of docs/CONTRACT.md: the actor's weights and what load_policy needs to rebuild
+    it and its env."""
+    config = dict(obs_dim=info.obs_dim, act_dim=info.act_dim, hidden=args.sac.hidden_dim)
+    config.update(low=info.low.tolist(), high=info.high.tolist())
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    saved = dict(script=SCRIPT, env_id=args.env_id, network="Actor", config=config, state_dict=state)
+    save(path, "policy", **saved, max_episode_steps=args.max_episode_steps)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    config = saved["config"]
+    low, high = np.array(config["low"]), np.array(config["high"])
+    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit;
+    mazes flat)."""
+    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
+    env_id = policy.env_id
+    make = lambda: flat_obs(env_id, make_gym_env(env_id, **limit))  # noqa: E731
+    return gym.vector.SyncVectorEnv([make for _ in range(num_envs)])
+
+
+def pipeline(args: Args, info: EnvInfo, demos: Optional[dict], checkpoints: dict, run: Run) -> dict:
+    """The whole algorithm: the expert phase and its demos (unless demos were given or cached),
+    HyPE, then policy.pt and results.json (returned)."""
+    start, expert_curve = time.time(), []
+    if demos is None:
+        expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
+        num_demos = args.expert.num_demos or 64
+        demos = collect_demos(args.env_id, expert.actor.act, num_demos, args.max_episode_steps)
+        demos = write_expert_cache(args, expert, demos)
+    sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
+    results = irl_results(args, demos, progress, time.time() - start, run.device)
+    if args.save_model:
+        save_policy(run.dir / "policy.pt", sac.actor, args, info)
+    if args.capture_video:
+        video, seed = run.dir / "videos" / "final.webm", args.seed + 10_000
+        evaluate(sac.actor, args.env_id, 1, seed, args.irl.p_tremble, args.max_episode_steps, video)
+    save(run.dir / "results.json", "results", **results)
+    mean, std, expert_return = results["eval_mean"], results["eval_std"], results["expert_return"]
+    rate = results["success_rate"]
+    success = f", success rate {rate:.2f}" if rate is not None else ""
+    print(f"[irl] final return {mean:.1f} +- {std:.1f} (expert {expert_return:.1f}){success}")
+    return results
+
+
+# ---- run management ----
+# Everything below is plumbing a reader of the algorithm can skip: the command line and its
+# validation, exit codes, checkpoints, plots, video and the expert-data cache.
+MINARI_PREFIX = "minari:"
+OPTIONAL_DEMO_KEYS = ("timesteps", "seeds") + STATE_KEYS
+MAZE_DEMO_FORMAT = {**DEMO_FORMAT, "goal": (np.float64, ("N", 2))}  # each step's goal (mbirl's data)
+MAZE_DEMO_KEYS = ("qpos", "qvel", "goal")  # required on mazes
+
+
+def main(argv: Optional[list[str] | Args] = None) -> None:
+    """Parse (or take) and validate everything, then run the pipeline. Every early end is a Stop:
+    one line on stderr and its exit code (2 bad input, 3 non-finite loss, 130 interrupted)."""
+    run = None
+    try:
+        args = argv if isinstance(argv, Args) else parse_args(argv)
+        if args.eval_only:
+            return evaluate_saved_policy(args)
+        run_dir, info, demos, checkpoints = validate(args)
+        if info is None:
+            print(f"{run_dir} already holds a finished run (results.json); nothing to do")
+            return
+        run = start_run(args, run_dir)
+        pipeline(args, info, demos, checkpoints, run)
+    except Stop as e:
+        if run is None:
+            print(f"{e.prefix}{e}", file=sys.stderr)
+        else:
+            finish_run(run, f"{e.prefix}{e}")
+        raise SystemExit(e.code)
+    finish_run(run)
 
 
 # ---- checkpoints, atomic writes, results
@@ -998,53 +1146,7 @@ def keep_freed_memory() -> None:
     libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
 
 
-# ---- logging, plots, video, evaluation of a saved policy
-def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
-    values = {k: float(v.detach()) for k, v in losses.items()}
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
-        fix = "lower the learning rates or check the expert data (last checkpoint kept)"
-        raise NonFiniteLoss(f"{phase}: non-finite {', '.join(bad)} at step {step}; {fix}")
-    return values
-
-
-def log_losses(writer, phase: str, losses: dict, args: Args, step: int, meter: SPSMeter, rho=None, disc_steps=0):
-    """The expert phase's scalars under expert/, the learner's under CleanRL's tags (losses/, charts/) and irl/."""
-    expert = phase == "expert"
-    values = check_finite(losses, "expert SAC" if expert else "IRL learner", step)
-    group = "expert" if expert else "charts"
-    scalars = {f"{group}/learning_rate": args.sac.q_lr, f"{group}/SPS": meter.sps(step)}
-    for name, value in values.items():
-        scalars["expert/" + name if expert else ("irl/" if name == "relabelled_reward" else "losses/") + name] = value
-    if not expert:
-        scalars.update({"irl/rho": rho, "irl/total_env_steps": step + disc_steps})
-    for tag, value in scalars.items():
-        if value is not None:
-            writer.add_scalar(tag, value, step)
-
-
-def log_discriminator(writer, stats: dict, progress: dict, step: int) -> None:
-    stats = {**stats, "outer_iteration": progress["k"], "disc_env_steps": progress["disc_env_steps"]}
-    for name, value in stats.items():
-        writer.add_scalar(f"irl/{name}", value, step)
-
-
-def log_episode(writer, prefix: str, from_expert: bool, ret: float, length: int, step: int, bar) -> None:
-    """Episodes started from an expert state have partial returns: logged apart from the episodic return."""
-    if from_expert:
-        writer.add_scalar("irl/reset_episodic_return", ret, step)
-        return
-    writer.add_scalar(f"{prefix}/episodic_return", ret, step)
-    writer.add_scalar(f"{prefix}/episodic_length", length, step)
-    bar.set_postfix(ret=f"{ret:.0f}", refresh=False)
-
-
-def progress_bar(total: int, initial: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
-
-
+# ---- plots, video, evaluation of a saved policy
 def plot_curves(path: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
     """learning_curve.png: one panel per phase (expert training; IRL evaluations, the latest marked)."""
     from matplotlib.figure import Figure  # no pyplot: no global figure state, nothing to close
