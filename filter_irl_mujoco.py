@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -161,7 +161,7 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
 
 
-STOP = threading.Event()  # set by SIGINT/SIGTERM: the training loops save a checkpoint and raise Interrupted
+STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
 
 
 def pick_device(args: Args) -> torch.device:
@@ -179,17 +179,20 @@ class EnvInfo:  # what the phases need to know about the env, read once by valid
         return rng.uniform(self.low, self.high).astype(np.float32)
 
 
-# ---------------------------------------------------------------------------------------------------- Environments
+# ---- Environments
 def make_env(env_id: str, seed: int, render: bool = False) -> gym.Env:
-    """One gymnasium MuJoCo env with its registered TimeLimit: `terminated` is stored as done, truncation bootstraps."""
-    env = gym.make(env_id, render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE) if render else gym.make(env_id)
+    """One gymnasium MuJoCo env with its registered TimeLimit (`terminated` is stored as done,
+    truncation bootstraps)."""
+    size = dict(render_mode="rgb_array", width=VIDEO_SIZE, height=VIDEO_SIZE) if render else {}
+    env = gym.make(env_id, **size)
     env.action_space.seed(seed)
     return env
 
 
-def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmstart: np.ndarray, timestep: int):
-    """Exact restore of an expert state on a just-reset env: qpos, qvel AND the solver warm-start (contacts drift
-    without it), then mj_forward; the TimeLimit continues from `timestep` (the remaining horizon)."""
+def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, timestep: int) -> np.ndarray:
+    """Exact restore of an expert state on a just-reset env: qpos, qvel AND the solver warm-start
+    (contacts drift without it), then mj_forward; the TimeLimit continues from `timestep` (the
+    remaining horizon)."""
     model, data = env.unwrapped.model, env.unwrapped.data
     data.qpos[:], data.qvel[:], data.qacc_warmstart[:] = qpos, qvel, qacc_warmstart
     if model.na:
@@ -199,12 +202,29 @@ def restore_state(env: gym.Env, qpos: np.ndarray, qvel: np.ndarray, qacc_warmsta
     return env.unwrapped._get_obs()
 
 
-class LearnerEnv:
-    """The learner's env: an episode starts from a uniformly chosen expert state with probability `reset_prob`;
-    actions pass through the trembling hand. The true reward it returns is for LOGGING only (never in the buffer)."""
+def sample_start(rng: np.random.Generator, reset_prob: float, num_states: int) -> int:
+    """Index of the expert state an episode starts from, or -1 for the env's own initial-state
+    distribution."""
+    if num_states > 0 and rng.random() < reset_prob:
+        return int(rng.integers(num_states))
+    return -1
 
-    def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng: np.random.Generator):
-        self.env, self.demos, self.reset_prob, self.p_tremble, self.rng = env, demos, reset_prob, p_tremble, rng
+
+def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low, high) -> np.ndarray:
+    """Trembling hand: with probability p the whole action is replaced by a uniform random one."""
+    if p > 0 and rng.random() < p:
+        return rng.uniform(low, high).astype(action.dtype)
+    return action
+
+
+class LearnerEnv:
+    """The learner's env: an episode starts from a uniformly chosen expert state with probability
+    `reset_prob`; actions pass through the trembling hand. The true reward it returns is for
+    LOGGING only (never in the buffer)."""
+
+    def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng):
+        self.env, self.demos, self.rng = env, demos, rng
+        self.reset_prob, self.p_tremble = reset_prob, p_tremble
         self.num_states = len(demos["observations"]) if all(k in demos for k in STATE_KEYS) else 0
         self.low, self.high = env.action_space.low, env.action_space.high
 
@@ -214,8 +234,9 @@ class LearnerEnv:
         self.from_expert = i >= 0
         if self.from_expert:
             restore_state(self.env, *(self.demos[k][i] for k in (*STATE_KEYS, "timesteps")))
-            # The recorded observation, not one recomputed from the state: Ant/Humanoid observations hold contact
-            # forces that gymnasium reads after mj_step, i.e. at the PREVIOUS state; every later one is exact.
+            # The recorded observation, not one recomputed from the state: Ant/Humanoid
+            # observations hold contact forces that gymnasium reads after mj_step, i.e. at the
+            # PREVIOUS state; every later one is exact.
             obs = self.demos["observations"][i].astype(np.float64)
         return obs
 
@@ -225,16 +246,18 @@ class LearnerEnv:
         return action, next_obs, reward, terminated, truncated
 
 
-# ---------------------------------------------------------------------------------------------------- Networks
+# ---- Networks
 class Actor(nn.Module):
-    """SAC actor: MLP obs->h->h ReLU, mean and log_std heads, tanh squash to the action bounds (CleanRL layout)."""
+    """SAC actor: MLP obs->h->h ReLU, mean and log_std heads, tanh squash to the action bounds
+    (CleanRL's layout)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, hidden: int = 256):
+    def __init__(self, obs_dim: int, act_dim: int, low, high, hidden: int = 256):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(obs_dim, hidden), nn.Linear(hidden, hidden)
         self.fc_mean, self.fc_logstd = nn.Linear(hidden, act_dim), nn.Linear(hidden, act_dim)
-        self.register_buffer("action_scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
-        self.register_buffer("action_bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
+        scale, bias = (high - low) / 2.0, (high + low) / 2.0
+        self.register_buffer("action_scale", torch.as_tensor(scale, dtype=torch.float32))
+        self.register_buffer("action_bias", torch.as_tensor(bias, dtype=torch.float32))
         self.env_id = self.script = ""  # set by load_policy
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,13 +278,15 @@ class Actor(nn.Module):
     def act(self, obs: np.ndarray) -> np.ndarray:
         """A batch of observations (numpy) -> the batch of deterministic actions (numpy)."""
         with torch.no_grad():
-            x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=self.action_scale.device)
+            device = self.action_scale.device
+            x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=device)
             return self.get_action(x)[2].cpu().numpy()
 
 
 class TwinQ(nn.Module):
-    """Both Q-networks (s, a) -> h -> h -> 1 as stacked weights evaluated with batched matmuls: one kernel per
-    layer for the pair instead of one per network (the CPU update is latency-bound on small batches)."""
+    """Both Q-networks (s, a) -> h -> h -> 1 as stacked weights evaluated with batched matmuls:
+    one kernel per layer for the pair instead of one per network (the CPU update is
+    latency-bound on small batches)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, n: int = 2):
         super().__init__()
@@ -269,7 +294,8 @@ class TwinQ(nn.Module):
         self.weights, self.biases, self.n = nn.ParameterList(), nn.ParameterList(), n
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default init, per member
-            self.weights.append(nn.Parameter(torch.empty(n, fan_in, fan_out).uniform_(-bound, bound)))
+            weight = torch.empty(n, fan_in, fan_out).uniform_(-bound, bound)
+            self.weights.append(nn.Parameter(weight))
             self.biases.append(nn.Parameter(torch.empty(n, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
@@ -277,19 +303,20 @@ class TwinQ(nn.Module):
         h = torch.cat([obs, act], -1).unsqueeze(0).expand(self.n, -1, -1)
         h = torch.relu(torch.baddbmm(self.biases[0], h, self.weights[0]))
         h = torch.relu(torch.baddbmm(self.biases[1], h, self.weights[1]))
-        # width-1 output as multiply-sum: the batched matmul's backward (an outer product) is slow on CPU (measured
-        # with fused Adam: together 18-22 % of the IRL phase's SPS, benchmarks/results/readability_before_after.md)
+        # width-1 output as multiply-sum: the batched matmul's backward (an outer product) is slow
+        # on CPU (with fused Adam: together 18-22 % of the IRL phase's SPS, measured in
+        # benchmarks/results/readability_before_after.md)
         return (h * self.weights[2].transpose(1, 2)).sum(-1) + self.biases[2].squeeze(-1)
 
 
 class Discriminator(nn.Module):
-    """f(s, a): MLP 256-256 ReLU -> scalar, orthogonal weights (as the reference). Learner reward is -f."""
+    """f(s, a): MLP 256-256 ReLU -> scalar, orthogonal weights (as the reference).
+    The learner's reward is -f."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim + act_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
-        )
+        layers = [nn.Linear(obs_dim + act_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden)]
+        self.net = nn.Sequential(*layers, nn.ReLU(), nn.Linear(hidden, 1))
         for layer in self.net[::2]:
             nn.init.orthogonal_(layer.weight)
 
@@ -297,24 +324,26 @@ class Discriminator(nn.Module):
         return self.net(x).squeeze(-1)
 
 
-# ---------------------------------------------------------------------------------------------------- The math
-def gradient_penalty(f, x_expert: torch.Tensor, x_learner: torch.Tensor, alpha: torch.Tensor, target_norm: float = 0.4):
-    """E[(||grad f(x_hat)||_2 - target_norm)^2] at x_hat = alpha*x_expert + (1-alpha)*x_learner (alpha: (B, 1))."""
+# ---- The math
+def gradient_penalty(f, x_expert, x_learner, alpha: torch.Tensor, target_norm: float = 0.4):
+    """E[(||grad f(x_hat)||_2 - target_norm)^2] at x_hat = alpha*x_expert + (1-alpha)*x_learner
+    (alpha: (B, 1))."""
     x_hat = (alpha * x_expert + (1 - alpha) * x_learner).detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(f(x_hat).sum(), x_hat, create_graph=True)
     return (grad.norm(2, dim=-1) - target_norm).pow(2).mean()
 
 
-def discriminator_loss(f, x_expert, x_learner, alpha, gp_weight: float = 10.0, gp_target: float = 0.4):
+def discriminator_loss(f, x_expert, x_learner, alpha, gp_weight=10.0, gp_target=0.4):
     """IPM loss E_expert[f] - E_learner[f] + gp_weight * penalty; returns (loss, ipm term, penalty).
-    Minimising it makes f low on expert pairs and high on learner pairs, so -f rewards expert-like behaviour."""
+    Minimising it makes f low on expert pairs and high on learner pairs, so -f rewards
+    expert-like behaviour."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
     gp = gradient_penalty(f, x_expert, x_learner, alpha, gp_target)
     return ipm + gp_weight * gp, ipm, gp
 
 
 def disc_learning_rate(lr0: float, k: int) -> float:
-    """Harmonic decay of the discriminator's learning rate: lr0 at k = 0 and k = 1, lr0 / k after."""
+    """Harmonic decay of the discriminator's learning rate: lr0 at k = 0 and 1, lr0 / k after."""
     return lr0 / max(1, k)
 
 
@@ -324,41 +353,30 @@ def relabel_rewards(disc: nn.Module, obs: torch.Tensor, actions: torch.Tensor) -
         return -disc(torch.cat([obs, actions], -1))
 
 
-def soft_q_target(rewards, dones, next_q, next_log_prob, alpha, gamma: float, absorbing_reward=None) -> torch.Tensor:
-    """r + gamma * (1 - d) * (Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`, a terminal
-    transition instead enters an absorbing state that earns that reward forever: + gamma * d * r_abs / (1 - gamma)."""
+def soft_q_target(rewards, dones, next_q, next_log_prob, alpha, gamma, absorbing_reward=None):
+    """r + gamma * (1 - d) * (Q'(s', a') - alpha * log pi(a'|s')). With `absorbing_reward`, a
+    terminal transition instead enters an absorbing state that earns that reward forever:
+    + gamma * d * r_abs / (1 - gamma)."""
     target = rewards + gamma * (1 - dones) * (next_q - alpha * next_log_prob)
     if absorbing_reward is not None:
         target = target + gamma * dones * absorbing_reward / (1 - gamma)
     return target
 
 
-def sample_start(rng: np.random.Generator, reset_prob: float, num_states: int) -> int:
-    """Index of the expert state an episode starts from, or -1 for the env's own initial-state distribution."""
-    if num_states > 0 and rng.random() < reset_prob:
-        return int(rng.integers(num_states))
-    return -1
-
-
-def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Trembling hand: with probability p the whole action is replaced by a uniform random one."""
-    if p > 0 and rng.random() < p:
-        return rng.uniform(low, high).astype(action.dtype)
-    return action
-
-
-# ---------------------------------------------------------------------------------------------------- SAC
+# ---- SAC
 class ReplayBuffer:
-    """Circular (s, a, s', terminated) buffer on the device; `with_rewards=False` (the IRL learner) stores NO reward."""
+    """Circular (s, a, s', terminated) buffer on the device; `with_rewards=False` (the IRL
+    learner) stores NO reward."""
 
-    def __init__(self, obs_dim: int, act_dim: int, size: int, device: torch.device, with_rewards: bool):
+    def __init__(self, obs_dim: int, act_dim: int, size: int, device, with_rewards: bool):
         self.size, self.ptr, self.full, self.device = size, 0, False, device
         self.obs = torch.zeros(size, obs_dim, device=device)
         self.next_obs = torch.zeros(size, obs_dim, device=device)
         self.actions = torch.zeros(size, act_dim, device=device)
         self.dones = torch.zeros(size, device=device)
         self.rewards = torch.zeros(size, device=device) if with_rewards else None
-        self.fields = ("obs", "next_obs", "actions", "dones") + (("rewards",) if with_rewards else ())
+        self.fields = ("obs", "next_obs", "actions", "dones")
+        self.fields += ("rewards",) if with_rewards else ()
 
     def __len__(self) -> int:
         return self.size if self.full else self.ptr
@@ -380,7 +398,8 @@ class ReplayBuffer:
         return out + ((self.rewards[idx],) if self.rewards is not None else ())
 
     def state_dict(self) -> dict:
-        copy = {k: getattr(self, k)[: len(self)].to("cpu", copy=True) for k in self.fields}  # (a view saves all rows)
+        # copies: torch.save of a view writes its whole storage
+        copy = {k: getattr(self, k)[: len(self)].to("cpu", copy=True) for k in self.fields}
         return {"ptr": self.ptr, "full": self.full, **copy}
 
     def load_state_dict(self, state: dict) -> None:
@@ -390,29 +409,34 @@ class ReplayBuffer:
 
 
 def buffer_rows(cfg: SACArgs, budget: int, ckpt: Optional[dict]) -> int:
-    """Replay rows to allocate: the phase's budget (capped by --sac.buffer-size), or what a checkpoint holds."""
+    """Replay rows to allocate: the phase's budget (capped by --sac.buffer-size), or what a
+    checkpoint holds."""
     return min(cfg.buffer_size, max(budget, len(ckpt["rb"]["obs"]) if ckpt else 0))
 
 
 class SAC:
-    """CleanRL's SAC (sac_continuous_action.py), twin Q as one batched module; updates return tensors (no sync)."""
+    """CleanRL's SAC (sac_continuous_action.py), twin Q as one batched module; updates return
+    tensors (no sync)."""
 
-    PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")  # saved state
+    PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "alpha_optimizer")
 
     def __init__(self, info: EnvInfo, cfg: SACArgs, device: torch.device):
         self.cfg = cfg
-        self.actor = Actor(info.obs_dim, info.act_dim, info.low, info.high, cfg.hidden_dim).to(device)
+        obs_dim, act_dim = info.obs_dim, info.act_dim
+        self.actor = Actor(obs_dim, act_dim, info.low, info.high, cfg.hidden_dim).to(device)
         self.qf = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
         self.qf_target.load_state_dict(self.qf.state_dict())
         self.qf_target.requires_grad_(False)
         self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=cfg.q_lr, fused=True)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), cfg.policy_lr, fused=True)
         self.target_entropy = -float(info.act_dim)
-        self.log_alpha = torch.full((1,), math.log(cfg.alpha), device=device, requires_grad=cfg.autotune)
+        self.log_alpha = torch.full((1,), math.log(cfg.alpha), device=device)
+        self.log_alpha.requires_grad_(cfg.autotune)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr, fused=True)
-        self.update_critic = torch.compile(self._update_critic) if cfg.compile else self._update_critic
-        self.update_actor = torch.compile(self._update_actor) if cfg.compile else self._update_actor
+        maybe_compile = torch.compile if cfg.compile else (lambda fn: fn)
+        self.update_critic = maybe_compile(self._update_critic)
+        self.update_actor = maybe_compile(self._update_actor)
 
     def _update_critic(self, obs, actions, next_obs, dones, rewards, absorbing: bool):
         alpha = self.log_alpha.detach().exp()
@@ -420,7 +444,8 @@ class SAC:
             next_actions, next_log_prob, _ = self.actor.get_action(next_obs)
             next_q = self.qf_target(next_obs, next_actions).min(0).values
             r_abs = rewards.min() if absorbing else None
-            target = soft_q_target(rewards, dones, next_q, next_log_prob, alpha, self.cfg.gamma, r_abs)
+            gamma = self.cfg.gamma
+            target = soft_q_target(rewards, dones, next_q, next_log_prob, alpha, gamma, r_abs)
         q = self.qf(obs, actions)
         qf_loss = (q - target).pow(2).mean(1).sum()  # qf1_loss + qf2_loss, as CleanRL
         self.q_optimizer.zero_grad(set_to_none=True)
@@ -457,7 +482,8 @@ class SAC:
         return (mean if deterministic else sample)[0].cpu().numpy()
 
     def state_dict(self) -> dict:
-        return {**{k: getattr(self, k).state_dict() for k in self.PARTS}, "log_alpha": self.log_alpha.detach().cpu()}
+        state = {k: getattr(self, k).state_dict() for k in self.PARTS}
+        return {**state, "log_alpha": self.log_alpha.detach().cpu()}
 
     def load_state_dict(self, state: dict) -> None:
         for k in self.PARTS:
@@ -466,15 +492,17 @@ class SAC:
             self.log_alpha.copy_(state["log_alpha"])
 
 
-def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn: Optional[Callable] = None, absorbing=False):
-    """One SAC step: critic update on a sampled batch (rewards from the buffer, or from `reward_fn(obs, actions)`
-    for the IRL learner), delayed actor/alpha updates, target lerp. Returns loss tensors (not synced)."""
+def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn=None, absorbing=False):
+    """One SAC step: a critic update on a sampled batch (rewards from the buffer, or for the IRL
+    learner from `reward_fn(obs, actions)`), delayed actor/alpha updates, target lerp. Returns
+    the loss tensors (not synced)."""
     cfg = agent.cfg
     batch = rb.sample(cfg.batch_size)
     obs, actions, next_obs, dones = batch[:4]
     rewards = batch[4] if reward_fn is None else reward_fn(obs, actions)
     qf_loss, q_mean = agent.update_critic(obs, actions, next_obs, dones, rewards, absorbing)
-    out = {"qf_loss": qf_loss, "qf1_values": q_mean[0], "qf2_values": q_mean[1], "rewards": rewards.mean()}
+    out = {"qf_loss": qf_loss, "qf1_values": q_mean[0], "qf2_values": q_mean[1]}
+    out["rewards"] = rewards.mean()
     if step % cfg.policy_frequency == 0:
         for _ in range(cfg.policy_frequency):  # same batch each time, as CleanRL
             out["actor_loss"], out["alpha_loss"] = agent.update_actor(obs)
@@ -762,32 +790,19 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     save(path, "policy", **saved, state_dict=state)
 
 
-def load_policy(path, device="cpu") -> Actor:
-    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions) and `.env_id`."""
-    saved = load(Path(path), "policy")
-    config = saved["config"]
-    low, high = np.array(config["low"]), np.array(config["high"])
-    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
-    actor.load_state_dict(saved["state_dict"])
-    actor.env_id, actor.script = saved["env_id"], saved["script"]
-    return actor.to(device).eval()
-
-
-def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the registered MuJoCo env with its TimeLimit)."""
-    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id) for _ in range(num_envs)])
-
-
 def irl_results(args: Args, demos: dict, progress: dict) -> dict:
-    """results.json: the final evaluation, budget and env-step counts, SPS and the evaluation history."""
+    """results.json: the final evaluation, budget and env-step counts, SPS, evaluation history."""
     final, history, steps = progress["history"][-1], progress["history"], progress["step"]
-    results = dict(env_id=args.env_id, method="FILTER" if args.irl.reset_prob > 0 else "MM", seed=args.seed)
-    results.update(reset_prob=args.irl.reset_prob, p_tremble=args.irl.p_tremble, eval_episodes=args.eval.episodes)
-    results.update(final_eval=final, eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
-    results.update(normalized_return=final["normalized"], expert_return=float(np.mean(demos["returns"])))
+    disc_steps, irl = progress["disc_env_steps"], args.irl
+    method = "FILTER" if irl.reset_prob > 0 else "MM"
+    results = dict(env_id=args.env_id, method=method, seed=args.seed, reset_prob=irl.reset_prob)
+    results.update(p_tremble=irl.p_tremble, eval_episodes=args.eval.episodes, final_eval=final)
+    results.update(eval_mean=final["mean"], eval_std=final["std"], eval_returns=final["returns"])
+    expert_return = float(np.mean(demos["returns"]))
+    results.update(normalized_return=final["normalized"], expert_return=expert_return)
     results.update(best_eval_mean=max(h["mean"] for h in history), num_demos=len(demos["returns"]))
-    results.update(policy_env_steps=steps, disc_env_steps=progress["disc_env_steps"], outer_iterations=progress["k"])
-    results.update(total_env_steps=steps + progress["disc_env_steps"], SPS=progress["SPS"], history=history)
+    results.update(policy_env_steps=steps, disc_env_steps=disc_steps, outer_iterations=progress["k"])
+    results.update(total_env_steps=steps + disc_steps, SPS=progress["SPS"], history=history)
     return results
 
 
@@ -935,7 +950,7 @@ def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
     return dict(ckpt["progress"])
 
 
-# ---- plots, video, evaluation of a saved policy
+# ---- plots, video, the saved policy (docs/CONTRACT.md) and its evaluation
 def plot_curves(run_dir: Path, args: Args, history: list, expert_return: float, expert_curve=()) -> None:
     """run_dir/learning_curve.png: the expert phase (training returns, or the cached demos' mean) and the IRL phase
     (deterministic evaluations vs policy and vs all env steps, the latest marked) in separate panels."""
@@ -975,6 +990,23 @@ def write_video(path: Path, frames: list, fps: int) -> None:
         writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
     writer.release()
     os.replace(tmp, path)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic actions), `.env_id`."""
+    saved = load(Path(path), "policy")
+    config = saved["config"]
+    low, high = np.array(config["low"]), np.array(config["high"])
+    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id, actor.script = saved["env_id"], saved["script"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the registered MuJoCo env with
+    its TimeLimit)."""
+    return gym.vector.SyncVectorEnv([lambda: gym.make(policy.env_id) for _ in range(num_envs)])
 
 
 def evaluate_saved_policy(args: Args) -> None:
