@@ -16,7 +16,6 @@ Flags, file formats, the run directory and the deliberate differences: docs/trex
 import contextlib
 import ctypes
 import difflib
-import io
 import json
 import math
 import os
@@ -1332,19 +1331,28 @@ def start_run(args: Args, game: dict, run_dir: Path, found: dict):
 
 
 def parse_args(argv: Optional[list] = None) -> Args:
-    """tyro's parser, with its boxed error message reduced to one line on stderr (exit 2)."""
-    captured = io.StringIO()
+    """tyro.cli; a flag it rejects exits 2 with one line. tyro hands the rejection to a hook before it prints
+    anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
     try:
-        with contextlib.redirect_stderr(captured):
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:  # a tyro without it prints its own box, also with exit code 2
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+
+    def one_line(event):  # raising here replaces tyro's box
+        if hasattr(event, "tokens"):
+            raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)} (see --help)")
+        flag = event.argument.display_name() if getattr(event, "argument", None) is not None else "a flag"
+        reason = getattr(event, "message", "a bad value")
+        if hasattr(event, "choices"):
+            reason = f"{event.value!r} is not one of {', '.join(event.choices)}"
+        raise UsageError(f"{flag}: {reason} (see --help)")
+
+    try:
+        with on_parse_error(one_line):
             return tyro.cli(Args, args=argv)
-    except SystemExit as e:
-        lines = [ln.strip(" │╭╮╰╯─-") for ln in captured.getvalue().splitlines()]
-        lines = [ln for ln in lines if ln and not ln.startswith(("For full helptext", "Argument helptext"))]
-        if e.code:
-            print(f"error: {'; '.join(lines[:2])} (see --help)", file=sys.stderr)
-        else:
-            sys.stderr.write(captured.getvalue())
-        raise
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -527,6 +527,8 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
         (["--reward.mask-top", "50", "--reward.mask-bottom", "40"], "hide the whole frame"),
         (["--eval.seeds"], "--eval.seeds"),
         (["--ppo.num-envs", "2.5"], "--ppo.num-envs"),
+        (["--policy.reward", "learned"], "'learned' is not one of sigmoid"),
+        (["--num-envs", "8"], "unrecognized arguments: --num-envs 8"),
     ],
 )
 def test_rules_between_flags_and_parse_errors_are_one_line(argv, needle, tmp_path):
