@@ -890,7 +890,7 @@ def train_ensemble(
     `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best weights; elites =
     lowest validation MSE. `cosine_from`: minibatches already run on the cosine learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
-    cuda = inputs.device.type == "cuda"  # a tensor lr and capturable Adam: the step can be one CUDA graph
+    cuda = inputs.device.type == "cuda"  # a tensor lr and capturable Adam: a CUDA graph can replay the step
     lr = torch.tensor(m.lr, device=inputs.device)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=m.weight_decay, capturable=cuda)
     finite = torch.ones((), dtype=torch.bool, device=inputs.device)  # read once per epoch: no sync per batch
@@ -903,7 +903,7 @@ def train_ensemble(
         loss.backward()
         opt.step()
 
-    graphs = CudaGraphs(step) if cuda else None
+    graphs = CudaGraphs(step, cuda)
     if len(val_idx) == 0:  # too few points to hold any out: score on the training split
         val_idx = train_idx
     x_val, y_val = inputs[val_idx], targets[val_idx]
@@ -919,10 +919,7 @@ def train_ensemble(
             if cosine_from is not None:
                 lr.fill_(cosine_lr(m.lr, cosine_from + batches))
             batches += 1
-            if graphs is None:
-                step(idx, None)
-            else:
-                graphs(idx.shape[1], (idx,))
+            graphs(idx.shape[1], (idx,))
         if not finite:
             raise NonFiniteLoss(f"model training: non-finite NLL in epoch {epoch + 1}; check the expert data")
         with torch.no_grad():
@@ -1003,7 +1000,7 @@ class TD3BC:
         self.critic_opt = torch.optim.Adam(
             self.critic.parameters(), lr=a.lr, weight_decay=a.weight_decay, capturable=cuda
         )
-        self.a, self.updates, self.graphs = a, 0, CudaGraphs(self._update) if cuda else None
+        self.a, self.updates, self.graphs = a, 0, CudaGraphs(self._update, cuda)
 
     def bc_update(self, obs, act) -> torch.Tensor:
         loss = F.mse_loss(self.actor(obs), act)
@@ -1016,8 +1013,7 @@ class TD3BC:
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
         self.updates += 1
         policy_step = self.updates % self.a.policy_freq == 0  # the actor and the targets move every policy_freq
-        batch = (obs, act, next_obs, done, reward)
-        return self._update(*batch, policy_step) if self.graphs is None else self.graphs(policy_step, batch)
+        return self.graphs(policy_step, (obs, act, next_obs, done, reward))
 
     def _update(self, obs, act, next_obs, done, reward, policy_step: bool) -> dict[str, torch.Tensor]:
         a = self.a
@@ -1061,9 +1057,8 @@ class TD3BC:
             getattr(self, k).load_state_dict(state[k])
         self.updates = state["updates"]
         for opt in (self.actor_opt, self.critic_opt):  # (a checkpoint from the other kind of device)
-            opt.param_groups[0]["capturable"] = self.graphs is not None
-        if self.graphs is not None:
-            self.graphs = CudaGraphs(self._update)  # new optimiser state tensors: capture again
+            opt.param_groups[0]["capturable"] = self.graphs.enabled
+        self.graphs = CudaGraphs(self._update, self.graphs.enabled)  # new optimiser state tensors: capture again
 
 
 class SAC:
@@ -1088,13 +1083,12 @@ class SAC:
         self.lr.fill_(self.a.lr)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
-        self.since_restart, self.graphs = 0, CudaGraphs(self._update) if self.cuda else None  # new state: recapture
+        self.since_restart, self.graphs = 0, CudaGraphs(self._update, self.cuda)  # new state: capture again
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
         if self.a.lr_decay:
             self.lr.fill_(linear_decay_lr(self.a.lr, self.since_restart, self.a.lr_decay))
-        batch = (obs, act, next_obs, done, reward)
-        out = self._update(*batch, None) if self.graphs is None else self.graphs(0, batch)
+        out = self.graphs(0, (obs, act, next_obs, done, reward))
         self.updates += 1
         self.since_restart += 1
         return out
@@ -1151,8 +1145,8 @@ class SAC:
             opt.param_groups[0]["lr"] = self.lr
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.updates, self.since_restart = state["updates"], state.get("since_restart", 0)
-        self.graphs = CudaGraphs(self._update) if self.cuda else None  # new optimiser state tensors: capture again
+        self.updates, self.since_restart = state["updates"], state["since_restart"]
+        self.graphs = CudaGraphs(self._update, self.cuda)  # new optimiser state tensors: capture again
 
 
 def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float):
@@ -1250,146 +1244,157 @@ def pretrain_model(
     return model, elites, info
 
 
-def train_hyper(args: Args, run: "RunContext", demos: dict, model: GaussianEnsemble, elites: torch.Tensor):
-    """The HyPER loop; returns (counters, agent), or None when interrupted (after saving a checkpoint)."""
+@dataclass
+class HyperState:
+    """What HyPER learns and keeps; a checkpoint holds it (less the model rollouts) with the loop's counters."""
+
+    model: GaussianEnsemble
+    elites: torch.Tensor
+    agent: "TD3BC | SAC"
+    disc: Discriminator
+    expert: Buffer  # the demonstrations
+    hybrid: Buffer  # the model's data: expert transitions, then learner and expert transitions 1:1
+    policy: Buffer  # the learner's real transitions
+    learner: Buffer  # model rollouts: the actor's data
+
+
+def make_hyper_state(args: Args, demos: dict, model, elites, obs_dim: int, act_dim: int, device) -> HyperState:
+    h, maze = args.hyper, env_family(args.env_id) != "mujoco"
+    agent = (TD3BC if maze else SAC)(obs_dim, act_dim, args.actor, device)
+    disc = Discriminator(obs_dim + act_dim, args.disc.hidden, args.disc.ensemble).to(device)
+    keys = ("observations", "actions", "next_observations", "terminals")
+    expert = Buffer(obs_dim, act_dim, len(demos["observations"]), device)
+    expert.add(*(torch.as_tensor(demos[k], dtype=torch.float32, device=device) for k in keys))
+    hybrid = Buffer(obs_dim, act_dim, expert.size + 2 * h.total_timesteps, device)
+    hybrid.add(*expert.all())
+    policy = Buffer(obs_dim, act_dim, h.total_timesteps, device)
+    longest = max(int(v) for v in h.rollout_schedule.split(",")[2:])
+    refills = h.retain_epochs * max(1, h.epoch_length // h.freq_train_model)  # refills the learner buffer keeps
+    learner = Buffer(obs_dim, act_dim, refills * h.rollout_batch_size * longest, device)
+    return HyperState(model, elites, agent, disc, expert, hybrid, policy, learner)
+
+
+def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict:
+    """Step 2a: the ensemble on the whole hybrid buffer (a random validation split); new elites."""
+    o, a, no, _ = s.hybrid.all()
+    inputs, targets = model_io(o, a, no, goal_dims(args.env_id))
+    perm = torch.randperm(len(inputs), generator=gen)
+    n_val = int(args.model.val_ratio * len(inputs))
+    cosine_from = c["model_batches"] if args.model.cosine_lr else None
+    s.elites, info = train_ensemble(
+        s.model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=stop, cosine_from=cosine_from
+    )
+    c["model_trainings"] += 1
+    c["model_batches"] += info["batches"]
+    out = {"model_lr": cosine_lr(args.model.lr, c["model_batches"])} if args.model.cosine_lr else {}
+    return out | {"model_epochs": info["epochs"], "model_val_mse": float(np.mean(info["val_mse"]))}
+
+
+def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Tensor, gen, rng) -> dict:
+    """Step 2b: model rollouts into the learner buffer, started from expert states in the window sliding back over
+    expert time (mazes) or from expert OR policy states (MuJoCo: one coin flip per refill, as the reference)."""
+    h = args.hyper
+    if env_family(args.env_id) != "mujoco":
+        lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
+        rows = torch.randint(reset_states.shape[0], (h.rollout_batch_size,), generator=gen)
+        cols = torch.randint(lo, hi, (h.rollout_batch_size,), generator=gen)
+        start, out = reset_states[rows, cols], {"window_lo": lo, "window_hi": hi}
+    else:
+        source = s.expert if coin_flip_source(rng) == "expert" or s.policy.size == 0 else s.policy
+        start = source.sample(h.rollout_batch_size, gen)[0]
+        out = {"rollout_from_expert": float(source is s.expert)}
+    length = rollout_length_at(step // h.epoch_length, tuple(int(v) for v in h.rollout_schedule.split(",")))
+    t0 = time.perf_counter()
+    rollouts = model_rollout(
+        s.model,
+        s.elites,
+        s.agent.actor,
+        start,
+        length,
+        args.actor.expl_noise,
+        termination_fn(args.env_id),
+        gen,
+        goal_dims(args.env_id),
+    )
+    s.learner.add(*rollouts)  # (the rollout's own early stop syncs with the device, so the clock is honest)
+    return out | {"rollout_length": length, "rollout_sps": len(rollouts[0]) / (time.perf_counter() - t0)}
+
+
+def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
+    """Step 3: updates_per_step actor updates on model rollouts (mazes: half model rollouts, half expert
+    transitions, the reference's TD3+BC hybrid), rewards -f relabelled by the current discriminator. The step's
+    minibatches are drawn and relabelled at once (f is fixed until step 4)."""
+    U, B = args.hyper.updates_per_step, args.actor.batch_size
+    maze = env_family(args.env_id) != "mujoco"
+    n_model = B // 2 if maze else B
+    t0, out = time.perf_counter(), {}
+    batch = [x.view(U, n_model, *x.shape[1:]) for x in s.learner.sample(U * n_model, gen)]
+    if maze:
+        ex = s.expert.sample(U * (B - n_model), gen)
+        batch = [torch.cat([x, e.view(U, B - n_model, *e.shape[1:])], 1) for x, e in zip(batch, ex)]
+    with torch.no_grad():
+        rewards = -s.disc(torch.cat(batch[:2], -1))
+    for u in range(U):
+        out.update(s.agent.update(*(x[u] for x in batch), rewards[u]))
+    if U and timed:  # timed at logging steps only (a sync)
+        float(out["critic_loss"])
+        out["actor_updates_per_s"] = U / (time.perf_counter() - t0)
+    return out
+
+
+def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.Tensor, run: "RunContext"):
+    """The HyPER loop (the paper's Algorithm 1). `run` holds the seeded generators, the device, the stop flag of
+    SIGINT/SIGTERM, logging, evaluation and checkpoints. Returns (counters, agent), or None when interrupted."""
     h, device, gen, rng = args.hyper, run.device, run.generator, run.rng
-    maze, goal = env_family(args.env_id) != "mujoco", goal_dims(args.env_id)
     env = make_env(args.env_id)
     disc_envs = [make_env(args.env_id) for _ in range(min(args.disc.trajectories, REAL_ENVS))]
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     low, high = env.action_space.low, env.action_space.high
-    agent = (TD3BC if maze else SAC)(obs_dim, act_dim, args.actor, device)
-    disc = Discriminator(obs_dim + act_dim, args.disc.hidden, args.disc.ensemble).to(device)
-    done_fn = termination_fn(args.env_id)
-    t = {
-        k: torch.as_tensor(demos[k], dtype=torch.float32, device=device)
-        for k in ("observations", "actions", "next_observations", "terminals")
-    }
-    expert = Buffer(obs_dim, act_dim, len(t["observations"]), device)
-    expert.add(t["observations"], t["actions"], t["next_observations"], t["terminals"])
-    expert_sa = torch.cat([t["observations"], t["actions"]], -1)
+    s = make_hyper_state(args, demos, model, elites, obs_dim, act_dim, device)
+    expert_sa = torch.cat(s.expert.all()[:2], -1)
     reset_states = torch.as_tensor(padded_reset_states(demos), device=device)
-    hybrid = Buffer(obs_dim, act_dim, expert.size + 2 * h.total_timesteps, device)
-    hybrid.add(*expert.all())
-    policy = Buffer(obs_dim, act_dim, h.total_timesteps, device)
-    schedule = tuple(int(v) for v in h.rollout_schedule.split(","))
-    refills_per_epoch = max(1, h.epoch_length // h.freq_train_model)
-    learner = Buffer(
-        obs_dim, act_dim, h.retain_epochs * refills_per_epoch * h.rollout_batch_size * max(schedule[2:]), device
-    )
-    c = {"step": 0, "disc_env_steps": 0, "disc_updates": 0, "model_trainings": 0, "model_batches": 0, "history": [],
-         "bc_steps": 0}  # fmt: skip
-    ckpt = run.load_checkpoint()
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["agent"])
-        disc.load_state_dict(ckpt["disc"])
-        model.load_state_dict(ckpt["model"])
-        elites = ckpt["elites"]
-        run.load_buffers(ckpt, hybrid, policy)
-        c = ckpt["counters"]
-        run.set_rng_state(ckpt["rng"])
-        print(f"[hyper] resumed at real step {c['step']}", flush=True)
-    c.setdefault("bc_steps", h.bc_init_steps if c.pop("bc_done", False) else 0)  # (older checkpoints: a flag)
-    while maze and c["bc_steps"] < h.bc_init_steps:
-        if run.stop_requested():  # a signal during behaviour cloning is answered within one update
-            run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
-            return None
-        o, a, _, _ = expert.sample(args.actor.batch_size, gen)
-        agent.bc_update(o, a)
+    c = run.resume(s)
+    # 0. Mazes: behaviour cloning of the TD3+BC actor on the expert data before any real step.
+    while env_family(args.env_id) != "mujoco" and c["bc_steps"] < h.bc_init_steps:
+        if run.stop_requested():  # a signal is answered within one update
+            return run.checkpoint(s, c)
+        s.agent.bc_update(*s.expert.sample(args.actor.batch_size, gen)[:2])
         c["bc_steps"] += 1
-
     obs, _ = env.reset(seed=args.seed + c["step"])
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
-    if not c["history"] and not run.stop_requested():  # (a signal skips it: the loop saves at once)
-        run.run_eval(0, c, agent.actor)  # the starting point (mazes: behaviour-cloned)
+    if not c["history"] and not run.stop_requested():  # the starting point (mazes: behaviour-cloned)
+        run.evaluate(0, c, s.agent.actor)
     while c["step"] < h.total_timesteps:
         if run.stop_requested():
-            run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
-            return None
+            return run.checkpoint(s, c)
         # 1. A real step: the learner transition joins the hybrid and policy buffers, with one expert transition.
-        action = tremble(agent.explore(obs, rng), rng, h.p_tremble, low, high)
+        action = tremble(s.agent.explore(obs, rng), rng, h.p_tremble, low, high)
         next_obs, _, terminated, truncated, _ = env.step(action)
-        row = tuple(
-            torch.as_tensor(np.asarray(v, np.float32), device=device)[None] for v in (obs, action, next_obs, terminated)
-        )
-        add_hybrid_step(hybrid, policy, row, expert, gen)
-        c["step"] += 1
+        row = (obs, action, next_obs, terminated)
+        row = tuple(torch.as_tensor(np.asarray(v, np.float32), device=device)[None] for v in row)
+        add_hybrid_step(s.hybrid, s.policy, row, s.expert, gen)
+        c["step"] = step = c["step"] + 1
         obs = env.reset()[0] if terminated or truncated else next_obs
-        step = c["step"]
-        if step <= h.exploration_steps:
-            run.after_step(step, c, last, agent, disc, model, elites, hybrid, policy)
-            continue
-
-        # 2. Every freq_train_model steps: retrain the model on the hybrid buffer, refill the model rollouts from
-        #    expert states in the sliding backward window (mazes) or from expert OR policy states (MuJoCo coin flip).
-        if (step % h.freq_train_model == 0 and step < h.total_timesteps) or learner.size == 0:  # none for the last step
-            o, a, no, _ = hybrid.all()
-            inputs, targets = model_io(o, a, no, goal)
-            perm = torch.randperm(len(inputs), generator=gen)
-            n_val = int(args.model.val_ratio * len(inputs))
-            done_batches = c.get("model_batches", 0)  # (absent from checkpoints made before the schedule)
-            elites, info = train_ensemble(
-                model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=run.stop_requested,
-                cosine_from=done_batches if args.model.cosine_lr else None,
-            )  # fmt: skip
-            c["model_trainings"], c["model_batches"] = c["model_trainings"] + 1, done_batches + info["batches"]
-            if args.model.cosine_lr:
-                last["model_lr"] = cosine_lr(args.model.lr, c["model_batches"])
-            if maze:
-                lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
-                rows = torch.randint(reset_states.shape[0], (h.rollout_batch_size,), generator=gen)
-                cols = torch.randint(lo, hi, (h.rollout_batch_size,), generator=gen)
-                start = reset_states[rows, cols]
-                last.update(window_lo=lo, window_hi=hi)
-            else:
-                source = expert if coin_flip_source(rng) == "expert" or policy.size == 0 else policy
-                start = source.sample(h.rollout_batch_size, gen)[0]
-                last.update(rollout_from_expert=float(source is expert))
-            length = rollout_length_at(step // h.epoch_length, schedule)
-            t0 = time.perf_counter()
-            rollouts = model_rollout(
-                model, elites, agent.actor, start, length, args.actor.expl_noise, done_fn, gen, goal
-            )
-            learner.add(*rollouts)  # (the rollout's own early stop syncs with the device, so the clock is honest)
-            last.update(
-                model_epochs=info["epochs"], model_val_mse=float(np.mean(info["val_mse"])), rollout_length=length,
-                rollout_sps=len(rollouts[0]) / (time.perf_counter() - t0),
-            )  # fmt: skip
-
-        # 3. Actor updates on model rollouts (mazes: half model rollouts, half expert transitions, as the reference's
-        #    TD3+BC hybrid), all relabelled with the current discriminator.
-        #    The step's minibatches are drawn and relabelled at once (the discriminator is fixed until step 4).
-        U, B = h.updates_per_step, args.actor.batch_size
-        n_model = B // 2 if maze else B
-        t0 = time.perf_counter()
-        batch = [x.view(U, n_model, *x.shape[1:]) for x in learner.sample(U * n_model, gen)]
-        if maze:
-            ex = expert.sample(U * (B - n_model), gen)
-            batch = [torch.cat([x, e.view(U, B - n_model, *e.shape[1:])], 1) for x, e in zip(batch, ex)]
-        with torch.no_grad():
-            rewards = -disc(torch.cat(batch[:2], -1))
-        for u in range(U):
-            last.update(agent.update(*(x[u] for x in batch), rewards[u]))
-        if h.updates_per_step and step % args.eval.log_frequency == 0:  # timed at logging steps only (a sync)
-            float(last["critic_loss"])
-            last["actor_updates_per_s"] = h.updates_per_step / (time.perf_counter() - t0)
-
-        # 4. The discriminator: fresh real trajectories of the current policy (their steps counted).
-        if step % args.disc.every == 0:
-            seed = args.seed + 1_000_000 + step
-            pairs, n, *_ = collect_real_trajectories(
-                disc_envs, agent.actor, args.disc.trajectories, seed, rng, h.p_tremble
-            )
-            c["disc_env_steps"] += n
-            c["disc_updates"] += 1
-            learner_sa = torch.as_tensor(pairs, device=device)
-            last.update(update_discriminator(disc, c["disc_updates"], expert_sa, learner_sa, args.disc, gen))
-            if args.actor.lr_decay:
-                agent.restart_schedule()
-        run.after_step(step, c, last, agent, disc, model, elites, hybrid, policy)
-    run.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
-    return c, agent
+        if step > h.exploration_steps:
+            # 2. Every freq_train_model steps (not at the last): retrain the model, refill the model rollouts.
+            if (step % h.freq_train_model == 0 and step < h.total_timesteps) or s.learner.size == 0:
+                last.update(retrain_model(s, c, args, gen, run.stop_requested))
+                last.update(refill_rollouts(s, args, step, reset_states, gen, rng))
+            # 3. The actor learns on model rollouts, rewarded by -f.
+            last.update(update_actor(s, args, gen, timed=step % args.eval.log_frequency == 0))
+            # 4. The discriminator f: fresh real trajectories of the current policy (their steps counted).
+            if step % args.disc.every == 0:
+                seed, n_traj = args.seed + 1_000_000 + step, args.disc.trajectories
+                pairs, n, *_ = collect_real_trajectories(disc_envs, s.agent.actor, n_traj, seed, rng, h.p_tremble)
+                c["disc_env_steps"], c["disc_updates"] = c["disc_env_steps"] + n, c["disc_updates"] + 1
+                learner_sa = torch.as_tensor(pairs, device=device)
+                last.update(update_discriminator(s.disc, c["disc_updates"], expert_sa, learner_sa, args.disc, gen))
+                if args.actor.lr_decay:
+                    s.agent.restart_schedule()
+        run.after_step(step, c, last, s)
+    run.checkpoint(s, c)
+    return c, s.agent
 
 
 def main(args: Args) -> None:
@@ -1418,7 +1423,7 @@ def main(args: Args) -> None:
             setup = (run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng, goal_dims(args.env_id))
             model, elites, info = pretrain_model(demos, *setup, stop=run.stop_requested)
             run.save_pretrained(model, elites, info)
-        out = train_hyper(args, run, demos, model, elites)
+        out = train_hyper(args, demos, model, elites, run)
     except NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3)
@@ -1466,7 +1471,7 @@ class RunContext:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        check_run_dir(self.run_dir, SCRIPT, args.env_id, "checkpoints/hyper.pt")
+        check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS)
         self.cache = Path(args.expert.experts_dir) / args.env_id
         path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
@@ -1566,15 +1571,13 @@ class RunContext:
         atomic_json(self.cache / "expert_meta.json", meta)
 
     def load_pretrained(self):
-        path = self.run_dir / "model_pretrained.pt"
-        m = self.args.model
-        out_dim = self.obs_dim - goal_dims(self.args.env_id)
-        model = GaussianEnsemble(
-            self.obs_dim + self.act_dim, out_dim, m.ensemble_size, m.hidden, m.layers, clip_output=m.clip_output
-        )
+        """The pretrained model of model_pretrained.pt; a fresh one when pretraining is off; None to pretrain."""
+        m, goal = self.args.model, goal_dims(self.args.env_id)
+        in_dim, out_dim = self.obs_dim + self.act_dim, self.obs_dim - goal
+        model = GaussianEnsemble(in_dim, out_dim, m.ensemble_size, m.hidden, m.layers, clip_output=m.clip_output)
         model = model.to(self.device)
-        if path.exists():
-            saved = torch.load(path, map_location=self.device, weights_only=False)
+        saved = load(self.run_dir / "model_pretrained.pt", "pretrained", self.device)
+        if saved is not None:
             model.load_state_dict(saved["model"])
             self.pretrain_info = saved["info"]
             return model, saved["elites"]
@@ -1585,42 +1588,43 @@ class RunContext:
 
     def save_pretrained(self, model, elites, info) -> None:
         self.pretrain_info = info
-        atomic_torch_save(
-            self.run_dir / "model_pretrained.pt", {"model": model.state_dict(), "elites": elites, "info": info}
-        )
+        save(self.run_dir / "model_pretrained.pt", "pretrained", model=model.state_dict(), elites=elites, info=info)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
-    def load_checkpoint(self) -> dict | None:
-        path = self.run_dir / "checkpoints" / "hyper.pt"
-        return torch.load(path, map_location=self.device, weights_only=False) if path.exists() else None
-
-    def save_checkpoint(self, agent, disc, model, elites, hybrid, policy, c) -> None:
+    def checkpoint(self, s: HyperState, c: dict) -> None:
         """Model rollouts (learner buffer) are not saved: a resumed run refills them at its first step. Of the
         hybrid buffer only what the real steps added is (the expert prefix is the expert data; the policy buffer
         is every other row of it), copied (a slice of a CPU tensor would save its whole capacity): on Large-Diverse
         at 6.7k steps 12.5 MB, not 107."""
-        atomic_torch_save(
+        added = s.hybrid.rows[s.hybrid.size - 2 * s.policy.size : s.hybrid.size].to("cpu", copy=True)
+        save(
             self.run_dir / "checkpoints" / "hyper.pt",
-            {
-                "agent": agent.state_dict(),
-                "disc": disc.state_dict(),
-                "model": model.state_dict(),
-                "elites": elites,
-                "hybrid_added": hybrid.rows[hybrid.size - 2 * policy.size : hybrid.size].to("cpu", copy=True),
-                "counters": c,
-                "rng": self.rng_state(),
-            },
+            "hyper",
+            agent=s.agent.state_dict(),
+            disc=s.disc.state_dict(),
+            model=s.model.state_dict(),
+            elites=s.elites,
+            hybrid_added=added,
+            counters=c,
+            rng=self.rng_state(),
         )
 
-    @staticmethod
-    def load_buffers(ckpt: dict, hybrid: "Buffer", policy: "Buffer") -> None:
-        """Onto a hybrid buffer holding the expert data: the rows the real steps added, learner and expert in turn."""
-        if "hybrid" in ckpt:  # (checkpoints before 2026-11-27 held both buffers whole)
-            hybrid.load_rows(ckpt["hybrid"])
-            return policy.load_rows(ckpt["policy"])
-        added = ckpt["hybrid_added"].to(hybrid.rows)
-        hybrid.load_rows(torch.cat([hybrid.rows[: hybrid.size], added]))
-        policy.load_rows(added[0::2])
+    def resume(self, s: HyperState) -> dict:
+        """The loop's counters: restored with the state from checkpoints/hyper.pt, or new ones."""
+        saved = load(self.run_dir / "checkpoints" / "hyper.pt", "hyper", self.device)
+        if saved is None:
+            keys = ("step", "disc_env_steps", "disc_updates", "model_trainings", "model_batches")
+            return dict.fromkeys(keys, 0) | {"history": [], "bc_steps": 0}
+        s.agent.load_state_dict(saved["agent"])
+        s.disc.load_state_dict(saved["disc"])
+        s.model.load_state_dict(saved["model"])
+        s.elites = saved["elites"]
+        added = saved["hybrid_added"].to(s.hybrid.rows)  # learner and expert rows in turn, after the expert data
+        s.hybrid.load_rows(torch.cat([s.hybrid.rows[: s.hybrid.size], added]))
+        s.policy.load_rows(added[0::2])
+        self.set_rng_state(saved["rng"])
+        print(f"[hyper] resumed at real step {saved['counters']['step']}", flush=True)
+        return saved["counters"]
 
     def rng_state(self) -> dict:
         return {"python": random.getstate(), "numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
@@ -1642,7 +1646,7 @@ class RunContext:
         self.bar = tqdm(total=total, initial=step, desc=desc, mininterval=5, file=sys.stdout)
         self.sps_t0, self.sps_step = time.time(), step
 
-    def after_step(self, step, c, last, agent, disc, model, elites, hybrid, policy) -> None:
+    def after_step(self, step: int, c: dict, last: dict, s: HyperState) -> None:
         args, e = self.args, self.args.eval
         self.bar.update(1)
         if step % e.log_frequency == 0:
@@ -1657,11 +1661,11 @@ class RunContext:
             self.writer.add_scalar("hyper/disc_env_steps", c["disc_env_steps"], step)
             last.pop("rollout_sps", None)  # logged once per refill, not repeated until the next one
         if step % e.frequency == 0 or step == args.hyper.total_timesteps:
-            self.run_eval(step, c, agent.actor)
+            self.evaluate(step, c, s.agent.actor)
         if step % e.checkpoint_frequency == 0 and step < args.hyper.total_timesteps:
-            self.save_checkpoint(agent, disc, model, elites, hybrid, policy, c)
+            self.checkpoint(s, c)
 
-    def run_eval(self, step: int, c: dict, actor: Actor) -> None:
+    def evaluate(self, step: int, c: dict, actor: Actor) -> None:
         args = self.args
         r = evaluate(actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
         score = r["success_rate"] if self.metric == "success_rate" else r["mean_return"]
@@ -1745,8 +1749,9 @@ class RunContext:
         )
 
 
-def check_run_dir(run_dir: Path, script: str, kind: str, checkpoint: str) -> None:
-    """A finished run is never overwritten; an existing run dir must hold a run of the same script and kind (env)."""
+def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, str]) -> None:
+    """A finished run is never overwritten; an existing run dir must hold a run of the same script and kind (env),
+    and its artifacts ({path: kind}) must load."""
     if (run_dir / "results.json").exists():
         raise UsageError(f"{run_dir} already holds a finished run (results.json); pass a new --run-dir")
     if (run_dir / "args.json").exists():
@@ -1761,12 +1766,8 @@ def check_run_dir(run_dir: Path, script: str, kind: str, checkpoint: str) -> Non
             )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UsageError(f"{run_dir} exists and is not a run of {script}; pass a new --run-dir")
-    for path in (run_dir / checkpoint, run_dir / "model_pretrained.pt"):
-        if path.exists():
-            try:
-                torch.load(path, map_location="cpu", weights_only=False)
-            except Exception:  # noqa: BLE001 - any unreadable artifact is bad input
-                raise UsageError(f"{path} is corrupt; delete it to redo that phase") from None
+    for path, artifact in artifacts.items():
+        load(run_dir / path, artifact)
 
 
 RANGES = {
@@ -2042,17 +2043,20 @@ def check_demos(demos: dict, path, env_id: str, obs_dim: int, act_dim: int, nq: 
 
 
 class CudaGraphs:
-    """Speed, CUDA only: each variant (key) of an update replayed as one CUDA graph, so a small MLP update costs a
-    few microseconds of launch instead of ~100 Python-dispatched kernels. The first WARMUP calls of a variant run
-    eagerly on a side stream (real updates; they create the optimisers' state), the next one captures it on static
-    input tensors; from then on a call copies its batch in and replays. A capture that fails turns graphs off."""
+    """Speed, CUDA only (opt-in: `enabled`, on a GPU): `fn(*batch, key)` with each key's variant replayed as one
+    CUDA graph, so a small MLP update costs a few microseconds of launch instead of ~100 Python-dispatched kernels
+    (the model's training 5.3-6.4x on an H100). The first WARMUP calls of a variant run eagerly on a side stream
+    (real updates; they create the optimisers' state), the next one captures it on static input tensors; from then
+    on a call copies its batch in and replays. A capture that fails turns graphs off. Disabled: a plain call."""
 
     WARMUP = 3
 
-    def __init__(self, fn):
-        self.fn, self.calls, self.captured, self.broken = fn, {}, {}, False
+    def __init__(self, fn, enabled: bool):
+        self.fn, self.enabled, self.calls, self.captured, self.broken = fn, enabled, {}, {}, False
 
     def __call__(self, key, batch: tuple):
+        if not self.enabled:
+            return self.fn(*batch, key)
         if key in self.captured:
             graph, static_in, static_out = self.captured[key]
             for dst, src in zip(static_in, batch):
@@ -2090,22 +2094,33 @@ def atomic_json(path: Path, obj) -> None:
     atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2)))
 
 
-def atomic_torch_save(path: Path, obj) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))
+ARTIFACTS = {"checkpoints/hyper.pt": "hyper", "model_pretrained.pt": "pretrained"}  # what a run dir resumes from
+VERSION = 1  # of the artifacts' layout: a run dir of another version does not resume
+
+
+def save(path: Path, kind: str, **payload) -> None:
+    """Every artifact: one atomic write of a dict that names its kind and version."""
+    atomic_write(path, lambda p: torch.save({"kind": kind, "version": VERSION, **payload}, p))
+
+
+def load(path: Path, kind: str, device="cpu") -> dict | None:
+    """The artifact at path (None if absent), checked: a `kind` artifact of this version, or a UsageError."""
+    if not path.exists():
+        return None
+    try:
+        saved = torch.load(path, map_location=device, weights_only=False)
+    except Exception:  # noqa: BLE001 - any unreadable artifact is bad input
+        raise UsageError(f"{path} is corrupt; delete it to redo that phase") from None
+    if not isinstance(saved, dict) or (saved.get("kind"), saved.get("version")) != (kind, VERSION):
+        raise UsageError(f"{path} is not a {kind} artifact of this version; delete it to redo that phase")
+    return saved
 
 
 def save_policy(path: Path, actor: Actor, env_id: str, **extra) -> None:
-    atomic_torch_save(
-        path,
-        {
-            "script": SCRIPT,
-            "env_id": env_id,
-            "network": type(actor).__name__,
-            "config": actor.config,
-            "state_dict": {k: v.cpu() for k, v in actor.state_dict().items()},
-            **extra,
-        },
-    )
+    """policy.pt (or a controller): what load_policy reads (docs/CONTRACT.md), with no training state."""
+    state = {k: v.cpu() for k, v in actor.state_dict().items()}
+    config, network = actor.config, type(actor).__name__
+    save(path, "policy", script=SCRIPT, env_id=env_id, network=network, config=config, state_dict=state, **extra)
 
 
 def reacher_file(path: str) -> Path:
@@ -2265,9 +2280,6 @@ def saved_script(argv: list[str]) -> str | None:
         return None
 
 
-ADDED_SINCE = {"model": {"cosine_lr": False}, "actor": {"lr_decay": 0}}  # a run from before keeps running without
-
-
 def args_from_dict(saved: dict) -> Args:
     groups = {
         "expert": ExpertArgs,
@@ -2282,8 +2294,7 @@ def args_from_dict(saved: dict) -> Args:
     kwargs = {k: v for k, v in saved.items() if k in top and k not in groups}
     for name, cls in groups.items():
         fields = {f.name for f in dataclasses.fields(cls)}
-        old = ADDED_SINCE.get(name, {}) | saved.get(name, {})  # a setting newer than the run: off, as it ran
-        kwargs[name] = cls(**{k: v for k, v in old.items() if k in fields})
+        kwargs[name] = cls(**{k: v for k, v in saved.get(name, {}).items() if k in fields})
     return Args(**kwargs)
 
 

@@ -275,7 +275,7 @@ class ReacherRun(mb.RunContext):
         if args.torch_threads < 0:
             raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
         self.run_dir = Path(args.run_dir or f"runs/ant_goal_reacher__{args.seed}__{int(time.time())}")
-        mb.check_run_dir(self.run_dir, SCRIPT, "the Ant", "checkpoints/reacher.pt")
+        mb.check_run_dir(self.run_dir, SCRIPT, "the Ant", {"checkpoints/reacher.pt": "reacher"})
         out = mb.reacher_file(args.reacher.path)
         if out.exists() and not (self.run_dir / "args.json").exists():  # a new run never replaces a controller
             raise UsageError(f"{out} already holds a controller (the shipped one?); pass another --reacher.path")
@@ -288,9 +288,8 @@ class ReacherRun(mb.RunContext):
         super().start(script=SCRIPT)
 
     def load_checkpoint(self, agent, replay, c) -> None:
-        path = self.run_dir / "checkpoints" / "reacher.pt"
-        if path.exists():
-            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        ckpt = mb.load(self.run_dir / "checkpoints" / "reacher.pt", "reacher", self.device)
+        if ckpt is not None:
             agent.load_state_dict(ckpt["agent"])
             replay.load_rows(ckpt["replay"])
             c.update(ckpt["counters"])
@@ -298,14 +297,13 @@ class ReacherRun(mb.RunContext):
             print(f"resumed at step {c['step']} (new episodes start from here)", flush=True)
 
     def save_checkpoint(self, agent, replay, c) -> None:
-        mb.atomic_torch_save(
+        mb.save(
             self.run_dir / "checkpoints" / "reacher.pt",
-            {
-                "agent": agent.state_dict(),
-                "replay": replay.rows[: replay.size].to("cpu", copy=True),  # (not the whole capacity)
-                "counters": c,
-                "rng": self.rng_state(),
-            },
+            "reacher",
+            agent=agent.state_dict(),
+            replay=replay.rows[: replay.size].to("cpu", copy=True),  # (not the whole capacity)
+            counters=c,
+            rng=self.rng_state(),
         )
 
     def progress_start(self, total: int, step: int) -> None:

@@ -41,7 +41,7 @@ def make_agent(graphs: bool) -> m.TD3BC:
     torch.manual_seed(1)
     agent = m.TD3BC(OBS, ACT, args, device)
     if not graphs:
-        agent.graphs = None
+        agent.graphs.enabled = False
     return agent
 
 

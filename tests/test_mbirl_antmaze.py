@@ -201,22 +201,23 @@ def test_hybrid_buffer_fills_expert_and_learner_one_to_one(tmp_path):
     assert policy.rows[:5, 0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     # the checkpoint keeps only the 10 added rows (not the expert prefix, the policy copy or the free capacity)...
     net = torch.nn.Linear(1, 1)
-    ctx = types.SimpleNamespace(run_dir=tmp_path, rng_state=lambda: {})
-    (tmp_path / "checkpoints").mkdir()
-    mb.RunContext.save_checkpoint(ctx, net, net, net, torch.arange(2), hybrid, policy, {"step": 5})
+    run = types.SimpleNamespace(run_dir=tmp_path, device="cpu", rng_state=lambda: {}, set_rng_state=lambda s: None)
+    state = types.SimpleNamespace(agent=net, disc=net, model=net, elites=torch.arange(2), hybrid=hybrid, policy=policy)
+    mb.RunContext.checkpoint(run, state, {"step": 5})
     ckpt = torch.load(tmp_path / "checkpoints" / "hyper.pt", weights_only=False)
     assert ckpt["hybrid_added"].untyped_storage().nbytes() == 10 * hybrid.rows.shape[1] * 4
+    assert (ckpt["kind"], ckpt["version"]) == ("hyper", mb.VERSION)
     # ...and rebuilds both buffers onto a hybrid buffer that holds the expert data
     hybrid2, policy2 = mb.Buffer(obs_dim, act_dim, 20, torch.device("cpu")), mb.Buffer(obs_dim, act_dim, 5, "cpu")
     hybrid2.add(*expert.all())
-    mb.RunContext.load_buffers(ckpt, hybrid2, policy2)
+    state2 = types.SimpleNamespace(agent=net, disc=net, model=net, elites=None, hybrid=hybrid2, policy=policy2)
+    assert mb.RunContext.resume(run, state2) == {"step": 5} and torch.equal(state2.elites, torch.arange(2))
     assert torch.equal(hybrid2.rows, hybrid.rows) and (hybrid2.size, hybrid2.ptr) == (hybrid.size, hybrid.ptr)
     assert torch.equal(policy2.rows, policy.rows) and policy2.size == 5
-    old = {"hybrid": hybrid.rows[:20], "policy": policy.rows[:5]}  # (the format before 2026-11-27 still loads)
-    hybrid3, policy3 = mb.Buffer(obs_dim, act_dim, 20, torch.device("cpu")), mb.Buffer(obs_dim, act_dim, 5, "cpu")
-    hybrid3.add(*expert.all())
-    mb.RunContext.load_buffers(old, hybrid3, policy3)
-    assert torch.equal(hybrid3.rows, hybrid.rows) and torch.equal(policy3.rows, policy.rows)
+    # a checkpoint of another layout (an earlier version) is refused, not half-read
+    torch.save({"hybrid": hybrid.rows[:20], "policy": policy.rows[:5]}, tmp_path / "checkpoints" / "hyper.pt")
+    with pytest.raises(mb.UsageError, match="not a hyper artifact of this version"):
+        mb.RunContext.resume(run, state2)
 
 
 def test_buffer_ring_wraps_and_reloads():
@@ -311,7 +312,7 @@ def same(module, params) -> bool:
 )
 def test_td3bc_cuda_graphs_compute_what_the_eager_update_computes():
     eager, batches = td3bc_and_batches("cuda")
-    eager.graphs = None
+    eager.graphs.enabled = False
     graphed, _ = td3bc_and_batches("cuda")
     for batch in batches:  # 3 eager warm-up calls per graph, the two captures, then replays
         eager.update(*batch)
@@ -332,11 +333,11 @@ def test_ensemble_training_as_cuda_graphs_computes_what_eager_training_computes(
     m = mb.ModelArgs(ensemble_size=3, num_elites=2, lr=1e-2, batch_size=64, max_epochs=5, patience=10)
     real, models, graphs = mb.CudaGraphs, [], []
 
-    def eager(fn):
-        return lambda key, batch: fn(*batch, key)
+    def eager(fn, enabled):
+        return real(fn, enabled=False)
 
-    def recorded(fn):
-        graphs.append(real(fn))
+    def recorded(fn, enabled):
+        graphs.append(real(fn, enabled))
         return graphs[-1]
 
     for wrap in (eager, recorded):  # 250 rows: 3 batches of 64 and a tail of 58, each size its own graph
@@ -997,13 +998,11 @@ def test_sac_learning_rate_decays_linearly_and_restarts_with_fresh_optimisers():
     assert float(constant.actor_opt.param_groups[0]["lr"]) == pytest.approx(1e-3)
 
 
-def test_schedules_added_after_a_run_stay_off_when_it_resumes(tmp_path):
-    old = dataclasses.asdict(mb.preset("Walker2d-v5"))
-    del old["model"]["cosine_lr"], old["actor"]["lr_decay"]  # an args.json written before the schedules existed
-    resumed = mb.args_from_dict(old)
-    assert (resumed.model.cosine_lr, resumed.actor.lr_decay) == (False, 0)
-    new = mb.args_from_dict(dataclasses.asdict(mb.preset("Walker2d-v5")))
-    assert (new.model.cosine_lr, new.actor.lr_decay) == (True, 10_000)
+def test_a_resumed_run_keeps_its_settings_and_lr_decay_is_for_sac_only(tmp_path):
+    walker = mb.preset("Walker2d-v5")
+    walker.hyper.updates_per_step = 7
+    resumed = mb.args_from_dict(dataclasses.asdict(walker))  # args.json -> the defaults of a resumed run
+    assert resumed == walker and (resumed.model.cosine_lr, resumed.actor.lr_decay) == (True, 10_000)
     with pytest.raises(mb.UsageError, match="lr-decay"):
         _validate(tmp_path, env_id=ENV, actor=mb.ActorArgs(lr_decay=100))
 
