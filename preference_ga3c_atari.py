@@ -597,25 +597,29 @@ class SortTree:
 
 
 def check_red_black(tree: SortTree) -> int:
-    """Raise AssertionError unless the tree is a valid red-black tree with consistent links; returns black height."""
-    assert tree.root is None or not tree.nodes[tree.root]["red"], "the root is red"
+    """Raise RuntimeError unless the tree is a valid red-black tree with consistent links; returns black height."""
+
+    def check(ok: bool, problem: str):
+        if not ok:
+            raise RuntimeError(f"the sort tree is broken: {problem}")
 
     def walk(node, parent):
         if node is None:
             return 1
         record = tree.nodes[node]
-        assert record["parent"] == parent, f"node {node}: parent link broken"
-        assert record["clips"], f"node {node} holds no clip"
+        check(record["parent"] == parent, f"node {node}: parent link broken")
+        check(bool(record["clips"]), f"node {node} holds no clip")
         if record["red"]:
             for child in (record["left"], record["right"]):
-                assert child is None or not tree.nodes[child]["red"], f"red node {node} has a red child"
+                check(child is None or not tree.nodes[child]["red"], f"red node {node} has a red child")
         left, right = walk(record["left"], node), walk(record["right"], node)
-        assert left == right, f"black heights differ under node {node}"
+        check(left == right, f"black heights differ under node {node}")
         return left + (0 if record["red"] else 1)
 
+    check(tree.root is None or not tree.nodes[tree.root]["red"], "the root is red")
     height = walk(tree.root, None)
-    reachable = len(tree.ranked_clips())
-    assert reachable == sum(len(r["clips"]) for r in tree.nodes.values()), "a node is not reachable from the root"
+    clips = sum(len(r["clips"]) for r in tree.nodes.values())
+    check(len(tree.ranked_clips()) == clips, "a node is not reachable from the root")
     return height
 
 
@@ -636,6 +640,43 @@ class Shared:
         self.update_lock = threading.Lock()
         self.reward_net: Optional[nn.Module] = None  # the teacher's latest reward model, published for the trainer
         self.error: Optional[BaseException] = None
+
+
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main exits 3, the last checkpoint is kept."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: everything was saved; main exits 130."""
+
+
+def start_thread(shared: Shared, target, *targs):
+    """A daemon thread whose exception stops the run and is re-raised by the main thread."""
+
+    def guarded():
+        try:
+            target(*targs)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            shared.error = shared.error or e
+            shared.stop.set()
+
+    thread = threading.Thread(target=guarded, daemon=True, name=target.__name__)
+    thread.start()
+    shared.threads = getattr(shared, "threads", []) + [thread]
+
+
+def join_threads(shared: Shared):
+    for thread in getattr(shared, "threads", []):
+        thread.join(timeout=30)  # every loop polls the stop flag, so this never hangs (GA3C's issue #4)
+
+
+def drain(q: queue.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
 
 
 class ClipRecorder:
@@ -783,6 +824,12 @@ def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
             "entropy": entropy.item(),
             "learned_reward": rewards.mean().item(),
         }
+
+
+def write_json_atomic(data, path: Path):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 class SyntheticLabeller:
@@ -1279,52 +1326,9 @@ class UsageError(Exception):
     """Bad input: main prints the one-line message and exits 2 before any work."""
 
 
-class NonFiniteLoss(Exception):
-    """A loss became NaN or infinite: main exits 3, the last checkpoint is kept."""
-
-
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: everything was saved; main exits 130."""
-
-
-def start_thread(shared: Shared, target, *targs):
-    """A daemon thread whose exception stops the run and is re-raised by the main thread."""
-
-    def guarded():
-        try:
-            target(*targs)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            shared.error = shared.error or e
-            shared.stop.set()
-
-    thread = threading.Thread(target=guarded, daemon=True, name=target.__name__)
-    thread.start()
-    shared.threads = getattr(shared, "threads", []) + [thread]
-
-
-def join_threads(shared: Shared):
-    for thread in getattr(shared, "threads", []):
-        thread.join(timeout=30)  # every loop polls the stop flag, so this never hangs (GA3C's issue #4)
-
-
-def drain(q: queue.Queue) -> list:
-    items = []
-    while True:
-        try:
-            items.append(q.get_nowait())
-        except queue.Empty:
-            return items
-
-
 def save_atomic(obj, path: Path):
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(data, path: Path):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 

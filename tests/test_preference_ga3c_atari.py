@@ -264,7 +264,11 @@ def test_check_red_black_catches_a_broken_tree():
     for clip, value in values.items():
         insert_by_oracle(tree, clip, value, values)
     tree.nodes[tree.root]["red"] = True
-    with pytest.raises(AssertionError):
+    with pytest.raises(RuntimeError, match="the root is red"):
+        pref.check_red_black(tree)
+    tree.nodes[tree.root]["red"] = False
+    tree.nodes[tree.root]["parent"] = 7
+    with pytest.raises(RuntimeError, match="parent link broken"):
         pref.check_red_black(tree)
 
 
