@@ -122,7 +122,7 @@ def test_gradient_penalty_linear_function_known_gradient():
     w = torch.tensor([0.3, -0.4, 1.2])  # ||w|| = 1.3 everywhere
     xe, xl = torch.randn(5, 3), torch.randn(5, 3)
     gp = fi.gradient_penalty(lambda x: x @ w, xe, xl, torch.rand(5, 1), target_norm=0.4)
-    assert gp.item() == pytest.approx((1.3 - 0.4) ** 2, rel=1e-6)
+    assert gp.item() == pytest.approx(0.81, rel=1e-6)  # (1.3 - 0.4)^2
 
 
 def test_gradient_penalty_quadratic_at_interpolates():
@@ -131,16 +131,16 @@ def test_gradient_penalty_quadratic_at_interpolates():
     xl = torch.tensor([[0.0, 0.0], [0.0, 2.0]])
     alpha = torch.tensor([[0.5], [0.25]])  # x_hat = (1.5, 2.0) -> norm 2.5; (0, 1.5) -> norm 1.5
     gp = fi.gradient_penalty(lambda x: 0.5 * x.pow(2).sum(-1), xe, xl, alpha, target_norm=0.4)
-    assert gp.item() == pytest.approx(((2.5 - 0.4) ** 2 + (1.5 - 0.4) ** 2) / 2, rel=1e-6)
+    assert gp.item() == pytest.approx(2.81, rel=1e-6)  # ((2.5 - 0.4)^2 + (1.5 - 0.4)^2) / 2
 
 
 def test_discriminator_loss_is_ipm_plus_weighted_penalty():
     w = torch.tensor([1.0, 0.0])
     xe, xl = torch.tensor([[1.0, 5.0], [3.0, 1.0]]), torch.tensor([[10.0, 0.0], [0.0, 0.0]])
     loss, ipm, gp = fi.discriminator_loss(lambda x: x @ w, xe, xl, torch.rand(2, 1), gp_weight=10.0, gp_target=0.4)
-    assert ipm.item() == pytest.approx(2.0 - 5.0)  # E_expert f - E_learner f
-    assert gp.item() == pytest.approx(0.36)
-    assert loss.item() == pytest.approx(-3.0 + 3.6)
+    assert ipm.item() == pytest.approx(-3.0)  # E_expert f - E_learner f = 2 - 5
+    assert gp.item() == pytest.approx(0.36)  # (||w|| - 0.4)^2 = 0.6^2
+    assert loss.item() == pytest.approx(0.6)  # -3 + 10 * 0.36
 
 
 def test_discriminator_learning_rate_is_harmonic():
@@ -151,9 +151,9 @@ def test_soft_q_target_hand_values_and_absorbing_state():
     r, d = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0])
     next_q, logp, alpha = torch.tensor([10.0, 10.0]), torch.tensor([-1.0, -1.0]), torch.tensor(0.5)
     plain = fi.soft_q_target(r, d, next_q, logp, alpha, gamma=0.9)
-    assert plain.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0])
+    assert plain.tolist() == pytest.approx([10.45, 2.0])  # 1 + 0.9 * (10 + 0.5), and r at a terminal
     absorbing = fi.soft_q_target(r, d, next_q, logp, alpha, gamma=0.9, absorbing_reward=torch.tensor(-3.0))
-    assert absorbing.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0 + 0.9 * -3.0 / 0.1])
+    assert absorbing.tolist() == pytest.approx([10.45, -25.0])  # 2 + 0.9 * -3 / (1 - 0.9)
 
 
 def test_twin_q_members_are_two_independent_mlps():
@@ -444,27 +444,9 @@ def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_pat
 
 
 def test_resume_continues_from_saved_step(run_dir, demos_file):
-    cmd = [
-        sys.executable,
-        str(REPO_ROOT / SCRIPT),
-        "--env-id",
-        PENDULUM,
-        "--expert.path",
-        str(demos_file),
-        "--irl.total-timesteps",
-        "100000",
-        "--sac.learning-starts",
-        "50",
-        "--irl.train-every",
-        "100",
-        "--checkpoint-frequency",
-        "100",
-        "--eval.frequency",
-        "100000",
-        "--run-dir",
-        str(run_dir),
-        *TINY,
-    ]
+    flags = ["--irl.total-timesteps", 100000, "--sac.learning-starts", 50, "--irl.train-every", 100]
+    flags += ["--checkpoint-frequency", 100, "--eval.frequency", 100000]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, on_demos(*flags)(run_dir, demos_file)), *TINY]
     ckpt = run_dir / "checkpoints" / "irl.pt"
     rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
     assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run dir: {run_dir}", err[-2000:]
@@ -507,77 +489,55 @@ def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path, en
     assert message in line and "--env-id" in line, line
 
 
-def _other_env_run(run_dir: Path, demos_file: Path) -> list:
-    run_dir.mkdir(parents=True)
-    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "Hopper-v5", "args": {}}))
-    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
+def on_demos(*flags, env_id: str = PENDULUM):
+    """A command on the pendulum demos: (run dir, demos file) -> its arguments, with `flags`."""
+    return lambda run_dir, demos: ["--env-id", env_id, "--expert.path", demos, *flags, "--run-dir", run_dir]
 
 
-def _other_script_run(run_dir: Path, demos_file: Path) -> list:
-    run_dir.mkdir(parents=True)
-    (run_dir / "args.json").write_text(json.dumps({"script": "hype_irl_mujoco.py", "env_id": PENDULUM, "args": {}}))
-    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
+def in_run_dir_holding(name: str, content: str):
+    """A command on the pendulum demos whose run dir already holds the file `name`."""
+
+    def make(run_dir: Path, demos_file: Path) -> list:
+        run_dir.mkdir(parents=True)
+        (run_dir / name).write_text(content)
+        return on_demos()(run_dir, demos_file)
+
+    return make
 
 
 def _missing_keys(run_dir: Path, demos_file: Path) -> list:
     demos = dict(np.load(demos_file))
     del demos["next_observations"], demos["terminals"]
-    return ["--env-id", PENDULUM, "--expert.path", save_npz(demos_file.parent / "m.npz", demos), "--run-dir", run_dir]
-
-
-def _foreign_dir(run_dir: Path, demos_file: Path) -> list:
-    run_dir.mkdir(parents=True)
-    (run_dir / "notes.txt").write_text("mine")
-    return ["--env-id", PENDULUM, "--expert.path", demos_file, "--run-dir", run_dir]
+    return on_demos()(run_dir, save_npz(demos_file.parent / "m.npz", demos))
 
 
 @pytest.mark.parametrize(
     "make_args, message",
     [
         (_missing_keys, "lacks keys next_observations, terminals"),
-        (lambda r, d: ["--env-id", "Hopper-v5", "--expert.path", d, "--run-dir", r], "holds demos of InvertedPendulum"),
-        (lambda r, d: ["--env-id", PENDULUM, "--expert.path", r.parent / "nope.npz", "--run-dir", r], "does not exist"),
+        (on_demos(env_id="Hopper-v5"), "holds demos of InvertedPendulum"),
+        (lambda r, d: on_demos()(r, r.parent / "nope.npz"), "does not exist"),
+        (on_demos("--expert.num-demos", 999), "expert episodes, not --expert.num-demos 999"),
+        (lambda r, d: on_demos()("/proc/x/run", d), "not writable"),
+        (on_demos("--sac.learning-starts", 5000, "--irl.total-timesteps", 100), "must be below --irl.total-timesteps"),
         (
-            lambda r, d: ["--env-id", PENDULUM, "--expert.path", d, "--expert.num-demos", 999, "--run-dir", r],
-            "expert episodes, not --expert.num-demos 999",
-        ),
-        (lambda r, d: ["--env-id", PENDULUM, "--expert.path", d, "--run-dir", "/proc/x/run"], "not writable"),
-        (
-            lambda r, d: [
-                "--env-id",
-                PENDULUM,
-                "--expert.path",
-                d,
-                "--sac.learning-starts",
-                5000,
-                "--irl.total-timesteps",
-                100,
-                "--run-dir",
-                r,
-            ],
-            "must be below --irl.total-timesteps",
-        ),
-        (
-            lambda r, d: [
-                "--env-id",
-                "Humanoid-v5",
-                "--expert.path",
-                d,
-                "--sac.buffer-size",
-                10**9,
-                "--irl.total-timesteps",
-                10**9,
-                "--run-dir",
-                r,
-            ],
+            on_demos("--sac.buffer-size", 10**9, "--irl.total-timesteps", 10**9, env_id="Humanoid-v5"),
             "lower --sac.buffer-size",
         ),
         (lambda r, d: ["--env-id", PENDULUM, "--seed", "1.5", "--run-dir", r], "--seed"),
         (lambda r, d: ["--env-id", PENDULUM, "--bogus", "1", "--run-dir", r], "Unrecognized options: --bogus"),
         (lambda r, d: ["--env-id", PENDULUM, "--eval-only", r], "policy.pt does not exist"),
-        (_other_env_run, "holds a Hopper-v5 run"),
-        (_other_script_run, "is a run dir of hype_irl_mujoco.py"),
-        (_foreign_dir, "is not a run dir of filter_irl_mujoco.py"),
+        (
+            in_run_dir_holding("args.json", json.dumps({"script": SCRIPT, "env_id": "Hopper-v5", "args": {}})),
+            "holds a Hopper-v5 run",
+        ),
+        (
+            in_run_dir_holding(
+                "args.json", json.dumps({"script": "hype_irl_mujoco.py", "env_id": PENDULUM, "args": {}})
+            ),
+            "is a run dir of hype_irl_mujoco.py",
+        ),
+        (in_run_dir_holding("notes.txt", "mine"), "is not a run dir of filter_irl_mujoco.py"),
     ],
     ids=[
         "missing-keys",
