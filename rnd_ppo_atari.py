@@ -10,7 +10,8 @@ by Random Network Distillation", ICLR (arXiv 1810.12894). Defaults: its Table 5 
         --ppo.total-timesteps 20000 --eval.episodes 1                          # minutes on a laptop CPU
     python rnd_ppo_atari.py --run-dir runs/X ...     # the same command again resumes;  --eval-only runs/X evaluates
     torchrun --nproc-per-node 8 rnd_ppo_atari.py --rnd.update-proportion 0.03125   # 8 x 128 envs, the paper's scale
-Flags, the run directory, the deliberate differences from OpenAI's code: docs/rnd_ppo_atari.md.
+Flags, the run directory, the deliberate differences from OpenAI's code: docs/rnd_ppo_atari.md. The algorithm reads top
+to bottom down to main; below `# ---- run management ----`: validation, checkpoints, evaluation, plots, torchrun glue.
 """
 
 import contextlib
@@ -140,36 +141,6 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
     )
     envs.reset(seed=np.arange(seed, seed + num_envs, dtype=np.int64))
     return envs
-
-
-def rom_to_camel(rom: str) -> str:
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
-    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's
-    vector env, it has RAM."""
-    import ale_py
-    import gymnasium as gym
-
-    gym.register_envs(ale_py)
-    env = gym.make(
-        f"ALE/{rom_to_camel(rom)}-v5",
-        render_mode="rgb_array" if render else None,
-        repeat_action_probability=env_args.sticky_action_prob,
-        frameskip=1,
-        full_action_space=False,
-        max_num_frames_per_episode=env_args.max_episode_frames,
-    )
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
-    env = gym.wrappers.FrameStackObservation(env, 4)
-    env.reset(seed=seed)
-    return env
-
-
-# The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
-# rooms are logged for these games only.
-ROOM_RAM_ADDRESS = {"montezuma_revenge": 3, "pitfall": 1}
 
 
 # ---- Networks
@@ -433,7 +404,7 @@ def progress(total: int, desc: str, enabled: bool, initial: int = 0):
     )
 
 
-# ---- Phases: observation-normaliser warm-up, training (rollout, bonus, PPO update), evaluation
+# ---- Phases: observation-normaliser warm-up, then training (rollout, bonus, PPO update)
 def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "World", writer):
     """Whiten RND inputs from random-agent steps (paper: 50 rollouts x 128 steps per env, last
     frame only). One (num_envs, 84, 84) batch per vector step is summed in float64 while the
@@ -720,36 +691,6 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
     return agent, run | world.checksums(agent, player.next_obs, obs_rms, reward_rms)
 
 
-@torch.no_grad()
-def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False):
-    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms
-    read from RAM; with `render`, the frames of the first episode."""
-    if episodes == 0:
-        return {"returns": [], "lengths": [], "rooms": [], "frames": []}
-    ram_addr = ROOM_RAM_ADDRESS.get(rom)
-    envs = [make_eval_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
-    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
-    state, first = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
-    while active.any():
-        logits, _, _, state = agent(torch.as_tensor(obs, device=device)[None], state, first)
-        first = torch.zeros_like(first)
-        actions = Categorical(logits=logits).sample().cpu().numpy()
-        for i in np.flatnonzero(active):
-            obs[i], reward, term, trunc, _ = envs[i].step(int(actions[i]))
-            returns[i], lengths[i] = returns[i] + reward, lengths[i] + 1
-            if ram_addr is not None:
-                rooms[i].add(int(envs[i].unwrapped.ale.getRAM()[ram_addr]))
-            if i == 0 and render:
-                frames.append(envs[i].render())
-            active[i] = not (term or trunc)
-    for env in envs:
-        env.close()
-    rooms = [sorted(r) for r in rooms] if ram_addr is not None else None
-    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": rooms, "frames": frames}
-
-
 def main(args: Args) -> Optional[dict]:
     """Check every input, then train and evaluate (or only evaluate); exit codes as in
     docs/CONTRACT.md."""
@@ -1005,6 +946,67 @@ def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, fi
     if snapshot["filter_state"].shape == filter_state.shape:  # --ppo.num-envs may change on resume
         filter_state = snapshot["filter_state"].to(filter_state.device)
     return run, filter_state
+
+
+# Evaluation: separate envs with RAM (for the rooms), the stochastic policy as trained
+def rom_to_camel(rom: str) -> str:
+    return "".join(part.capitalize() for part in rom.split("_"))
+
+
+def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
+    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's
+    vector env, it has RAM."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make(
+        f"ALE/{rom_to_camel(rom)}-v5",
+        render_mode="rgb_array" if render else None,
+        repeat_action_probability=env_args.sticky_action_prob,
+        frameskip=1,
+        full_action_space=False,
+        max_num_frames_per_episode=env_args.max_episode_frames,
+    )
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
+    env = gym.wrappers.FrameStackObservation(env, 4)
+    env.reset(seed=seed)
+    return env
+
+
+# The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
+# rooms are logged for these games only.
+ROOM_RAM_ADDRESS = {"montezuma_revenge": 3, "pitfall": 1}
+
+
+@torch.no_grad()
+def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False):
+    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms
+    read from RAM; with `render`, the frames of the first episode."""
+    if episodes == 0:
+        return {"returns": [], "lengths": [], "rooms": [], "frames": []}
+    ram_addr = ROOM_RAM_ADDRESS.get(rom)
+    envs = [make_eval_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
+    obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
+    state, first = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
+    while active.any():
+        logits, _, _, state = agent(torch.as_tensor(obs, device=device)[None], state, first)
+        first = torch.zeros_like(first)
+        actions = Categorical(logits=logits).sample().cpu().numpy()
+        for i in np.flatnonzero(active):
+            obs[i], reward, term, trunc, _ = envs[i].step(int(actions[i]))
+            returns[i], lengths[i] = returns[i] + reward, lengths[i] + 1
+            if ram_addr is not None:
+                rooms[i].add(int(envs[i].unwrapped.ale.getRAM()[ram_addr]))
+            if i == 0 and render:
+                frames.append(envs[i].render())
+            active[i] = not (term or trunc)
+    for env in envs:
+        env.close()
+    rooms = [sorted(r) for r in rooms] if ram_addr is not None else None
+    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "rooms": rooms, "frames": frames}
 
 
 def evaluate_during_training(args: Args, agent: Agent, rom: str, device, run_dir: Path, run: dict, writer) -> dict:
