@@ -205,13 +205,14 @@ SCORE_MASKS = {
 DEFAULT_MASK = (10, 0)
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Environments
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def make_envs(rom: str, num_envs: int, stack: int, sticky: float, env: EnvArgs, batch_size: int = 0, threads: int = 0):
-    """AtariVectorEnv, 84x84 grey, frameskip 4 with max-pool, true (unclipped) rewards, same-step autoreset.
-    Life losses are not signalled (episodic_life False): the agent sees one continuous game, as in the paper.
-    batch_size < num_envs makes it asynchronous: recv() returns the first batch_size envs that finished."""
+    """AtariVectorEnv, 84x84 grey, frameskip 4 with max-pool, true (unclipped)
+    rewards, same-step autoreset. Life losses are not signalled (episodic_life False):
+    the agent sees one continuous game, as in the paper. batch_size < num_envs makes
+    it asynchronous: recv() returns the first batch_size envs that finished."""
     from ale_py.vector_env import AtariVectorEnv
 
     return AtariVectorEnv(
@@ -236,12 +237,12 @@ def make_envs(rom: str, num_envs: int, stack: int, sticky: float, env: EnvArgs, 
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Networks
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class GA3CNet(nn.Module):
-    """GA3C's network: conv 16x8x8/4, conv 32x4x4/2, FC 256, policy logits and value. PyTorch's default init
-    (uniform +-1/sqrt(fan_in)) is GA3C's. Input uint8 (N, S, 84, 84)."""
+    """GA3C's network: conv 16x8x8/4, conv 32x4x4/2, FC 256, policy logits and value.
+    PyTorch's default init (uniform +-1/sqrt(fan_in)) is GA3C's. Input uint8 (N, S, 84, 84)."""
 
     def __init__(self, in_frames: int, num_actions: int, bf16: bool = False):
         super().__init__()
@@ -274,21 +275,24 @@ class GA3CNet(nn.Module):
 
 
 def scaled_pixels(obs, scale, bf16: bool):
-    """uint8 frames times `scale`, made directly in the convs' dtype (no fp32 copy for autocast to cast) and in
-    channels-last order (NHWC convs: on a CPU a GA3C update ~1.2x and a reward-ensemble update 1.4x faster)."""
+    """uint8 frames times `scale`, made directly in the convs' dtype (no
+    fp32 copy for autocast to cast) and in channels-last order (NHWC convs:
+    on a CPU a GA3C update ~1.2x and a reward-ensemble update 1.4x faster)."""
     dtype = torch.bfloat16 if bf16 else torch.float32
     obs = obs.contiguous(memory_format=torch.channels_last).to(dtype)
     return obs * (scale.to(dtype) if torch.is_tensor(scale) else scale)
 
 
 def sample_actions(logits):
-    """A draw from softmax(logits) by the Gumbel-max trick: one kernel chain, no Categorical object per batch."""
+    """A draw from softmax(logits) by the Gumbel-max trick:
+    one kernel chain, no Categorical object per batch."""
     return (logits - torch.empty_like(logits).exponential_().log()).argmax(-1)
 
 
 class ByteDropout(nn.Module):
-    """Dropout with its keep-mask read off random bytes, eight per 64-bit draw: nn.Dropout's per-element Bernoulli
-    draws were ~40 % of a reward-model update on a CPU (5x slower than this). p is rounded to a multiple of 1/256."""
+    """Dropout with its keep-mask read off random bytes, eight per 64-bit draw:
+    nn.Dropout's per-element Bernoulli draws were ~40 % of a reward-model
+    update on a CPU (5x slower than this). p is rounded to a multiple of 1/256."""
 
     def __init__(self, p: float):
         super().__init__()
@@ -306,8 +310,9 @@ class ByteDropout(nn.Module):
 
 
 class RewardNet(nn.Module):
-    """Christiano et al.'s Atari predictor: 4 convs (7x7/3, 5x5/2, 3x3/1, 3x3/1) x 16 filters, batch norm,
-    dropout and leaky ReLU (0.01) on each, FC 64, a scalar r̂(o). Score rows are zeroed before the first conv."""
+    """Christiano et al.'s Atari predictor: 4 convs (7x7/3, 5x5/2, 3x3/1,
+    3x3/1) x 16 filters, batch norm, dropout and leaky ReLU (0.01) on each,
+    FC 64, a scalar r̂(o). Score rows are zeroed before the first conv."""
 
     def __init__(self, in_frames: int, mask: tuple[int, int], dropout: float, bf16: bool = False):
         super().__init__()
@@ -329,14 +334,15 @@ class RewardNet(nn.Module):
         self.to(memory_format=torch.channels_last)  # NHWC convs (scaled_pixels)
 
     def forward(self, obs):
-        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
+        # bf16 convs; the head stays fp32
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):
             features = self.convs(scaled_pixels(obs, self.scale, self.bf16)).float()
         return self.head(features).squeeze(-1)
 
 
 class RewardEnsemble(nn.Module):
-    """Members r̂_e plus each member's normalisation (mean, std); the reward is the average of the members'
-    independently normalised outputs, scaled to `output_std`."""
+    """Members r̂_e plus each member's normalisation (mean, std); the reward is the
+    average of the members' independently normalised outputs, scaled to `output_std`."""
 
     def __init__(self, size: int, in_frames: int, mask: tuple[int, int], dropout: float, output_std: float, bf16=False):
         super().__init__()
@@ -355,14 +361,16 @@ class RewardEnsemble(nn.Module):
 
 
 class FusedEnsemble(nn.Module):
-    """The reward ensemble as the trainer scores with it: batch norm folded into the convs and the members stacked as
-    grouped convs, so one pass scores every member (about 2x faster than member by member in bf16 on a CPU)."""
+    """The reward ensemble as the trainer scores with it: batch norm folded
+    into the convs and the members stacked as grouped convs, so one pass scores
+    every member (about 2x faster than member by member in bf16 on a CPU)."""
 
     def __init__(self, model: RewardEnsemble):
         super().__init__()
         members, size = model.members, len(model.members)
         layers, first = [], True
-        for i in range(0, len(members[0].convs) - 1, 4):  # (conv, batch norm, dropout, leaky ReLU) per layer
+        # (conv, batch norm, dropout, leaky ReLU) per layer
+        for i in range(0, len(members[0].convs) - 1, 4):
             fused = [fuse_conv_bn_eval(m.convs[i], m.convs[i + 1]) for m in members]
             conv = nn.Conv2d(
                 fused[0].in_channels * (1 if first else size),
@@ -374,7 +382,8 @@ class FusedEnsemble(nn.Module):
             conv.weight.data, conv.bias.data = torch.cat([f.weight for f in fused]), torch.cat([f.bias for f in fused])
             layers, first = layers + [conv, nn.LeakyReLU(0.01)], False
         hidden, side = members[0].head[0].out_features, int((members[0].head[0].in_features // 16) ** 0.5)
-        fc = nn.Conv2d(16 * size, hidden * size, side, groups=size)  # each member's FC as a full-frame conv
+        # each member's FC as a full-frame conv
+        fc = nn.Conv2d(16 * size, hidden * size, side, groups=size)
         fc.weight.data = torch.cat([m.head[0].weight.view(hidden, 16, side, side) for m in members])
         fc.bias.data = torch.cat([m.head[0].bias for m in members])
         out = nn.Conv2d(hidden * size, size, 1, groups=size)
@@ -389,7 +398,8 @@ class FusedEnsemble(nn.Module):
 
     def member_rewards(self, obs):
         """(E, N) raw r̂ of every member, as RewardEnsemble.member_rewards in eval mode."""
-        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):  # the head stays fp32
+        # bf16 convs; the head stays fp32
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=self.bf16):
             features = self.convs(scaled_pixels(obs, self.scale, self.bf16)).float()
         return self.head(features).T
 
@@ -397,24 +407,27 @@ class FusedEnsemble(nn.Module):
         return ((self.member_rewards(obs) - self.mean[:, None]) / self.std[:, None]).mean(0) * self.output_std
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The math (pure functions)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def preference_loss(sum_left, sum_right, mu_left, random_response: float = 0.1):
-    """Bradley-Terry cross-entropy with a `random_response` chance of a uniformly random answer:
-    P(left > right) = (1 - eps) * sigmoid(sum_left - sum_right) + eps / 2; mu_left = 1, 0 or 0.5 (equal)."""
+    """Bradley-Terry cross-entropy with a `random_response` chance of a
+    uniformly random answer: P(left > right) = (1 - eps) * sigmoid(sum_left
+    - sum_right) + eps / 2; mu_left = 1, 0 or 0.5 (equal)."""
     p_left = (1 - random_response) * torch.sigmoid(sum_left - sum_right) + random_response / 2
     return -(mu_left * torch.log(p_left) + (1 - mu_left) * torch.log(1 - p_left)).mean()
 
 
 def sort_tree_loss(clip_sums, targets):
-    """rl-teacher-atari's regression: squared error between a clip's summed r̂ and its rank's target."""
+    """rl-teacher-atari's regression: squared error
+    between a clip's summed r̂ and its rank's target."""
     return F.mse_loss(clip_sums, targets)
 
 
 def quantile_targets(num_ranks: int, clip_length: int) -> torch.Tensor:
-    """Target clip sums for ranks 0..M-1 (worst to best): evenly spaced standard-normal quantiles
-    Phi^-1((o + 1/2) / M), scaled by the clip length so each step's expected reward is of order 1."""
+    """Target clip sums for ranks 0..M-1 (worst to best): evenly
+    spaced standard-normal quantiles Phi^-1((o + 1/2) / M), scaled
+    by the clip length so each step's expected reward is of order 1."""
     probs = (torch.arange(num_ranks, dtype=torch.float64) + 0.5) / num_ranks
     return (clip_length * torch.special.ndtri(probs)).float()
 
@@ -434,7 +447,8 @@ def disagreement(probs) -> torch.Tensor:
 
 
 def adapt_l2(l2: float, train_loss: float, val_loss: float, low: float = 1.1, high: float = 1.5, factor: float = 1.1):
-    """Christiano's adaptive L2: raise it when validation loss exceeds `high` x training loss, lower it below `low`."""
+    """Christiano's adaptive L2: raise it when validation loss
+    exceeds `high` x training loss, lower it below `low`."""
     if val_loss > high * train_loss:
         return l2 * factor
     if val_loss < low * train_loss:
@@ -443,8 +457,8 @@ def adapt_l2(l2: float, train_loss: float, val_loss: float, low: float = 1.1, hi
 
 
 def nstep_returns(rewards, bootstrap, gamma: float):
-    """R_t = r_t + gamma r_{t+1} + ... + gamma^(T-t) V(s_T) for (B, T) rewards and (B,) bootstrap values.
-    No episode ends: the agent never sees them (one continuous game, as in the paper)."""
+    """R_t = r_t + gamma r_{t+1} + ... + gamma^(T-t) V(s_T) for (B, T) rewards and (B,) bootstrap
+    values. No episode ends: the agent never sees them (one continuous game, as in the paper)."""
     returns = torch.empty_like(rewards)
     running = bootstrap
     for t in reversed(range(rewards.shape[1])):
@@ -464,22 +478,25 @@ def a3c_loss(logits, values, actions, returns, entropy_beta: float):
 
 
 def clip_observations(frames, stack: int):
-    """(T + S - 1, 84, 84) single frames -> (T, S, 84, 84) stacked observations (step t sees frames t..t+S-1)."""
+    """(T + S - 1, 84, 84) single frames -> (T, S, 84, 84)
+    stacked observations (step t sees frames t..t+S-1)."""
     return frames.unfold(0, stack, 1).permute(0, 3, 1, 2)
 
 
 def synthetic_answer(true_return_left: float, true_return_right: float) -> str:
-    """The synthetic labeller prefers the clip with more game score; equal scores are indifference (not 'right')."""
+    """The synthetic labeller prefers the clip with more
+    game score; equal scores are indifference (not 'right')."""
     if true_return_left > true_return_right:
         return "left"
     return "right" if true_return_right > true_return_left else "equal"
 
 
 class SortTree:
-    """rl-teacher-atari's red-black sort tree. Each node holds clips judged equal (ties bind to a node); the
-    in-order traversal runs from the worst to the best clip. A clip being inserted walks down from the root by
-    comparisons with a clip of each node; every answer is remembered per (clip, node), and the clip's position is
-    recomputed from the root after each one, so rotations made by other insertions never mis-place it."""
+    """rl-teacher-atari's red-black sort tree. Each node holds clips judged equal (ties
+    bind to a node); the in-order traversal runs from the worst to the best clip. A clip
+    being inserted walks down from the root by comparisons with a clip of each node; every
+    answer is remembered per (clip, node), and the clip's position is recomputed from the
+    root after each one, so rotations made by other insertions never mis-place it."""
 
     def __init__(self, state: Optional[dict] = None):
         state = state or {"root": None, "nodes": {}, "pending": {}, "results": {}, "next_id": 0, "cursor": 0}
@@ -499,7 +516,8 @@ class SortTree:
         }
 
     def add_clip(self, clip: int) -> Optional[int]:
-        """Start inserting a clip; returns the node it must be compared with next (None: it became the root)."""
+        """Start inserting a clip; returns the node it must
+        be compared with next (None: it became the root)."""
         if self.root is None:
             self.root = self._new_node(clip, parent=None, red=False)
             return None
@@ -507,20 +525,23 @@ class SortTree:
         return self.position(clip)[0]
 
     def position(self, clip: int) -> tuple[Optional[int], Optional[str]]:
-        """(node to compare with next, None) or (parent node, side) where the clip's new node goes."""
+        """(node to compare with next, None) or (parent
+        node, side) where the clip's new node goes."""
         node, known = self.root, self.results[clip]
         while True:
             if node not in known:
                 return node, None
-            side = "right" if known[node] == "left" else "left"  # 'left' answer: the new clip is better
+            # 'left' answer: the new clip is better
+            side = "right" if known[node] == "left" else "left"
             child = self.nodes[node][side]
             if child is None:
                 return node, side
             node = child
 
     def answer(self, clip: int, node: int, answer: str) -> Optional[int]:
-        """Apply an answer about (clip vs node); returns the next node to compare with, or None when done. An answer
-        about a node that rotations moved off the clip's path is still a fact and is kept for later."""
+        """Apply an answer about (clip vs node); returns the next node to
+        compare with, or None when done. An answer about a node that rotations
+        moved off the clip's path is still a fact and is kept for later."""
         if clip not in self.results or node not in self.nodes:
             return None
         if answer == "cant_tell":
@@ -559,7 +580,8 @@ class SortTree:
         return node
 
     def _rotate(self, node: int, direction: str):
-        """Rotate `node` down towards `direction` ('left' or 'right'); its other child takes its place."""
+        """Rotate `node` down towards `direction` ('left'
+        or 'right'); its other child takes its place."""
         other = "right" if direction == "left" else "left"
         pivot = self.nodes[node][other]
         self.nodes[node][other] = self.nodes[pivot][direction]
@@ -575,7 +597,8 @@ class SortTree:
         self.nodes[node]["parent"] = pivot
 
     def _fix_after_insert(self, node: int):
-        """The textbook red-black insert fix-up: recolour while the uncle is red, else one or two rotations."""
+        """The textbook red-black insert fix-up: recolour
+        while the uncle is red, else one or two rotations."""
         nodes = self.nodes
         while nodes[node]["parent"] is not None and nodes[nodes[node]["parent"]]["red"]:
             parent = nodes[node]["parent"]
@@ -597,7 +620,8 @@ class SortTree:
 
 
 def check_red_black(tree: SortTree) -> int:
-    """Raise RuntimeError unless the tree is a valid red-black tree with consistent links; returns black height."""
+    """Raise RuntimeError unless the tree is a valid red-black
+    tree with consistent links; returns black height."""
 
     def check(ok: bool, problem: str):
         if not ok:
@@ -623,9 +647,9 @@ def check_red_black(tree: SortTree) -> int:
     return height
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # GA3C: predictor (acts for the emulators) and trainer threads, sharing one network (hence policy lag)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class Shared:
     """What the threads exchange: segment and clip queues, counters, locks and the stop flag."""
 
@@ -636,9 +660,11 @@ class Shared:
         self.stop, self.hold = threading.Event(), threading.Event()
         self.random_actions = True  # pretraining clips come from a random policy
         self.steps = self.updates = self.predictions = self.trained_segments = 0
-        self.lag, self.losses, self.held_s = 0.0, {}, 0.0  # held_s: time the agents waited (--reward.keep-pace)
+        # held_s: time the agents waited (--reward.keep-pace)
+        self.lag, self.losses, self.held_s = 0.0, {}, 0.0
         self.update_lock = threading.Lock()
-        self.reward_net: Optional[nn.Module] = None  # the teacher's latest reward model, published for the trainer
+        # the teacher's latest reward model, published for the trainer
+        self.reward_net: Optional[nn.Module] = None
         self.error: Optional[BaseException] = None
 
 
@@ -667,7 +693,8 @@ def start_thread(shared: Shared, target, *targs):
 
 def join_threads(shared: Shared):
     for thread in getattr(shared, "threads", []):
-        thread.join(timeout=30)  # every loop polls the stop flag, so this never hangs (GA3C's issue #4)
+        # every loop polls the stop flag, so this never hangs (GA3C's issue #4)
+        thread.join(timeout=30)
 
 
 def drain(q: queue.Queue) -> list:
@@ -718,9 +745,10 @@ class ClipRecorder:
 
 
 def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recorder: ClipRecorder, seed: int):
-    """The agents' side of GA3C. The async vector env hands back the first half of the emulators that finished a
-    step; one batched forward pass picks their actions while the other half steps. Every env's transitions are cut
-    into segments of t_max steps (plus the bootstrap observation) and queued for the trainer."""
+    """The agents' side of GA3C. The async vector env hands back the first half of
+    the emulators that finished a step; one batched forward pass picks their actions
+    while the other half steps. Every env's transitions are cut into segments of
+    t_max steps (plus the bootstrap observation) and queued for the trainer."""
     n, device = envs.num_envs, next(net.parameters()).device
     obs, info = envs.reset(seed=seed)
     shape = obs.shape[1:]
@@ -733,7 +761,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
     rng = np.random.default_rng(seed)
     while not shared.stop.is_set():
         if shared.hold.is_set() or (shared.random_actions and shared.clips.qsize() >= 32):
-            time.sleep(0.01)  # random play only runs while clips are wanted (its steps count in the budget)
+            # random play only runs while clips are wanted (its steps count in the budget)
+            time.sleep(0.01)
             continue
         ids = info["env_id"]
         if shared.random_actions:
@@ -752,7 +781,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
         stepped = acted[ids]  # an env's first observation (its reset) is no transition
         ids_s, reward_s = ids[stepped], reward[stepped]
         over = (terminated | truncated)[stepped]
-        life_lost = (info["lives"][stepped] < lives[ids_s]) & ~over  # hidden from the agent, told to the labeller
+        # hidden from the agent, told to the labeller
+        life_lost = (info["lives"][stepped] < lives[ids_s]) & ~over
         lives[ids] = info["lives"]
         shared.steps += len(ids_s)
         seg_rew[ids_s, pos[ids_s]] = reward_s
@@ -767,7 +797,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
             seg_obs[env, t_max] = obs[j]
             if not shared.random_actions:
                 segment = (seg_obs[env].copy(), seg_act[env].copy(), seg_rew[env].copy(), int(seg_ver[env].min()))
-                while not shared.stop.is_set():  # a full queue holds the agents back, as GA3C's does
+                # a full queue holds the agents back, as GA3C's does
+                while not shared.stop.is_set():
                     try:
                         shared.segments.put(segment, timeout=0.1)
                         break
@@ -783,8 +814,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
 
 
 def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
-    """GA3C's trainer: waits for >= min_batch_segments segments, scores their steps with the reward (learned or
-    true) in one batched pass, and makes one A3C update with n-step returns."""
+    """GA3C's trainer: waits for >= min_batch_segments segments, scores their steps with the
+    reward (learned or true) in one batched pass, and makes one A3C update with n-step returns."""
     device = next(net.parameters()).device
     while not shared.stop.is_set():
         batch = []
@@ -798,12 +829,15 @@ def run_trainer(net, optimizer, reward_fn, shared: Shared, ga3c: GA3CArgs):
         obs = torch.from_numpy(np.stack([b[0] for b in batch])).to(device)  # (B, T+1, S, 84, 84)
         actions = torch.from_numpy(np.stack([b[1] for b in batch])).to(device)
         true_rewards = torch.from_numpy(np.stack([b[2] for b in batch])).to(device)
-        rewards = reward_fn(obs[:, 1:], true_rewards)  # r̂ of each post-step observation, computed once
+        # r̂ of each post-step observation, computed once
+        rewards = reward_fn(obs[:, 1:], true_rewards)
         if ga3c.reward_clip > 0:
             rewards = rewards.clamp(-ga3c.reward_clip, ga3c.reward_clip)
-        logits, values = net(obs.flatten(0, 1))  # one pass: the T steps and the bootstrap observation o_T
+        # one pass: the T steps and the bootstrap observation o_T
+        logits, values = net(obs.flatten(0, 1))
         logits, values = logits.view(*obs.shape[:2], -1)[:, :-1], values.view(obs.shape[:2])
-        returns = nstep_returns(rewards, values[:, -1].detach(), ga3c.gamma)  # bootstrapped from V(o_T)
+        # bootstrapped from V(o_T)
+        returns = nstep_returns(rewards, values[:, -1].detach(), ga3c.gamma)
         values = values[:, :-1]
         policy_loss, value_loss, entropy = a3c_loss(logits, values, actions, returns, ga3c.entropy_beta)
         loss = policy_loss + value_loss
@@ -833,10 +867,11 @@ def write_json_atomic(data, path: Path):
 
 
 class SyntheticLabeller:
-    """The synthetic labeller: answers each query the moment the teacher asks it, from the clips' true game scores less
-    `life_penalty` per life lost in a clip (the paper's penalty for the episode ends the agent never sees). The teacher
-    talks to it as to a person's label store (add_clip, add_query, answers_after, ...), so one Teacher serves both.
-    Its clips and answers live in store_dir/{env}_synthetic/{experiment}/ (clip_N.npz, and labels.json written at
+    """The synthetic labeller: answers each query the moment the teacher asks it, from the
+    clips' true game scores less `life_penalty` per life lost in a clip (the paper's penalty for
+    the episode ends the agent never sees). The teacher talks to it as to a person's label store
+    (add_clip, add_query, answers_after, ...), so one Teacher serves both. Its clips and answers
+    live in store_dir/{env}_synthetic/{experiment}/ (clip_N.npz, and labels.json written at
     every checkpoint): a resumed run, or a new run of the same experiment, reuses them."""
 
     def __init__(self, store_dir, env_id: str, experiment: str, life_penalty: float):
@@ -845,7 +880,8 @@ class SyntheticLabeller:
         self.life_penalty = life_penalty
         saved = self.dir / "labels.json"
         state = json.loads(saved.read_text()) if saved.is_file() else {"clips": {}, "answers": [], "tree": None}
-        self.clips = {int(c): tuple(info) for c, info in state["clips"].items()}  # id -> (game score, lives lost)
+        # id -> (game score, lives lost)
+        self.clips = {int(c): tuple(info) for c, info in state["clips"].items()}
         self.answers, self.tree = state["answers"], state["tree"]
 
     def add_clip(self, frames, actions, true_rewards, stack: int, source: str, lives_lost: int = 0) -> int:
@@ -887,13 +923,15 @@ class SyntheticLabeller:
         self.tree = json.loads(json.dumps(tree))  # a copy: the tree changes on
 
     def sync(self):
-        """Write the answers, clip scores and sort tree (the clips' frames were written when they came)."""
+        """Write the answers, clip scores and sort tree
+        (the clips' frames were written when they came)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic({"clips": self.clips, "answers": self.answers, "tree": self.tree}, self.dir / "labels.json")
 
     def delete_labels(self, experiment: str) -> dict:
         counts = {"queries": len(self.answers), "answers": len(self.answers), "trees": int(self.tree is not None)}
-        shutil.rmtree(self.dir, ignore_errors=True)  # its clips go too: no other experiment uses them
+        # its clips go too: no other experiment uses them
+        shutil.rmtree(self.dir, ignore_errors=True)
         self.clips, self.answers, self.tree = {}, [], None
         return counts
 
@@ -908,12 +946,13 @@ class SyntheticLabeller:
         return {"clips": clips, "queries": answers, "answers": answers, "trees": trees}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Learning the reward from the labels (the teacher, in the main thread)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class Teacher:
-    """Turns clips into queries, answers into labels, and labels into reward-model updates.
-    Pairwise: labels (left, right, mu) with a per-member held-out flag; sort-tree: ranks from the tree."""
+    """Turns clips into queries, answers into labels, and labels
+    into reward-model updates. Pairwise: labels (left, right, mu)
+    with a per-member held-out flag; sort-tree: ranks from the tree."""
 
     def __init__(self, args: Args, store, model: RewardEnsemble, stack: int, device, rng: np.random.Generator):
         self.args, self.store, self.model, self.stack, self.device, self.rng = args, store, model, stack, device, rng
@@ -925,7 +964,8 @@ class Teacher:
         self.labels: list[tuple[int, int, float, np.ndarray]] = []
         self.tree = SortTree(store.load_tree(self.experiment)) if self.mode == "sort-tree" else None
         self.seq, self.updates = 0, 0
-        self.train_loss = torch.ones(args.reward.ensemble, device=device)  # on the device: no host sync per update
+        # on the device: no host sync per update
+        self.train_loss = torch.ones(args.reward.ensemble, device=device)
         self.absorb_answers()
 
     # -- clips and queries ------------------------------------------------------------------------
@@ -956,7 +996,8 @@ class Teacher:
             [self.rng.choice(len(pool), 2, replace=False) for _ in range(count * self.args.labels.candidates)]
         )
         if self.args.labels.query == "disagreement":
-            needed = np.unique(pairs)  # only clips in some candidate pair are scored, once per model version
+            # only clips in some candidate pair are scored, once per model version
+            needed = np.unique(pairs)
             stale = [pool[i] for i in needed if pool[i].get("sums_version") != self.updates]
             if stale:
                 for clip, sums in zip(stale, self.member_sums([p["frames"] for p in stale]).T):
@@ -1000,7 +1041,8 @@ class Teacher:
 
     # -- answers -> labels ------------------------------------------------------------------------
     def absorb_answers(self) -> int:
-        """Read answers given since the last call (by anyone) into labels or tree moves; returns how many."""
+        """Read answers given since the last call (by
+        anyone) into labels or tree moves; returns how many."""
         answers = self.store.answers_after(
             self.experiment, self.seq if self.tree is None else max(self.seq, self.tree.cursor)
         )
@@ -1013,7 +1055,8 @@ class Teacher:
             elif a["kind"] == "tree" and self.tree is not None:
                 nxt = self.tree.answer(a["left"], a["node"], a["answer"])
                 self.tree.cursor = a["seq"]
-                if nxt is not None and sum(self.outstanding()) < self.args.labels.budget:  # never past the budget
+                # never past the budget
+                if nxt is not None and sum(self.outstanding()) < self.args.labels.budget:
                     self.query_tree(a["left"], nxt)
         if answers and self.tree is not None:
             check_red_black(self.tree)  # rotations must not lose or mis-link a clip
@@ -1041,7 +1084,8 @@ class Teacher:
         return raw.view(raw.shape[0], len(frames_list), -1).sum(-1)
 
     def train(self, updates: int) -> dict:
-        """`updates` minibatch steps of every member, each on its own sample of its own training labels."""
+        """`updates` minibatch steps of every member, each
+        on its own sample of its own training labels."""
         if self.mode == "pairwise" and not self.labels or self.mode == "sort-tree" and len(self.tree.nodes) < 2:
             return {}
         self.model.train()
@@ -1056,17 +1100,20 @@ class Teacher:
                 optimizer.zero_grad(set_to_none=True)
                 (loss + self.l2[e] * l2).backward()
                 optimizer.step()
-                finite &= torch.isfinite(loss)  # checked once per round: a host sync per member stalls a GPU
+                # checked once per round: a host sync per member stalls a GPU
+                finite &= torch.isfinite(loss)
                 self.train_loss[e] = 0.9 * self.train_loss[e] + 0.1 * loss.detach()
             self.updates += 1
             if self.updates % 20 == 0 and self.tree is None:
                 stats = self.validate()
-        if not finite:  # raised before anything is saved or published: the last checkpoint stays intact
+        # raised before anything is saved or published: the last checkpoint stays intact
+        if not finite:
             raise NonFiniteLoss(f"the reward model's loss became non-finite by update {self.updates}")
         return stats
 
     def label_pools(self, held_out: bool) -> list[np.ndarray]:
-        """Per member, the indices of its training (or held-out) labels; all labels when it has none."""
+        """Per member, the indices of its training (or
+        held-out) labels; all labels when it has none."""
         flags = np.array([label[3] for label in self.labels]).reshape(len(self.labels), -1) == held_out
         return [np.flatnonzero(f) if f.any() else np.arange(len(self.labels)) for f in flags.T]
 
@@ -1085,7 +1132,8 @@ class Teacher:
         return preference_loss(sums[:, 0], sums[:, 1], mu, self.args.reward.random_response)
 
     def validate(self) -> dict:
-        """Held-out loss of each member; adapts its L2 weight (val/train loss kept within 1.1-1.5)."""
+        """Held-out loss of each member; adapts its L2
+        weight (val/train loss kept within 1.1-1.5)."""
         self.model.eval()
         stats, pools = {}, self.label_pools(held_out=True)
         with torch.no_grad():
@@ -1099,8 +1147,8 @@ class Teacher:
         return stats
 
     def normalise(self, shared: Shared):
-        """Refresh each member's output mean/std on recent labelled clips, then publish a copy of the ensemble for
-        the GA3C trainer to score rewards with."""
+        """Refresh each member's output mean/std on recent labelled clips, then
+        publish a copy of the ensemble for the GA3C trainer to score rewards with."""
         clips = list(self.frames)[-64:]
         self.model.eval()
         with torch.no_grad():
@@ -1110,10 +1158,12 @@ class Teacher:
                 for model in (self.model, fused):
                     model.mean.copy_(raw.mean(1))
                     model.std.copy_(raw.std(1).clamp_min(1e-6))
-            shared.reward_net = fused  # one reference assignment: the trainer never sees half an update
+            # one reference assignment: the trainer never sees half an update
+            shared.reward_net = fused
 
     def accuracy(self) -> float:
-        """Share of the last 100 decisive pairwise labels that the normalised ensemble orders correctly."""
+        """Share of the last 100 decisive pairwise labels
+        that the normalised ensemble orders correctly."""
         decisive = [label for label in self.labels[-100:] if label[2] != 0.5]
         if not decisive:
             return float("nan")
@@ -1126,9 +1176,9 @@ class Teacher:
         return right.float().mean().item()
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The run: pretraining labels on random play, reward pretraining, GA3C on the learned reward, evaluation
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def train(args: Args, ctx: dict) -> dict:
     run_dir, device, stack, learned, bf16 = (
         ctx["run_dir"],
@@ -1167,7 +1217,8 @@ def train(args: Args, ctx: dict) -> dict:
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:
         learn(args, shared, net, optimizer, teacher, reward_fn, log)
-    finally:  # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
+    # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
+    finally:
         shared.stop.set()
         join_threads(shared)
         envs.close()
@@ -1184,12 +1235,13 @@ def train(args: Args, ctx: dict) -> dict:
 class RewardSchedule:
     """How much the reward model trains against agent steps, as one rule.
 
-    Before RL: `pretrain_epochs` passes over the pretraining labels, the agents held (the paper: 200 passes).
-    During RL: `labels_per_step / batch_size` updates of every member per agent step since RL began (the paper:
-    about 1 label per 10 steps). `learn` looks every 0.1 s and makes at most `per_look` of the updates owed, so
-    queries and logging keep flowing; the rest stay owed. With --reward.keep-pace the agents wait while a whole
-    update is owed, and the run ends once none is; without it they never wait, and what is still owed when the
-    step budget is spent is not made."""
+    Before RL: `pretrain_epochs` passes over the pretraining labels, the agents held
+    (the paper: 200 passes). During RL: `labels_per_step / batch_size` updates of every
+    member per agent step since RL began (the paper: about 1 label per 10 steps).
+    `learn` looks every 0.1 s and makes at most `per_look` of the updates owed, so
+    queries and logging keep flowing; the rest stay owed. With --reward.keep-pace the
+    agents wait while a whole update is owed, and the run ends once none is; without it
+    they never wait, and what is still owed when the step budget is spent is not made."""
 
     per_look = 4
 
@@ -1212,7 +1264,8 @@ class RewardSchedule:
 
 
 def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], reward_fn, log: "RunLog"):
-    """Pretraining labels and reward pretraining (learned rewards only), then GA3C with the teacher alongside."""
+    """Pretraining labels and reward pretraining (learned
+    rewards only), then GA3C with the teacher alongside."""
     progress, schedule = log.progress, RewardSchedule(args.reward)
     # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
     shared.random_actions = teacher is not None and not progress["pretrained"]
@@ -1223,7 +1276,8 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         if answered >= args.labels.pretrain:
             shared.hold.set()
             updates = schedule.pretrain_updates(teacher.num_examples())
-            for done in range(0, updates, 5):  # small chunks: a SIGINT/SIGTERM is answered within seconds
+            # small chunks: a SIGINT/SIGTERM is answered within seconds
+            for done in range(0, updates, 5):
                 log.status(f"pretraining the reward model on {answered} labels, update {done}/{updates}", answered)
                 log.scalars(teacher.train(min(5, updates - done)), shared.steps)
                 if log.should_stop():
@@ -1241,12 +1295,14 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
     start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
     schedule.trained_until = shared.steps
     log.rl_start = (shared.steps, teacher.updates if teacher is not None else 0)
-    behind = False  # --reward.keep-pace: the teacher owes updates, so the agents wait (and the run ends after them)
+    # --reward.keep-pace: the teacher owes updates, so the agents wait (and the run ends after them)
+    behind = False
     while (shared.steps < args.total_timesteps or behind) and not log.should_stop():
         pass_start, held = time.time(), shared.hold.is_set()
         time.sleep(0.1)
         if shared.steps >= args.total_timesteps:
-            shared.hold.set()  # the budget is spent: no more agent steps while the teacher settles what it owes
+            # the budget is spent: no more agent steps while the teacher settles what it owes
+            shared.hold.set()
         if teacher is not None:
             teacher.add_clips(drain(shared.clips))
             teacher.absorb_answers()
@@ -1254,7 +1310,8 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             wanted = desired_labels(
                 shared.steps, args.total_timesteps, args.labels.budget, args.labels.pretrain, args.labels.rate_scale
             )
-            if args.labeler == "human":  # keep a few queries waiting so a person never waits for one
+            # keep a few queries waiting so a person never waits for one
+            if args.labeler == "human":
                 wanted = max(wanted, min(args.labels.budget, answered + 3))
             teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
             owed = schedule.owed(shared.steps)
@@ -1271,7 +1328,8 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
 
 
 def evaluate(net: GA3CNet, ctx: dict, args: Args, video_dir: Optional[Path] = None) -> list[float]:
-    """Play `eval.episodes` full games (all lives, true score), one per env, sampling from the policy."""
+    """Play `eval.episodes` full games (all lives, true
+    score), one per env, sampling from the policy."""
     envs = make_envs(ctx["rom"], args.eval.episodes, ctx["stack"], ctx["sticky"], args.env)
     obs, _ = envs.reset(seed=args.eval.seed)
     scores, over, frames = np.zeros(args.eval.episodes), np.zeros(args.eval.episodes, bool), []
