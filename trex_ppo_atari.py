@@ -157,41 +157,44 @@ class Args:
     eval: EvalArgs = field(default_factory=EvalArgs)
 
 
-# Rows of the 84x84 frame hidden from the reward net (top, bottom): hiwonjoon/ICML2019-TREX trex_utils.py.
-SCORE_MASKS = {"space_invaders": (10, 0), "breakout": (10, 0), "pong": (10, 0), "beam_rider": (16, 11)}
-SCORE_MASKS |= {"enduro": (0, 14), "hero": (0, 30), "qbert": (12, 0), "seaquest": (12, 16), "ms_pacman": (0, 15)}
-SCORE_MASKS |= {"video_pinball": (15, 0), "montezuma_revenge": (10, 0)}
+# Rows of the 84x84 frame hidden from the reward net (top, bottom), as hiwonjoon/ICML2019-TREX's
+# trex_utils.py hides the score and lives.
+SCORE_MASKS = {"space_invaders": (10, 0), "breakout": (10, 0), "pong": (10, 0), "qbert": (12, 0)}
+SCORE_MASKS |= {"beam_rider": (16, 11), "enduro": (0, 14), "hero": (0, 30), "seaquest": (12, 16)}
+SCORE_MASKS |= {"ms_pacman": (0, 15), "video_pinball": (15, 0), "montezuma_revenge": (10, 0)}
 DEFAULT_MASK = (10, 0)  # other games: the top 10 rows; check with a frame!
-# The paper's best-demo scores: the demonstrator stops once it is this good (so the demos stay suboptimal).
-PAPER_BEST_DEMO = {"beam_rider": 1332.0, "breakout": 32.0, "enduro": 84.0, "hero": 13235.0, "pong": -6.0}
-PAPER_BEST_DEMO.update({"qbert": 800.0, "seaquest": 600.0, "space_invaders": 600.0})
+# The paper's best-demo scores: the demonstrator stops once it is this good (the demos stay suboptimal).
+PAPER_BEST_DEMO = {"beam_rider": 1332.0, "breakout": 32.0, "enduro": 84.0, "hero": 13235.0}
+PAPER_BEST_DEMO |= {"pong": -6.0, "qbert": 800.0, "seaquest": 600.0, "space_invaders": 600.0}
 PAPER_BREAKOUT = {"best_demo": 32.0, "average_demo": 14.5, "trex": 221.3}
 
 
 def score_mask(rom: str, reward: RewardArgs) -> tuple[int, int]:
-    """(top, bottom) rows the reward net does not see: the flags, or the game's default where they are -1."""
+    """(top, bottom) rows hidden from the reward net: the flags, or the game's default for a -1."""
     flags, defaults = (reward.mask_top, reward.mask_bottom), SCORE_MASKS.get(rom, DEFAULT_MASK)
     return tuple(flag if flag >= 0 else default for flag, default in zip(flags, defaults))
 
 
 # ---- Environments
 def make_envs(game: dict, num_envs: int, life_loss: bool):
-    """AtariVectorEnv with explicit semantics: 84x84 gray, 4-stack, frameskip 4 with max-pool, no reward clipping
-    (the learner clips; the true score is logged), same-step autoreset (the last frame of a finished game is in
-    info["final_obs"]). `game` holds rom, sticky, noop_max and max_episode_frames (saved in policy.pt as
-    env_config). `life_loss` ends the learner's episode at a lost life *without* resetting the game (ale-py's
-    episodic_life=True resets the whole game at every lost life, so it is not used)."""
+    """AtariVectorEnv with explicit semantics: 84x84 gray, 4-stack, frameskip 4 with max-pool, no
+    reward clipping (the learner clips; the true score is logged), same-step autoreset (the last
+    frame of a finished game is in info["final_obs"]). `game` holds rom, sticky, noop_max and
+    max_episode_frames (saved in policy.pt as env_config). `life_loss` ends the learner's episode at
+    a lost life *without* resetting the game (ale-py's episodic_life=True resets the whole game at
+    every lost life, so it is not used)."""
     from ale_py.vector_env import AtariVectorEnv
 
     frames = dict(img_height=84, img_width=84, grayscale=True, maxpool=True, stack_num=4, frameskip=4)
-    rules = dict(repeat_action_probability=game["sticky"], noop_max=game["noop_max"], full_action_space=False)
-    ends = dict(episodic_life=False, life_loss_info=life_loss, max_num_frames_per_episode=game["max_episode_frames"])
+    rules = dict(repeat_action_probability=game["sticky"], noop_max=game["noop_max"])
+    ends = dict(episodic_life=False, life_loss_info=life_loss)
+    ends["max_num_frames_per_episode"] = game["max_episode_frames"]
     resets = dict(autoreset_mode="SameStep", use_fire_reset=True, reward_clipping=False)
-    return AtariVectorEnv(game["rom"], num_envs, **frames, **rules, **ends, **resets)
+    return AtariVectorEnv(game["rom"], num_envs, **frames, **rules, **ends, **resets, full_action_space=False)
 
 
 def fire_action(rom: str) -> Optional[int]:
-    """Index of FIRE in the minimal action set when it is action 1 of >= 3 (FireResetEnv's rule), else None."""
+    """1 when FIRE is action 1 of >= 3 in the minimal action set (FireResetEnv's rule); else None."""
     from ale_py import ALEInterface, LoggerMode, roms
 
     ALEInterface.setLoggerMode(LoggerMode.Error)
@@ -202,8 +205,9 @@ def fire_action(rom: str) -> Optional[int]:
 
 
 class GameTracker:
-    """True game score and length per env, across life losses. A game is over when the env's episode frame
-    counter restarts (same-step autoreset): with life_loss_info a termination may only be a lost life."""
+    """True game score and length per env, across life losses. A game is over when the env's
+    episode frame counter restarts (same-step autoreset): with life_loss_info a termination may
+    only be a lost life."""
 
     def __init__(self, num_envs: int):
         self.score = np.zeros(num_envs)
@@ -231,8 +235,9 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """Nature-CNN actor-critic (CleanRL ppo_atari.py) on uint8 (N, 4, 84, 84). Weights and activations are
-    channels-last (uint8 converted before the float cast): oneDNN's CPU convolutions ran the PPO update 1.4x faster."""
+    """Nature-CNN actor-critic (CleanRL ppo_atari.py) on uint8 (N, 4, 84, 84). Weights and
+    activations are channels-last (uint8 converted before the float cast): oneDNN's CPU convolutions
+    ran the PPO update 1.4x faster."""
 
     def __init__(self, num_actions: int, env_id: str = "", env_config: Optional[dict] = None):
         super().__init__()
@@ -240,7 +245,8 @@ class Agent(nn.Module):
         specs = ((4, 32, 8, 4), (32, 64, 4, 2), (64, 64, 3, 1))
         convs = [layer_init(nn.Conv2d(i, o, k, stride=s)) for i, o, k, s in specs]
         layers = [layer for conv in convs for layer in (conv, nn.ReLU())]
-        self.network = nn.Sequential(*layers, nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+        head = [nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU()]
+        self.network = nn.Sequential(*layers, *head)
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
         self.to(memory_format=torch.channels_last)
@@ -251,23 +257,26 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """A batch of env observations (N, 4, 84, 84) uint8 -> sampled actions (N,) (the stochastic policy)."""
+        """Env observations (N, 4, 84, 84) uint8 -> actions (N,) sampled from the policy."""
         logits = self(torch.as_tensor(obs, device=next(self.parameters()).device))[0]
         return Categorical(logits=logits).sample().cpu().numpy()
 
 
 class RewardNet(nn.Module):
-    """T-REX Atari reward net: 4 convs x 16 channels with leaky ReLU, FC 64, scalar r̂(s); state only.
-    The score mask is a buffer applied inside forward, so no caller can show it the score or lives."""
+    """T-REX Atari reward net: 4 convs x 16 channels with leaky ReLU, FC 64, scalar r̂(s); state
+    only. The score mask is a buffer applied inside forward: no caller can show it the score."""
 
     def __init__(self, mask_top: int = 10, mask_bottom: int = 0):
         super().__init__()
         rows = torch.arange(84)  # 0 on the hidden rows (score, lives), 1 elsewhere
-        self.register_buffer("keep_rows", ((rows >= mask_top) & (rows < 84 - mask_bottom)).float().view(1, 1, 84, 1))
+        keep_rows = (rows >= mask_top) & (rows < 84 - mask_bottom)
+        self.register_buffer("keep_rows", keep_rows.float().view(1, 1, 84, 1))
         self.mask_top, self.mask_bottom = mask_top, mask_bottom
-        convs = [nn.Conv2d(i, 16, k, stride=s) for i, k, s in ((4, 7, 3), (16, 5, 2), (16, 3, 1), (16, 3, 1))]
+        specs = ((4, 7, 3), (16, 5, 2), (16, 3, 1), (16, 3, 1))
+        convs = [nn.Conv2d(i, 16, k, stride=s) for i, k, s in specs]
         layers = [layer for conv in convs for layer in (conv, nn.LeakyReLU())]
-        self.body = nn.Sequential(*layers, nn.Flatten(), nn.Linear(784, 64), nn.LeakyReLU(), nn.Linear(64, 1))
+        head = [nn.Flatten(), nn.Linear(784, 64), nn.LeakyReLU(), nn.Linear(64, 1)]
+        self.body = nn.Sequential(*layers, *head)
         self.to(memory_format=torch.channels_last)  # as Agent: faster CPU convolutions
 
     def forward(self, obs):
@@ -277,17 +286,18 @@ class RewardNet(nn.Module):
 
 # ---- The math (pure functions)
 def trex_loss(return_a, return_b, label):
-    """Bradley-Terry loss: -log P(preferred snippet), P = softmax([R_a, R_b]); label 0 = a preferred, 1 = b.
-    Computed with log-softmax, so returns of any size stay finite."""
+    """Bradley-Terry loss: -log P(preferred snippet), P = softmax([R_a, R_b]); label 0 = a
+    preferred, 1 = b. Computed with log-softmax, so returns of any size stay finite."""
     return F.cross_entropy(torch.stack([return_a, return_b], dim=-1), label)
 
 
-def sample_snippet_pairs(lengths, scores, num_pairs: int, min_len: int, max_len: int, stride: int, rng):
-    """The paper's snippet-pair rule. Two demos with *different* scores; a length L uniform in [min_len, max_len]
-    (inclusive, capped by the shortest demo); the worse demo's snippet starts uniform in [0, min(len_i, len_j) - L],
-    the better one's uniform in [start_worse, len_better - L] -- never earlier (progress prior). Returns int64 arrays
-    (demo_a, start_a, demo_b, start_b, length, label); label 1 means b is better; the order within a pair is random.
-    Snippet observations are start + stride * k, k < ceil(L / stride)."""
+def sample_snippet_pairs(lengths, scores, num_pairs, min_len, max_len, stride, rng):
+    """The paper's snippet-pair rule. Two demos with *different* scores; a length L uniform in
+    [min_len, max_len] (inclusive, capped by the shortest demo); the worse demo's snippet starts
+    uniform in [0, min(len_i, len_j) - L], the better one's uniform in [start_worse, len_better - L]
+    -- never earlier (progress prior). Returns int64 arrays (demo_a, start_a, demo_b, start_b,
+    length, label); label 1 means b is better; the order within a pair is random. Snippet
+    observations are start + stride * k, k < ceil(L / stride)."""
     lengths, scores = np.asarray(lengths), np.asarray(scores, dtype=np.float64)
     max_len = min(max_len, int(lengths.min()))
     min_len = min(min_len, max_len)
@@ -302,52 +312,57 @@ def sample_snippet_pairs(lengths, scores, num_pairs: int, min_len: int, max_len:
         start_worse = int(rng.integers(0, min(lengths[i], lengths[j]) - length + 1))
         start_better = int(rng.integers(start_worse, lengths[better] - length + 1))
         b_better = (worse, start_worse, better, start_better, length, 1)
-        out[n] = b_better if rng.random() < 0.5 else (better, start_better, worse, start_worse, length, 0)
+        a_better = (better, start_better, worse, start_worse, length, 0)
+        out[n] = b_better if rng.random() < 0.5 else a_better
         n += 1
     return tuple(out.T.copy())
 
 
 def snippet_obs_index(offsets, demo, start, length, stride):
-    """Frame-store index of each snippet observation, and the snippet id of each observation (for the sums)."""
+    """Frame-store index of each snippet observation, and the snippet it is in (for the sums)."""
     counts = -(-np.asarray(length) // stride)
     snippet = np.repeat(np.arange(len(counts)), counts)
     within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    obs_index = np.asarray(offsets)[np.asarray(demo)][snippet] + np.asarray(start)[snippet] + within * stride
+    first = np.asarray(offsets)[np.asarray(demo)] + np.asarray(start)  # of each snippet
+    obs_index = first[snippet] + within * stride
     return obs_index, snippet
 
 
 def gather_stacks(frames, obs_index):
-    """frames (F, 84, 84) holds single frames of concatenated demos; obs t of a demo = frames[o + t : o + t + 4]."""
-    idx = torch.as_tensor(obs_index, device=frames.device)[:, None] + torch.arange(4, device=frames.device)
+    """frames (F, 84, 84): single frames of concatenated demos; obs t = frames[o+t : o+t+4]."""
+    first = torch.as_tensor(obs_index, device=frames.device)
+    idx = first[:, None] + torch.arange(4, device=frames.device)
     return frames[idx]
 
 
 def pair_returns(net, frames, offsets, pairs, stride):
-    """Summed r̂ of both snippets of every pair, in one batched forward pass. Returns (R_a, R_b, labels)."""
+    """Summed r̂ of both snippets of every pair, in one batched pass; returns (R_a, R_b, labels)."""
     demo_a, start_a, demo_b, start_b, length, label = pairs
     demos, starts = np.concatenate([demo_a, demo_b]), np.concatenate([start_a, start_b])
     idx, snippet = snippet_obs_index(offsets, demos, starts, np.tile(length, 2), stride)
     r = net(gather_stacks(frames, idx))
-    sums = torch.zeros(2 * len(label), device=r.device).index_add_(0, torch.as_tensor(snippet, device=r.device), r)
+    sums = torch.zeros(2 * len(label), device=r.device)
+    sums.index_add_(0, torch.as_tensor(snippet, device=r.device), r)
     return sums[: len(label)], sums[len(label) :], torch.as_tensor(label, device=r.device)
 
 
 def demo_returns(net, frames, offsets, lengths, transform=None, chunk: int = 512):
-    """Predicted return of each demo: the sum of r̂ (or of transform(r̂)) over all its observations."""
+    """Predicted return of each demo: the sum of r̂ (or transform(r̂)) over its observations."""
     transform = transform or (lambda r: r)
     out = []
     with torch.no_grad():
         for offset, n in zip(offsets, lengths):
             idx = np.arange(offset, offset + n)
-            chunks = (transform(net(gather_stacks(frames, idx[k : k + chunk]))).sum() for k in range(0, n, chunk))
-            out.append(sum(float(c) for c in chunks))
+            parts = (gather_stacks(frames, idx[k : k + chunk]) for k in range(0, n, chunk))
+            out.append(sum(float(transform(net(part)).sum()) for part in parts))
     return np.array(out)
 
 
 def next_frame_reward_hat(reward_net, frames, next_obs, final_frames: dict, chunk: int):
-    """r̂(s_{t+1}) for every step of a rollout, shape (T, N). `frames` (T, N, 84, 84, 4) holds s_0..s_{T-1}, so
-    s_{t+1} is frames[t + 1], `next_obs` after the last step; final_frames[t] = (envs, stacks) for the envs whose
-    game ended at step t (the env has already reset them; their true last frame is what the reward must see)."""
+    """r̂(s_{t+1}) for every step of a rollout, shape (T, N). `frames` (T, N, 84, 84, 4) holds
+    s_0..s_{T-1}, so s_{t+1} is frames[t + 1], `next_obs` after the last step; final_frames[t] =
+    (envs, stacks) for the envs whose game ended at step t (the env has already reset them; their
+    true last frame is what the reward must see)."""
     T, N = frames.shape[:2]
     flat = frames.view(T * N, 84, 84, 4).permute(0, 3, 1, 2)
     r_hat_seen = torch.cat([reward_net(c) for c in flat.split(chunk)]).view(T, N)
@@ -358,8 +373,8 @@ def next_frame_reward_hat(reward_net, frames, next_obs, final_frames: dict, chun
 
 
 def finished_game_sums(rewards, over, running) -> list:
-    """Adds each step's rewards (T, N) to the per-env running sums (N,) in place; at over[t] (game over after step
-    t) that env's sum is returned (one tensor per such step) and restarted."""
+    """Adds each step's rewards (T, N) to the per-env running sums (N,) in place; at over[t] (game
+    over after step t) that env's sum is returned (one tensor per such step) and restarted."""
     out = []
     for t in range(rewards.shape[0]):
         running.add_(rewards[t])
@@ -371,7 +386,8 @@ def finished_game_sums(rewards, over, running) -> list:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae_lambda: float):
-    """GAE over (T, N) tensors; dones[t] is the done flag that came *with* obs t. Returns (advantages, returns)."""
+    """GAE over (T, N) tensors; dones[t] is the done flag that came *with* obs t.
+    Returns (advantages, returns)."""
     T = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(next_value)
@@ -385,13 +401,14 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma: float, gae
 
 
 def masked_mean(x, mask):
-    """Mean over mask == 1 (where, not a product: an inf on a masked-out sample must not leak in as nan)."""
+    """Mean over mask == 1 (where, not a product: an inf on a masked-out sample stays out)."""
     return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
 def ppo_loss(new_logp, old_logp, entropy, new_value, old_value, advantages, returns, valid, ppo: PPOArgs):
-    """Clipped PPO objective averaged over valid samples (valid = 0: an action the policy did not choose, the
-    automatic FIRE after a lost life). Returns (loss, pg_loss, v_loss, entropy, approx_kl, clipfrac)."""
+    """Clipped PPO objective averaged over valid samples (valid = 0: an action the policy did not
+    choose, the automatic FIRE after a lost life).
+    Returns (loss, pg_loss, v_loss, entropy, approx_kl, clipfrac)."""
     logratio = new_logp - old_logp
     ratio = logratio.exp()
     with torch.no_grad():
@@ -412,7 +429,7 @@ def ppo_loss(new_logp, old_logp, entropy, new_value, old_value, advantages, retu
 
 
 class RunningMeanStd:
-    """Running mean/variance (Chan's parallel update); for --policy.reward normalized. Checkpointed as vars(rms)."""
+    """Running mean/variance (Chan's parallel update) for --policy.reward normalized."""
 
     def __init__(self, device):
         self.mean, self.var = torch.zeros((), device=device), torch.ones((), device=device)
@@ -427,7 +444,7 @@ class RunningMeanStd:
 
 
 def policy_rewards(r_hat, kind: str, rms: RunningMeanStd):
-    """The reward PPO sees, from r̂(s'): sigmoid (the paper), raw, or normalised by running statistics."""
+    """The reward PPO sees, from r̂(s'): sigmoid (the paper), raw, or normalised (running stats)."""
     if kind == "sigmoid":
         return torch.sigmoid(r_hat)
     if kind == "normalized":
@@ -438,35 +455,39 @@ def policy_rewards(r_hat, kind: str, rms: RunningMeanStd):
 
 # ---- PPO (phase 1 on the true reward, phase 4 on the learned one)
 class Rollout:
-    """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch is then one contiguous
-    index_select that the network reads as an NHWC view, ~25x cheaper than gathering NCHW frames and converting."""
+    """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch is then
+    one contiguous index_select that the network reads as an NHWC view, ~25x cheaper than gathering
+    NCHW frames and converting."""
 
     def __init__(self, T: int, N: int, device):
         self.obs = torch.zeros((T, N, 84, 84, 4), dtype=torch.uint8, device=device)
         self.actions = torch.zeros((T, N), dtype=torch.long, device=device)
         floats = [torch.zeros((T, N), device=device) for _ in range(5)]
         self.logp, self.rewards, self.dones, self.values, self.valid = floats
-        self.over = np.zeros((T, N), dtype=bool)  # game over after step t (for the learned-reward game sums)
-        self.final_frames: dict = {}  # step -> (envs, their true last frames) where a game ended at that step
+        # game over after step t (for the learned-reward game sums)
+        self.over = np.zeros((T, N), dtype=bool)
+        # step -> (envs, their true last frames) where a game ended at that step
+        self.final_frames: dict = {}
         self.games: list = []  # (true score, length) of the games finished in this rollout
 
 
 class Player:
-    """The envs of a PPO phase and what carries over between rollouts (next obs, FIRE after a lost life)."""
+    """The envs of a PPO phase and what carries over between rollouts (next obs, FIRE to press)."""
 
     def __init__(self, envs, rom_fire: Optional[int], seed: int, device):
         self.envs, self.fire, self.device = envs, rom_fire, device
         self.tracker = GameTracker(envs.num_envs)
         obs, _ = envs.reset(seed=seed)
-        # A zero-copy view of the env's frames (on the CPU): each step copies them once, into the rollout buffer,
-        # before the env is stepped again, so the env reusing its buffer is safe.
+        # A zero-copy view of the env's frames (on the CPU): each step copies them once, into the
+        # rollout buffer, before the env is stepped again, so the env reusing its buffer is safe.
         self.next_obs = torch.from_numpy(obs).to(device)
         self.next_done = torch.zeros(envs.num_envs, device=device)
         self.need_fire = np.zeros(envs.num_envs, dtype=bool)
 
     def rollout(self, agent: Agent, buf: Rollout, keep_final_frames: bool) -> None:
-        """Fills buf with num_steps steps of every env. After a lost life the reference's FireResetEnv presses FIRE in
-        reset(); here the game goes on, so FIRE is pressed for the policy and left out of the loss (valid = 0)."""
+        """Fills buf with num_steps steps of every env. After a lost life the reference's
+        FireResetEnv presses FIRE in reset(); here the game goes on, so FIRE is pressed for the
+        policy and left out of the loss (valid = 0)."""
         buf.final_frames, buf.games = {}, []
         for step in range(buf.obs.shape[0]):
             if STOP["signal"]:
@@ -488,8 +509,8 @@ class Player:
             buf.over[step] = over
             if self.fire is not None:
                 self.need_fire = term & ~over
-            # final_obs is only meaningful where a game really ended: at a lost life (and in envs that did not end)
-            # it holds stale memory, which made the policy phase irreproducible (issue 16).
+            # final_obs is only meaningful where a game really ended: at a lost life (and in envs
+            # that did not end) it holds stale memory, which made the policy phase irreproducible.
             if keep_final_frames and over.any():
                 envs = np.flatnonzero(over)
                 buf.final_frames[step] = (envs, torch.tensor(info["final_obs"][envs], device=self.device))
@@ -499,7 +520,7 @@ class Player:
 
 
 def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: PPOArgs) -> dict:
-    """update_epochs x num_minibatches clipped-PPO steps on random minibatches; returns the last losses."""
+    """update_epochs x num_minibatches clipped-PPO steps on random minibatches; the last losses."""
     batch_size, minibatch_size = buf.actions.numel(), buf.actions.numel() // ppo.num_minibatches
     b_obs, b_actions, b_logp = buf.obs.view(-1, 84, 84, 4), buf.actions.reshape(-1), buf.logp.reshape(-1)
     b_adv, b_ret = advantages.reshape(-1), returns.reshape(-1)
@@ -528,8 +549,9 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
 
 
 def relabel_rollout(buf: Rollout, next_obs, reward_net, args: Args, rms, running) -> list:
-    """Phase 4's rewards: buf.rewards = f(r̂(s')) for the whole rollout, in batched passes of a minibatch's size.
-    Returns the learned return of each game that ended in it (running: every env's sum over its game so far)."""
+    """Phase 4's rewards: buf.rewards = f(r̂(s')) for the whole rollout, in batched passes of a
+    minibatch's size. Returns the learned return of each game that ended in it (`running`: each
+    env's sum over its game so far)."""
     chunk = buf.actions.numel() // args.ppo.num_minibatches
     with torch.no_grad():
         r_hat = next_frame_reward_hat(reward_net, buf.obs, next_obs, buf.final_frames, chunk)
@@ -539,9 +561,10 @@ def relabel_rollout(buf: Rollout, next_obs, reward_net, args: Args, rms, running
 
 
 def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, reward_net=None, ceiling=None):
-    """CleanRL-style PPO for getattr(args, phase).total_timesteps, continued from `resume` (checkpoints/{phase}.pt,
-    read by validate); plot(history) redraws the learning curve at every checkpoint. With `reward_net` the env
-    reward is discarded: r = f(r̂(s')) (relabel_rollout). The demonstrator stops at `ceiling`."""
+    """CleanRL-style PPO for getattr(args, phase).total_timesteps, continued from `resume`
+    (checkpoints/{phase}.pt, read by validate); plot(history) redraws the learning curve at every
+    checkpoint. With `reward_net` the env reward is discarded: r = f(r̂(s')) (relabel_rollout). The
+    demonstrator stops at `ceiling`."""
     ppo = args.ppo
     num_iterations = max(1, getattr(args, phase).total_timesteps // (ppo.num_envs * ppo.num_steps))
     envs = make_envs(game, ppo.num_envs, life_loss=args.env.episodic_life)
@@ -569,7 +592,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
     seed = args.seed + 7919 * state["iteration"] + (0 if phase == "demonstrator" else 104729)
     player = Player(envs, fire_action(game["rom"]) if args.env.episodic_life else None, seed, device)
     relabel = reward_net is not None and args.policy.reward != "env"
-    running = torch.zeros(ppo.num_envs, device=device)  # learned-reward return of the running game, per env
+    # learned-reward return of the running game, per env
+    running = torch.zeros(ppo.num_envs, device=device)
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
     buf = Rollout(ppo.num_steps, ppo.num_envs, device)
     bar = tqdm(total=num_iterations, initial=state["iteration"], desc=phase, file=sys.stderr, disable=None)
@@ -604,7 +628,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
                 break
             if iteration % args.checkpoint_every == 0:
                 checkpoint()
-    except Interrupted:  # the model is unchanged since the last completed iteration: save that state
+    # the model is unchanged since the last completed iteration: save that state
+    except Interrupted:
         checkpoint()
         raise Interrupted(f"{phase} stopped at iteration {state['iteration']}") from None
     finally:
@@ -618,8 +643,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
 
 
 def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games: Optional[list], lr, clock: dict):
-    """The finished games (true score; learned return with a learned reward) into the history and TensorBoard,
-    with the losses and the SPS since the clock started."""
+    """The finished games (true score; learned return with a learned reward) into the history and
+    TensorBoard, with the losses and the SPS since the clock started."""
     step = state["global_step"]
     if not clock:
         clock.update(step=step, time=time.perf_counter())
@@ -645,8 +670,8 @@ def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games
 
 # ---- Phases
 def train_demonstrator(args: Args, game: dict, device, run_dir: Path, resume: Optional[dict], plot) -> list:
-    """Phase 1: PPO on the true (clipped) reward, snapshots of rising quality in demonstrator/; returns its
-    history of finished games."""
+    """Phase 1: PPO on the true (clipped) reward, snapshots of rising quality in demonstrator/;
+    returns its history of finished games."""
     from torch.utils.tensorboard import SummaryWriter
 
     ceiling = args.demonstrator.return_ceiling
@@ -659,8 +684,9 @@ def train_demonstrator(args: Args, game: dict, device, run_dir: Path, resume: Op
 
 
 def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path) -> None:
-    """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots, [(iteration, state_dict)] of
-    the demonstrator; each frame stored once, into demos.npz (and a table of them into demos_table.md)."""
+    """Phase 2: stochastic full games (no life-loss episodes) from >= 12 snapshots of the
+    demonstrator, [(iteration, state_dict)]; each frame stored once, into demos.npz (and a table
+    of the demos into demos_table.md)."""
     episodes = args.collect.episodes_per_snapshot
     if len(snapshots) < args.collect.num_snapshots:
         episodes = max(episodes, math.ceil(args.collect.num_snapshots / len(snapshots)))
@@ -692,8 +718,8 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
 
 
 def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, writer) -> dict:
-    """Phase 3: Bradley-Terry reward learning on snippet pairs; the model of the best validation accuracy goes
-    into reward_model.pt with its scores (returned)."""
+    """Phase 3: Bradley-Terry reward learning on snippet pairs; the model of the best validation
+    accuracy goes into reward_model.pt with its scores (returned)."""
     cfg, rng = args.reward, np.random.default_rng(args.seed)
     frames = torch.as_tensor(demos["frames"], device=device)
     offsets, lengths, scores = demos["offsets"], demos["lengths"], demos["scores"]
@@ -745,7 +771,8 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
     bar.close()
     net.load_state_dict(best["state"])
     predicted = demo_returns(net, frames, offsets, lengths)
-    predicted_sigmoid = demo_returns(net, frames, offsets, lengths, torch.sigmoid)  # what the policy will collect
+    # what the policy will collect
+    predicted_sigmoid = demo_returns(net, frames, offsets, lengths, torch.sigmoid)
     info = {"val_accuracy": best["acc"], "best_step": best["step"], "steps_run": step + 1, "num_val_pairs": num_val}
     sigmoid_correlations = correlations(predicted_sigmoid, scores)
     info |= correlations(predicted, scores) | {f"{k}_sigmoid": v for k, v in sigmoid_correlations.items()}
@@ -758,7 +785,8 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
 
 
 def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float:
-    """Fraction of pairs whose better snippet gets the larger predicted return (16 pairs = ~360 MB of floats)."""
+    """Fraction of pairs whose better snippet gets the larger predicted return.
+    Batches of 16 pairs: ~360 MB of floats."""
     correct = 0
     with torch.no_grad():
         for k in range(0, len(pairs[0]), batch):
@@ -768,8 +796,8 @@ def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float
 
 
 def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag: str) -> dict:
-    """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy, N games per seed;
-    each env plays a fixed quota of games, so short games are not over-represented."""
+    """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy,
+    N games per seed; each env plays a fixed quota of games, so short games do not count more."""
     per_seed, episodes = [], args.eval.episodes
     for s_i, seed in enumerate(args.eval.seeds):
         num_envs = min(args.eval.num_envs, episodes)
@@ -804,7 +832,7 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
 
 
 def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> Optional[dict]:
-    """Phases 1-5; a phase is skipped when validate found its artifact in the run directory (`found`)."""
+    """Phases 1-5; a phase is skipped when validate found its artifact in the run dir (`found`)."""
     demos, reward, resume = found["demos"], found["reward_model"], found["checkpoints"]
     histories = {phase: ckpt["state"]["history"] for phase, ckpt in resume.items()}
     stats = demo_stats(demos["returns"] if demos is not None else [])
@@ -857,7 +885,7 @@ def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, wri
 
 
 def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> dict:
-    """--eval-only RUN_DIR: evaluate RUN_DIR/policy.pt with the --eval.* flags, into evaluations/eval_NNN.json."""
+    """--eval-only RUN_DIR: RUN_DIR/policy.pt evaluated with --eval.*, into evaluations/eval_NNN.json."""
     agent, path = found["policy"].to(device), found["eval_path"]
     ev = evaluate(args, agent, game, writer, run_dir / "videos", path.stem)
     save(path, "evaluation", env_id=agent.env_id, policy="policy.pt", eval=ev, device=str(device))
@@ -880,7 +908,8 @@ def main(args: Args) -> Optional[dict]:
         if args.eval_only:
             return evaluate_only(args, game, run_dir, found, device, writer)
         return run_pipeline(args, game, run_dir, found, device, writer)
-    except (UsageError, NonFiniteLoss, Interrupted) as e:  # a UsageError here: the collected demos are unusable
+    # a UsageError here: the collected demos are unusable
+    except (UsageError, NonFiniteLoss, Interrupted) as e:
         resume = "; re-run the same command to resume" if isinstance(e, Interrupted) else ""
         print(f"{'interrupted' if resume else 'error'}: {e}{resume}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
