@@ -604,7 +604,7 @@ class Storage:
         self.size, self.ptr = n, n % self.capacity
 
 
-# ---------------------------------------------------------------------- Logging
+# ---------------------------------------------------------------------- Run and logging
 @dataclass
 class Run:
     """Where a phase writes: the run dir, TensorBoard and the device. SIGINT/SIGTERM set
@@ -876,8 +876,7 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
     sac = SAC(info, args.sac, run.device)
     capacity = min(args.sac.buffer_size, args.irl.total_timesteps)
     storage = expert_storage(demos, info, capacity, run.device)
-    obs_act = np.concatenate([demos["observations"], demos["actions"]], -1)
-    expert_sa = torch.from_numpy(obs_act).to(run.device)
+    expert_sa = storage.data[: storage.num_expert, : info.obs_dim + info.act_dim]  # (s, a) pairs
     expert_return = float(np.mean(demos["returns"]))
     disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
     segments, absorbing = parse_rho_schedule(rho_schedule(args)), terminal_reward(args) == "min"
@@ -956,26 +955,6 @@ def save_policy(path: Path, actor: Actor, args: Args, info: EnvInfo) -> None:
     state = {k: v.cpu() for k, v in actor.state_dict().items()}
     saved = dict(script=SCRIPT, env_id=args.env_id, network="Actor", config=config, state_dict=state)
     save(path, "policy", **saved, max_episode_steps=args.max_episode_steps)
-
-
-def load_policy(path, device="cpu") -> Actor:
-    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic) and `.env_id`."""
-    saved = torch.load(path, map_location=device, weights_only=True)
-    config = saved["config"]
-    low, high = np.array(config["low"]), np.array(config["high"])
-    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
-    actor.load_state_dict(saved["state_dict"])
-    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
-    return actor.to(device).eval()
-
-
-def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
-    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit;
-    mazes flat)."""
-    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
-    env_id = policy.env_id
-    make = lambda: flat_obs(env_id, make_gym_env(env_id, **limit))  # noqa: E731
-    return gym.vector.SyncVectorEnv([make for _ in range(num_envs)])
 
 
 def pipeline(args: Args, info: EnvInfo, demos: Optional[dict], checkpoints: dict, run: Run) -> dict:
@@ -1191,6 +1170,26 @@ def write_video(path: Path, frames: list, fps: int) -> None:
         writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
     writer.release()
     os.replace(tmp, path)
+
+
+def load_policy(path, device="cpu") -> Actor:
+    """policy.pt -> the Actor in eval mode, with `.act(obs)` (deterministic) and `.env_id`."""
+    saved = torch.load(path, map_location=device, weights_only=True)
+    config = saved["config"]
+    low, high = np.array(config["low"]), np.array(config["high"])
+    actor = Actor(config["obs_dim"], config["act_dim"], low, high, config["hidden"])
+    actor.load_state_dict(saved["state_dict"])
+    actor.env_id, actor.max_episode_steps = saved["env_id"], saved["max_episode_steps"]
+    return actor.to(device).eval()
+
+
+def make_policy_envs(policy: Actor, num_envs: int) -> gym.vector.VectorEnv:
+    """The envs the policy was trained on, made as in training (the horizon as a TimeLimit;
+    mazes flat)."""
+    limit = {"max_episode_steps": policy.max_episode_steps} if policy.max_episode_steps else {}
+    env_id = policy.env_id
+    make = lambda: flat_obs(env_id, make_gym_env(env_id, **limit))  # noqa: E731
+    return gym.vector.SyncVectorEnv([make for _ in range(num_envs)])
 
 
 def evaluate_saved_policy(args: Args) -> None:

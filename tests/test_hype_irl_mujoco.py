@@ -146,24 +146,24 @@ def test_gradient_penalty_on_linear_function_with_known_gradient():
     w = torch.tensor([1.2, -0.5])  # ||grad|| = 1.3 everywhere
     xe, xl = torch.randn(16, 2), torch.randn(16, 2)
     gp = hy.gradient_penalty(lambda x: x @ w, xe, xl, target=0.4)
-    assert gp.item() == pytest.approx((1.3 - 0.4) ** 2, rel=1e-6)
+    assert gp.item() == pytest.approx(0.81, rel=1e-6)  # (1.3 - 0.4)^2
 
 
 def test_gradient_penalty_evaluates_at_the_interpolates():
     # f(x) = ||x||^2 / 2: grad = x_hat; alpha = 0.5 -> x_hat = midpoint
     xe, xl = torch.tensor([[3.0, 4.0], [0.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
     gp = hy.gradient_penalty(lambda x: 0.5 * (x**2).sum(-1), xe, xl, 0.4, alpha=torch.full((2, 1), 0.5))
-    norms = [math.hypot(2.0, 2.0), 1.0]
-    assert gp.item() == pytest.approx(np.mean([(n - 0.4) ** 2 for n in norms]), rel=1e-6)
+    # midpoints (2, 2) and (0, 1): norms 2 sqrt(2) and 1 -> ((2 sqrt(2) - 0.4)^2 + 0.6^2) / 2
+    assert gp.item() == pytest.approx(3.1286292, rel=1e-6)
 
 
 def test_discriminator_loss_is_ipm_plus_weighted_penalty():
     f = lambda x: x.sum(-1)  # noqa: E731 - gradient (1, 1): norm sqrt(2)
     xe, xl = torch.full((4, 2), 1.0), torch.full((4, 2), 2.5)
     loss, ipm, gp = hy.discriminator_loss(f, xe, xl, gp_weight=10.0, gp_target=0.4)
-    assert ipm.item() == pytest.approx(2.0 - 5.0)
-    assert gp.item() == pytest.approx((math.sqrt(2) - 0.4) ** 2, rel=1e-6)
-    assert loss.item() == pytest.approx(-3.0 + 10 * (math.sqrt(2) - 0.4) ** 2, rel=1e-6)
+    assert ipm.item() == pytest.approx(-3.0)  # 2 - 5
+    assert gp.item() == pytest.approx(1.0286292, rel=1e-6)  # (sqrt(2) - 0.4)^2
+    assert loss.item() == pytest.approx(7.2862915, rel=1e-6)  # -3 + 10 * 1.0286292
 
 
 def test_discriminator_lr_is_harmonic_and_soft_q_target_hand_values():
@@ -171,9 +171,9 @@ def test_discriminator_lr_is_harmonic_and_soft_q_target_hand_values():
     r, d = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0])
     nq, nlp, alpha = torch.tensor([11.0, 7.0]), torch.tensor([1.0, 3.0]), torch.tensor(0.5)
     plain = hy.soft_q_target(r, d, nq, nlp, alpha, 0.9)
-    assert plain.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0])
+    assert plain.tolist() == pytest.approx([10.45, 2.0])  # 1 + 0.9 * (11 - 0.5 * 1); the terminal: r
     absorbing = hy.soft_q_target(r, d, nq, nlp, alpha, 0.9, torch.tensor(-3.0))
-    assert absorbing.tolist() == pytest.approx([1 + 0.9 * 10.5, 2.0 + 0.9 * -3.0 / 0.1])
+    assert absorbing.tolist() == pytest.approx([10.45, -25.0])  # terminal: 2 + 0.9 * -3 / (1 - 0.9)
 
 
 def test_tremble_replaces_whole_action_with_probability_p():
@@ -255,8 +255,8 @@ def test_minari_dataset_reads_as_the_same_demos_as_in_filter(tmp_path, monkeypat
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     write_minari_dataset(pendulum_demos, "test/pendulum/pd-v0")
     got = hy.load_demos("minari:test/pendulum/pd-v0", PENDULUM, SIZES, reset_prob=0.0)
-    for k in ("observations", "next_observations", "actions", "rewards", "terminals", "timeouts", "episode_ids",
-              "episode_starts", "timesteps", "returns"):  # fmt: skip
+    keys = ["observations", "next_observations", "actions", "rewards", "terminals", "timeouts"]
+    for k in keys + ["episode_ids", "episode_starts", "timesteps", "returns"]:
         np.testing.assert_allclose(got[k], pendulum_demos[k], rtol=1e-6, err_msg=k)
     # the two scripts agree on the format: filter_irl_mujoco.py reads the same arrays from the same dataset
     theirs = fi.load_demos("minari:test/pendulum/pd-v0", PENDULUM, SIZES, reset_prob=0.0)
@@ -525,6 +525,7 @@ def test_every_mutated_demos_key_exits_2_naming_the_key(tmp_path, pendulum_demos
 
 
 def _demos_with(tmp_path: Path, demos: dict, drop=(), **replace) -> Path:
+    """`demos` without the keys in `drop` and with `replace`d ones, saved as tmp_path/bad.npz."""
     d = {k: v for k, v in demos.items() if k not in drop}
     d.update(replace)
     return save_npz(tmp_path / "bad.npz", d)
@@ -724,20 +725,15 @@ def test_maze_smoke_run_on_mbirl_data_writes_success_rates(run_script, run_dir, 
     assert code == 0 and record["success_rate"] in (0.0, 0.5, 1.0)
 
 
-def _maze_file(tmp_path: Path, demos: dict, **changes) -> str:
-    drop = changes.pop("drop", ())
-    return str(save_npz(tmp_path / "m.npz", {**{k: v for k, v in demos.items() if k not in drop}, **changes}))
-
-
 MAZE_BAD_INPUTS = {  # case: (flags after --env-id, what the one line must say)
     "no demos": (lambda t, d: [], "python mbirl_antmaze.py --env-id PointMaze_UMaze-v3"),
     "another maze's demos": (
-        lambda t, d: ["--env-id", "PointMaze_Medium-v3", "--expert.expert-path", _maze_file(t, d)],
+        lambda t, d: ["--env-id", "PointMaze_Medium-v3", "--expert.expert-path", _demos_with(t, d)],
         "holds demos of PointMaze_UMaze-v3",
     ),
-    "no goal": (lambda t, d: ["--expert.expert-path", _maze_file(t, d, drop=("goal",))], "lacks keys goal"),
+    "no goal": (lambda t, d: ["--expert.expert-path", _demos_with(t, d, drop=("goal",))], "lacks keys goal"),
     "goal not in obs": (
-        lambda t, d: ["--expert.expert-path", _maze_file(t, d, goal=d["goal"] + 1.0)],
+        lambda t, d: ["--expert.expert-path", _demos_with(t, d, goal=d["goal"] + 1.0)],
         "key goal must end every observation",
     ),
     "retired maze": (lambda t, d: ["--env-id", "PointMaze_UMaze-v2"], "did you mean PointMaze_UMaze-v3"),
