@@ -49,11 +49,11 @@ MAZE_FAMILIES = {"PointMaze_": "pointmaze", "AntMaze_": "antmaze"}
 MUJOCO_IDS = ("Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")  # the locomotion ids with a termination function
 # Ant and Humanoid observe what the reference's model-based runs do: qpos[2:] and qvel, no contact forces or inertias
 # (27-D and 45-D, the first entries of gymnasium's full observation, so the shared cache's demos are cut to them).
+_HUMANOID_EXTRAS = ("cinert", "cvel", "qfrc_actuator", "cfrc_ext")
 TRUNCATED_OBS = {
     "Ant-v5": {"include_cfrc_ext_in_observation": False},
-    "Humanoid-v5": dict.fromkeys(("include_cinert_in_observation", "include_cvel_in_observation",
-                                  "include_qfrc_actuator_in_observation", "include_cfrc_ext_in_observation"), False),
-}  # fmt: skip
+    "Humanoid-v5": {f"include_{name}_in_observation": False for name in _HUMANOID_EXTRAS},
+}
 
 
 @dataclass
@@ -271,57 +271,6 @@ class Args:
     eval: EvalArgs = field(default_factory=EvalArgs)
 
 
-# The reference's settings where a MuJoCo id differs from the mazes (Args' defaults; garage's hyper.yaml overrides).
-# A flag not given takes them: `python mbirl_antmaze.py --env-id Hopper-v5 --help` shows them as the defaults.
-_MUJOCO = {
-    "model.pretrain": False,
-    "model.cosine_lr": False,
-    "hyper.exploration_steps": 1000,
-    "hyper.freq_train_model": 125,
-    "hyper.retain_epochs": 1,
-    "hyper.p_tremble": 0.01,
-    "actor.hidden": 1024,
-    "actor.lr": 1e-4,
-    "disc.every": 1000,
-    "disc.lr": 8e-4,
-    "disc.ensemble": 7,
-    "eval.episodes": 10,
-}
-ENV_PRESETS = {
-    "Hopper-v5": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
-    "Walker2d-v5": {
-        **_MUJOCO,
-        "hyper.updates_per_step": 10,
-        "model.clip_output": 40.0,
-        "model.cosine_lr": True,
-        "actor.lr_decay": 10_000,
-    },
-    "Ant-v5": {
-        **_MUJOCO,
-        "model.hidden": 400,
-        "hyper.updates_per_step": 30,
-        "disc.every": 200,
-        "model.clip_output": 40.0,
-    },
-    "Humanoid-v5": {
-        **_MUJOCO,
-        "model.hidden": 400,
-        "hyper.updates_per_step": 10,
-        "hyper.rollout_schedule": "20,300,1,25",
-        "actor.lr_decay": 10_000,
-    },
-}
-
-
-def preset(env_id: str, **top) -> Args:
-    """Args with the reference's defaults for env_id (the mazes': Args' own)."""
-    args = Args(env_id=env_id, **top)
-    for name, value in ENV_PRESETS.get(env_id, {}).items():
-        group, key = name.split(".")
-        setattr(getattr(args, group), key, value)
-    return args
-
-
 class UsageError(Exception):
     """Bad input: main prints one line and exits 2."""
 
@@ -330,205 +279,13 @@ class NonFiniteLoss(Exception):
     """A loss became NaN/inf: main prints one line and exits 3."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Environments: mazes with a flat observation (state, then the 2-D goal) that end at the goal
-# ----------------------------------------------------------------------------------------------------------------
-def env_family(env_id: str) -> str | None:
-    """'pointmaze', 'antmaze', 'mujoco' or None (unsupported)."""
-    if env_id in MUJOCO_IDS:
-        return "mujoco"
-    return next((fam for prefix, fam in MAZE_FAMILIES.items() if env_id.startswith(prefix)), None)
-
-
-def goal_dims(env_id: str) -> int:
-    """Trailing observation entries that are the goal (constant within an episode, not predicted by the model)."""
-    return 0 if env_family(env_id) == "mujoco" else 2
-
-
-class FlatMazeObs(gym.ObservationWrapper):
-    """Dict observation -> flat vector that starts with (x, y) and ends with the goal: PointMaze [observation (x, y,
-    vx, vy), goal] = 6-D; AntMaze [achieved_goal (x, y), observation (qpos[2:], qvel) = 27, goal] = 31-D (D4RL's
-    29-D ant observation + goal, the reference's layout)."""
-
-    def __init__(self, env: gym.Env, prepend_xy: bool):
-        super().__init__(env)
-        self.prepend_xy = prepend_xy
-        dim = env.observation_space["observation"].shape[0] + 2 + 2 * prepend_xy
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float64)
-
-    def observation(self, obs: dict) -> np.ndarray:
-        parts = [obs["achieved_goal"]] if self.prepend_xy else []
-        return np.concatenate(parts + [obs["observation"], obs["desired_goal"]])
-
-
-def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
-    """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed goal; AntMaze
-    v5 without the 78 contact forces (27-D ant observation, as the D4RL/Minari data)."""
-    if env_family(env_id) == "mujoco":
-        env = gym.make(env_id, render_mode=render_mode, **TRUNCATED_OBS.get(env_id, {}))
-        bounded = np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
-        unit = np.ones(env.action_space.shape, np.float32)
-        return env if bounded else gym.wrappers.RescaleAction(env, -unit, unit)  # Humanoid's +-0.4
-    kwargs = {"continuing_task": False, "reset_target": False, "render_mode": render_mode}
-    ant = env_family(env_id) == "antmaze"
-    if ant and not env_id.endswith("-v4"):
-        kwargs["include_cfrc_ext_in_observation"] = False
-    env = gym.make(env_id, **kwargs)
-    xml = getattr(env.unwrapped, "tmp_xml_file_path", None)
-    if xml and os.path.exists(xml):  # AntMaze leaves its generated maze XML in the temp dir; it is loaded already
-        os.remove(xml)
-    return FlatMazeObs(env, prepend_xy=ant)
-
-
-def mujoco_data(env: gym.Env):
-    u = env.unwrapped
-    return (u.ant_env if hasattr(u, "ant_env") else u.point_env if hasattr(u, "point_env") else u).data
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The expert: shortest path over maze cells, jittered waypoints, PD controller
-# ----------------------------------------------------------------------------------------------------------------
-def free_cells(maze_map: list[list]) -> np.ndarray:
-    """Boolean grid: True where the cell is not a wall (walls are 1; free cells are 0 or 'r'/'g'/'c')."""
-    return np.array([[not (isinstance(v, (int, np.integer)) and v == 1) for v in row] for row in maze_map])
-
-
-def bfs_path(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> list[tuple[int, int]]:
-    """Shortest 4-connected path of cells from start to goal (both included); [] if unreachable."""
-    previous = {start: None}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        if cell == goal:
-            break
-        for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-            nxt = (cell[0] + dr, cell[1] + dc)
-            inside = 0 <= nxt[0] < free.shape[0] and 0 <= nxt[1] < free.shape[1]
-            if inside and free[nxt] and nxt not in previous:
-                previous[nxt] = cell
-                queue.append(nxt)
-    if goal not in previous:
-        return []
-    path = [goal]
-    while path[-1] != start:
-        path.append(previous[path[-1]])
-    return path[::-1]
-
-
-def plan_waypoints(maze, start_xy: np.ndarray, goal_xy: np.ndarray, rng: np.random.Generator, jitter: float):
-    """Centres of the path's cells after the start cell, jittered, then the exact goal."""
-    free = free_cells(maze.maze_map)
-    start = tuple(int(v) for v in maze.cell_xy_to_rowcol(start_xy))
-    goal = tuple(int(v) for v in maze.cell_xy_to_rowcol(goal_xy))
-    cells = bfs_path(free, start, goal)[1:-1]
-    scale = maze.maze_size_scaling
-    points = [maze.cell_rowcol_to_xy(np.array(c)) + rng.uniform(-jitter, jitter, 2) * scale for c in cells]
-    return np.array(points + [np.asarray(goal_xy)], dtype=np.float64)
-
-
-def pd_action(pos: np.ndarray, vel: np.ndarray, waypoint: np.ndarray, kp: float, kd: float) -> np.ndarray:
-    return np.clip(kp * (waypoint - pos) - kd * vel, -1.0, 1.0)
-
-
-class PlannerPD:
-    """D4RL maze2d's expert: waypoints from the shortest cell path, a PD controller toward the current one, and
-    Gaussian action noise. PointMaze only (an Ant needs a learned goal-reaching controller: PlannerAnt)."""
-
-    def __init__(self, e: ExpertArgs, rng: np.random.Generator):
-        self.e, self.rng = e, rng
-
-    def reset(self, maze, obs: np.ndarray) -> None:
-        self.maze, self.k = maze, 0
-        self.waypoints = plan_waypoints(maze, obs[:2], obs[-2:], self.rng, self.e.waypoint_jitter)
-
-    def waypoint(self, obs: np.ndarray) -> np.ndarray:
-        """The current waypoint; the next one once within 0.45 cells of it."""
-        near = np.linalg.norm(self.waypoints[self.k] - obs[:2]) < GOAL_RADIUS * self.maze.maze_size_scaling
-        if self.k < len(self.waypoints) - 1 and near:
-            self.k += 1
-        return self.waypoints[self.k]
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        action = pd_action(obs[:2], obs[2:4], self.waypoint(obs), self.e.kp, self.e.kd)
-        return np.clip(action + self.e.action_noise * self.rng.standard_normal(2), -1, 1)
-
-
-REACHER_OBS = 29  # the controller's input: the 27-D ant observation + the goal offset in the torso's frame
-
-
-def torso_yaw(quat: np.ndarray) -> np.ndarray:
-    """Heading of MuJoCo (w, x, y, z) quaternions (..., 4)."""
-    w, x, y, z = np.moveaxis(quat, -1, 0)
-    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
-def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: float) -> np.ndarray:
-    """The controller's input: the 27-D ant observation (qpos[2:], qvel; ant[1:5] is the torso quaternion) and the
-    goal offset rotated into the torso's heading frame, clipped to max_dist (a far goal reads as 'that way')."""
-    yaw, d = torso_yaw(ant[..., 1:5]), goal - xy
-    c, s = np.cos(yaw), np.sin(yaw)
-    local = np.stack([c * d[..., 0] + s * d[..., 1], c * d[..., 1] - s * d[..., 0]], -1)
-    norm = np.linalg.norm(local, axis=-1, keepdims=True)
-    local = local * np.minimum(1.0, max_dist / np.maximum(norm, 1e-9))
-    return np.concatenate([ant, local], -1).astype(np.float32)
-
-
-class PlannerAnt(PlannerPD):
-    """D4RL antmaze's expert: the same waypoints, each handed to the goal-reaching Ant controller (phase 0) as
-    'walk to this offset'; Gaussian action noise on top. Observation [x, y, ant (27), goal]."""
-
-    def __init__(self, e: ExpertArgs, rng: np.random.Generator, reacher: "GaussianActor"):
-        super().__init__(e, rng)
-        self.reacher = reacher
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        x = reacher_obs(obs[2:29], obs[:2], self.waypoint(obs), min(self.e.reacher_reach, self.reacher.max_dist))
-        action = self.reacher.act(x[None])[0]
-        return np.clip(action + self.e.action_noise * self.rng.standard_normal(action.shape), -1, 1)
-
-
-def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.ndarray]:
-    """Roll out `controller` (reset(maze, obs), __call__(obs) -> action) for complete episodes with reset seeds
-    0, 1, ...; record the shared npz layout plus the MuJoCo state before every step and the goal."""
-    env = make_env(env_id)
-    keys = ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts", "episode_ids",
-            "episode_starts", "timesteps", "qpos", "qvel", "qacc_warmstart", "goal")  # fmt: skip
-    rows, returns = {k: [] for k in keys}, []
-    for ep in range(num_episodes):
-        obs, _ = env.reset(seed=ep)
-        controller.reset(getattr(env.unwrapped, "maze", None), obs)
-        ret, t, done = 0.0, 0, False
-        while not done:
-            action = np.asarray(controller(obs), dtype=np.float32)
-            data = mujoco_data(env)
-            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
-            next_obs, reward, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
-            values = (obs, action, next_obs, reward, terminated, truncated and not terminated, ep, t == 0, t, *state,
-                      obs[-2:])  # fmt: skip
-            for key, v in zip(keys, values):
-                rows[key].append(v)
-            ret, obs, t = ret + float(reward), next_obs, t + 1
-        returns.append(ret)
-    env.close()
-    demos = {k: np.asarray(v, dtype=DEMO_DTYPES[k]) for k, v in rows.items()}
-    demos.update(returns=np.asarray(returns), seeds=np.arange(num_episodes, dtype=np.int64), env_id=np.array(env_id))
-    return demos
-
-
-def make_expert_data(env_id: str, e: ExpertArgs, seed: int, reacher=None) -> dict[str, np.ndarray]:
-    """Maze expert data for `num_demos` episodes: the planner + PD controller (PointMaze) or + the goal-reaching Ant
-    controller (AntMaze)."""
-    rng = np.random.default_rng(seed)
-    return record_episodes(env_id, PlannerPD(e, rng) if reacher is None else PlannerAnt(e, rng, reacher), e.num_demos)
-
-
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Networks
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class GaussianEnsemble(nn.Module):
-    """E MLP members as ONE batched module: weights (E, in, out), baddbmm, SiLU; each member outputs the mean and a
-    log-variance softly bounded to [min_logvar, max_logvar] of Δstate. Inputs are normalised (statistics in float64)."""
+    """E MLP members as ONE batched module: weights (E, in, out), baddbmm, SiLU; each member outputs
+    the mean and a log-variance softly bounded to [min_logvar, max_logvar] of Δstate. Inputs are
+    normalised (statistics in float64)."""
 
     def __init__(
         self,
@@ -558,7 +315,8 @@ class GaussianEnsemble(nn.Module):
         self.in_std.copy_(x.std(0).clamp_min(1e-6).float())
 
     def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, in) for every member, or (M, B, in) one slice per member -> mean, logvar: (M, B, out)."""
+        """x: (B, in) for every member, or (M, B, in) one slice per member.
+        Returns mean, logvar: (M, B, out)."""
         ws = [w if members is None else w[members] for w in self.weights]
         bs = [b if members is None else b[members] for b in self.biases]
         h = (x - self.in_mean) / self.in_std
@@ -606,8 +364,8 @@ class Actor(nn.Module):
 
 
 class GaussianActor(nn.Module):
-    """SAC actor (the reference's MuJoCo HyPER actor): obs -> h -> h ReLU, mean and log-std heads, tanh squash to
-    [-1, 1], xavier init. act() is deterministic (tanh of the mean)."""
+    """SAC actor (the reference's MuJoCo HyPER actor): obs -> h -> h ReLU, mean and log-std heads,
+    tanh squash to [-1, 1], xavier init. act() is deterministic (tanh of the mean)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256):
         super().__init__()
@@ -659,8 +417,9 @@ class TwinQ(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """f(s, a): `members` MLPs h-h ReLU -> scalar with orthogonal weights (reference); f is the MINIMUM over members,
-    so the policy's reward -f is optimistic (the reference's DiscriminatorEnsemble; 1 member on antmaze)."""
+    """f(s, a): `members` MLPs h-h ReLU -> scalar with orthogonal weights (reference); f is the
+    MINIMUM over members, so the policy's reward -f is optimistic (the reference's
+    DiscriminatorEnsemble; 1 member on antmaze)."""
 
     def __init__(self, in_dim: int, hidden: int = 256, members: int = 1):
         super().__init__()
@@ -680,23 +439,243 @@ class Discriminator(nn.Module):
         return torch.stack([net(sa).squeeze(-1) for net in self.nets]).min(0).values
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Environments: mazes with a flat observation (state, then the 2-D goal) that end at the goal
+# --------------------------------------------------------------------------------------------------
+def env_family(env_id: str) -> str | None:
+    """'pointmaze', 'antmaze', 'mujoco' or None (unsupported)."""
+    if env_id in MUJOCO_IDS:
+        return "mujoco"
+    return next((fam for prefix, fam in MAZE_FAMILIES.items() if env_id.startswith(prefix)), None)
+
+
+def goal_dims(env_id: str) -> int:
+    """Trailing observation entries that are the goal (constant within an episode, not predicted by
+    the model)."""
+    return 0 if env_family(env_id) == "mujoco" else 2
+
+
+class FlatMazeObs(gym.ObservationWrapper):
+    """Dict observation -> flat vector that starts with (x, y) and ends with the goal: PointMaze
+    [observation (x, y, vx, vy), goal] = 6-D; AntMaze [achieved_goal (x, y), observation (qpos[2:],
+    qvel) = 27, goal] = 31-D (D4RL's 29-D ant observation + goal, the reference's layout)."""
+
+    def __init__(self, env: gym.Env, prepend_xy: bool):
+        super().__init__(env)
+        self.prepend_xy = prepend_xy
+        dim = env.observation_space["observation"].shape[0] + 2 + 2 * prepend_xy
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dim,), np.float64)
+
+    def observation(self, obs: dict) -> np.ndarray:
+        parts = [obs["achieved_goal"]] if self.prepend_xy else []
+        return np.concatenate(parts + [obs["observation"], obs["desired_goal"]])
+
+
+def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
+    """The maze with `continuing_task=False` (episodes end when the goal is within 0.45) and a fixed
+    goal; AntMaze v5 without the 78 contact forces (27-D ant observation, as the D4RL/Minari
+    data)."""
+    if env_family(env_id) == "mujoco":
+        env = gym.make(env_id, render_mode=render_mode, **TRUNCATED_OBS.get(env_id, {}))
+        bounded = np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
+        unit = np.ones(env.action_space.shape, np.float32)
+        return env if bounded else gym.wrappers.RescaleAction(env, -unit, unit)  # Humanoid's +-0.4
+    kwargs = {"continuing_task": False, "reset_target": False, "render_mode": render_mode}
+    ant = env_family(env_id) == "antmaze"
+    if ant and not env_id.endswith("-v4"):
+        kwargs["include_cfrc_ext_in_observation"] = False
+    env = gym.make(env_id, **kwargs)
+    xml = getattr(env.unwrapped, "tmp_xml_file_path", None)
+    # AntMaze leaves its generated maze XML in the temp dir; it is loaded already
+    if xml and os.path.exists(xml):
+        os.remove(xml)
+    return FlatMazeObs(env, prepend_xy=ant)
+
+
+def mujoco_data(env: gym.Env):
+    u = env.unwrapped
+    return (u.ant_env if hasattr(u, "ant_env") else u.point_env if hasattr(u, "point_env") else u).data
+
+
+# --------------------------------------------------------------------------------------------------
+# The expert: shortest path over maze cells, jittered waypoints, PD controller
+# --------------------------------------------------------------------------------------------------
+def free_cells(maze_map: list[list]) -> np.ndarray:
+    """Boolean grid: True where the cell is not a wall (walls are 1; free cells are 0 or
+    'r'/'g'/'c')."""
+    return np.array([[not (isinstance(v, (int, np.integer)) and v == 1) for v in row] for row in maze_map])
+
+
+def bfs_path(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> list[tuple[int, int]]:
+    """Shortest 4-connected path of cells from start to goal (both included); [] if unreachable."""
+    previous = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            break
+        for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            nxt = (cell[0] + dr, cell[1] + dc)
+            inside = 0 <= nxt[0] < free.shape[0] and 0 <= nxt[1] < free.shape[1]
+            if inside and free[nxt] and nxt not in previous:
+                previous[nxt] = cell
+                queue.append(nxt)
+    if goal not in previous:
+        return []
+    path = [goal]
+    while path[-1] != start:
+        path.append(previous[path[-1]])
+    return path[::-1]
+
+
+def plan_waypoints(maze, start_xy: np.ndarray, goal_xy: np.ndarray, rng: np.random.Generator, jitter: float):
+    """Centres of the path's cells after the start cell, jittered, then the exact goal."""
+    free = free_cells(maze.maze_map)
+    start = tuple(int(v) for v in maze.cell_xy_to_rowcol(start_xy))
+    goal = tuple(int(v) for v in maze.cell_xy_to_rowcol(goal_xy))
+    cells = bfs_path(free, start, goal)[1:-1]
+    scale = maze.maze_size_scaling
+    points = [maze.cell_rowcol_to_xy(np.array(c)) + rng.uniform(-jitter, jitter, 2) * scale for c in cells]
+    return np.array(points + [np.asarray(goal_xy)], dtype=np.float64)
+
+
+def pd_action(pos: np.ndarray, vel: np.ndarray, waypoint: np.ndarray, kp: float, kd: float) -> np.ndarray:
+    return np.clip(kp * (waypoint - pos) - kd * vel, -1.0, 1.0)
+
+
+class PlannerPD:
+    """D4RL maze2d's expert: waypoints from the shortest cell path, a PD controller toward the
+    current one, and Gaussian action noise. PointMaze only (an Ant needs a learned goal-reaching
+    controller: PlannerAnt)."""
+
+    def __init__(self, e: ExpertArgs, rng: np.random.Generator):
+        self.e, self.rng = e, rng
+
+    def reset(self, maze, obs: np.ndarray) -> None:
+        self.maze, self.k = maze, 0
+        self.waypoints = plan_waypoints(maze, obs[:2], obs[-2:], self.rng, self.e.waypoint_jitter)
+
+    def waypoint(self, obs: np.ndarray) -> np.ndarray:
+        """The current waypoint; the next one once within 0.45 cells of it."""
+        near = np.linalg.norm(self.waypoints[self.k] - obs[:2]) < GOAL_RADIUS * self.maze.maze_size_scaling
+        if self.k < len(self.waypoints) - 1 and near:
+            self.k += 1
+        return self.waypoints[self.k]
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        action = pd_action(obs[:2], obs[2:4], self.waypoint(obs), self.e.kp, self.e.kd)
+        return np.clip(action + self.e.action_noise * self.rng.standard_normal(2), -1, 1)
+
+
+# the controller's input: the 27-D ant observation + the goal offset in the torso's frame
+REACHER_OBS = 29
+
+
+def torso_yaw(quat: np.ndarray) -> np.ndarray:
+    """Heading of MuJoCo (w, x, y, z) quaternions (..., 4)."""
+    w, x, y, z = np.moveaxis(quat, -1, 0)
+    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+def reacher_obs(ant: np.ndarray, xy: np.ndarray, goal: np.ndarray, max_dist: float) -> np.ndarray:
+    """The controller's input: the 27-D ant observation (qpos[2:], qvel; ant[1:5] is the torso
+    quaternion) and the goal offset rotated into the torso's heading frame, clipped to max_dist (a
+    far goal reads as 'that way')."""
+    yaw, d = torso_yaw(ant[..., 1:5]), goal - xy
+    c, s = np.cos(yaw), np.sin(yaw)
+    local = np.stack([c * d[..., 0] + s * d[..., 1], c * d[..., 1] - s * d[..., 0]], -1)
+    norm = np.linalg.norm(local, axis=-1, keepdims=True)
+    local = local * np.minimum(1.0, max_dist / np.maximum(norm, 1e-9))
+    return np.concatenate([ant, local], -1).astype(np.float32)
+
+
+class PlannerAnt(PlannerPD):
+    """D4RL antmaze's expert: the same waypoints, each handed to the goal-reaching Ant controller
+    (phase 0) as 'walk to this offset'; Gaussian action noise on top. Observation [x, y, ant (27),
+    goal]."""
+
+    def __init__(self, e: ExpertArgs, rng: np.random.Generator, reacher: "GaussianActor"):
+        super().__init__(e, rng)
+        self.reacher = reacher
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        x = reacher_obs(obs[2:29], obs[:2], self.waypoint(obs), min(self.e.reacher_reach, self.reacher.max_dist))
+        action = self.reacher.act(x[None])[0]
+        return np.clip(action + self.e.action_noise * self.rng.standard_normal(action.shape), -1, 1)
+
+
+DEMO_DTYPES = {
+    "observations": np.float32,
+    "actions": np.float32,
+    "next_observations": np.float32,
+    "rewards": np.float32,
+    "terminals": bool,
+    "timeouts": bool,
+    "episode_ids": np.int64,
+    "episode_starts": bool,
+    "timesteps": np.int64,
+    "qpos": np.float64,
+    "qvel": np.float64,
+    "qacc_warmstart": np.float64,
+    "goal": np.float64,
+}  # the columns of demos.npz (docs/mbirl_antmaze.md)
+
+
+def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.ndarray]:
+    """Roll out `controller` (reset(maze, obs), __call__(obs) -> action) for complete episodes with
+    reset seeds 0, 1, ...; record the shared npz layout plus the MuJoCo state before every step and
+    the goal."""
+    env = make_env(env_id)
+    keys = tuple(DEMO_DTYPES)
+    rows, returns = {k: [] for k in keys}, []
+    for ep in range(num_episodes):
+        obs, _ = env.reset(seed=ep)
+        controller.reset(getattr(env.unwrapped, "maze", None), obs)
+        ret, t, done = 0.0, 0, False
+        while not done:
+            action = np.asarray(controller(obs), dtype=np.float32)
+            data = mujoco_data(env)
+            state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
+            next_obs, reward, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+            timeout = truncated and not terminated
+            values = (obs, action, next_obs, reward, terminated, timeout, ep, t == 0, t, *state, obs[-2:])
+            for key, v in zip(keys, values):
+                rows[key].append(v)
+            ret, obs, t = ret + float(reward), next_obs, t + 1
+        returns.append(ret)
+    env.close()
+    demos = {k: np.asarray(v, dtype=DEMO_DTYPES[k]) for k, v in rows.items()}
+    demos.update(returns=np.asarray(returns), seeds=np.arange(num_episodes, dtype=np.int64), env_id=np.array(env_id))
+    return demos
+
+
+def make_expert_data(env_id: str, e: ExpertArgs, seed: int, reacher=None) -> dict[str, np.ndarray]:
+    """Maze expert data for `num_demos` episodes: the planner + PD controller (PointMaze) or + the
+    goal-reaching Ant controller (AntMaze)."""
+    rng = np.random.default_rng(seed)
+    return record_episodes(env_id, PlannerPD(e, rng) if reacher is None else PlannerAnt(e, rng, reacher), e.num_demos)
+
+
+# --------------------------------------------------------------------------------------------------
 # The math, as pure functions
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def gaussian_nll(mean: torch.Tensor, logvar: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-member Gaussian NLL without the constant: mean over rows and dims of (mu - y)^2 e^-logvar + logvar.
-    mean, logvar: (E, B, D); target: (B, D) or (E, B, D) -> (E,)."""
+    """Per-member Gaussian NLL without the constant: mean over rows and dims of (mu - y)^2 e^-logvar
+    + logvar. mean, logvar: (E, B, D); target: (B, D) or (E, B, D) -> (E,)."""
     return ((mean - target).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2))
 
 
 def select_elites(val_scores: torch.Tensor, num_elites: int) -> torch.Tensor:
-    """Indices of the `num_elites` members with the lowest validation score, in increasing index order."""
+    """Indices of the `num_elites` members with the lowest validation score, in increasing index
+    order."""
     return torch.sort(torch.argsort(val_scores)[:num_elites]).values
 
 
 def density_binned_split(xy: np.ndarray, bins: int, val_ratio: float, rng: np.random.Generator):
-    """The reference's pretraining split: a bins x bins histogram over (x, y); from every occupied bin,
-    int(val_ratio * count) of its points (drawn at random) go to validation. Returns (train_idx, val_idx)."""
+    """The reference's pretraining split: a bins x bins histogram over (x, y); from every occupied
+    bin, int(val_ratio * count) of its points (drawn at random) go to validation. Returns
+    (train_idx, val_idx)."""
     _, ex, ey = np.histogram2d(xy[:, 0], xy[:, 1], bins=bins)
     bx = np.clip(np.digitize(xy[:, 0], ex[1:-1]), 0, bins - 1)
     by = np.clip(np.digitize(xy[:, 1], ey[1:-1]), 0, bins - 1)
@@ -711,15 +690,17 @@ def density_binned_split(xy: np.ndarray, bins: int, val_ratio: float, rng: np.ra
 
 
 def sliding_window_columns(progress: float, horizon: int, width: float) -> tuple[int, int]:
-    """Expert time steps [lo, hi) that model rollouts start from at training progress in [0, 1]: the window
-    [(1 - p) H, (1 - p + width) H) slides from the demos' end back to their start (at least one column)."""
+    """Expert time steps [lo, hi) that model rollouts start from at training progress in [0, 1]: the
+    window [(1 - p) H, (1 - p + width) H) slides from the demos' end back to their start (at least
+    one column)."""
     lo = min(int((1.0 - progress) * horizon), horizon - 1)
     hi = min(horizon, int((1.0 - progress + width) * horizon))
     return lo, max(hi, lo + 1)
 
 
 def coin_flip_source(rng: np.random.Generator, reset_ratio: float = 0.5) -> str:
-    """MuJoCo rule of the reference: ONE coin per refill picks expert or policy states for the whole batch."""
+    """MuJoCo rule of the reference: ONE coin per refill picks expert or policy states for the whole
+    batch."""
     return "expert" if rng.random() < reset_ratio else "policy"
 
 
@@ -731,14 +712,14 @@ def rollout_length_at(epoch: int, schedule: tuple[int, int, int, int]) -> int:
 
 
 def cosine_lr(lr: float, batches: int, period: int = 30_000, floor: float = 1e-9) -> float:
-    """The reference's model learning rate (CosineAnnealingLR, T_max 30,000, stepped per minibatch and never reset):
-    lr at 0 batches, the floor at `period`, lr again at 2 x period."""
+    """The reference's model learning rate (CosineAnnealingLR, T_max 30,000, stepped per minibatch
+    and never reset): lr at 0 batches, the floor at `period`, lr again at 2 x period."""
     return floor + (lr - floor) * (1.0 + math.cos(math.pi * batches / period)) / 2.0
 
 
 def linear_decay_lr(lr: float, updates: int, horizon: int) -> float:
-    """The reference's SAC learning rate `updates` updates after its last restart: lr x (1 - updates / horizon),
-    never below lr x 1e-8."""
+    """The reference's SAC learning rate `updates` updates after its last restart: lr x (1 - updates
+    / horizon), never below lr x 1e-8."""
     return lr * max(1.0 - updates / horizon, 1e-8)
 
 
@@ -748,7 +729,8 @@ def no_termination(next_obs: torch.Tensor) -> torch.Tensor:
 
 
 def hopper_termination(next_obs: torch.Tensor) -> torch.Tensor:
-    """Hopper-v5 unhealthy: height <= 0.7, |angle| >= 0.2 or any |obs[1:]| >= 100 (or non-finite)."""
+    """Hopper-v5 unhealthy: height <= 0.7, |angle| >= 0.2 or any |obs[1:]| >= 100 (or
+    non-finite)."""
     height, angle = next_obs[:, 0], next_obs[:, 1]
     healthy = (height > 0.7) & (angle.abs() < 0.2) & (next_obs[:, 1:].abs() < 100).all(-1)
     return ~(healthy & torch.isfinite(next_obs).all(-1))
@@ -762,13 +744,15 @@ def walker2d_termination(next_obs: torch.Tensor) -> torch.Tensor:
 
 
 def ant_termination(next_obs: torch.Tensor) -> torch.Tensor:
-    """Ant-v5 unhealthy: torso height (obs[0] = qpos[2]) outside [0.2, 1.0], or a non-finite state."""
+    """Ant-v5 unhealthy: torso height (obs[0] = qpos[2]) outside [0.2, 1.0], or a non-finite
+    state."""
     healthy = (next_obs[:, 0] >= 0.2) & (next_obs[:, 0] <= 1.0)
     return ~(healthy & torch.isfinite(next_obs).all(-1))
 
 
 def humanoid_termination(next_obs: torch.Tensor) -> torch.Tensor:
-    """Humanoid-v5 unhealthy: torso height (obs[0] = qpos[2]) outside (1.0, 2.0) (or a non-finite prediction)."""
+    """Humanoid-v5 unhealthy: torso height (obs[0] = qpos[2]) outside (1.0, 2.0) (or a non-finite
+    prediction)."""
     healthy = (next_obs[:, 0] > 1.0) & (next_obs[:, 0] < 2.0)
     return ~(healthy & torch.isfinite(next_obs).all(-1))
 
@@ -792,7 +776,8 @@ def gradient_penalty(
 
 
 def discriminator_loss(f, x_expert, x_learner, alpha, gp_weight: float = 10.0, gp_target: float = 0.4):
-    """E_expert[f] - E_learner[f] + gp_weight * penalty: f low on expert pairs, so -f rewards expert-like pairs."""
+    """E_expert[f] - E_learner[f] + gp_weight * penalty: f low on expert pairs, so -f rewards
+    expert-like pairs."""
     ipm = f(x_expert).mean() - f(x_learner).mean()
     return ipm + gp_weight * gradient_penalty(f, x_expert, x_learner, alpha, gp_target), ipm
 
@@ -802,7 +787,8 @@ def td3_target(reward, done, next_q1, next_q2, gamma: float) -> torch.Tensor:
 
 
 def td3bc_actor_loss(q: torch.Tensor, pi: torch.Tensor, data_action: torch.Tensor, alpha: float) -> torch.Tensor:
-    """TD3+BC: -lambda * mean Q(s, pi(s)) + MSE(pi(s), a) with lambda = alpha / mean|Q| (no gradient through lambda)."""
+    """TD3+BC: -lambda * mean Q(s, pi(s)) + MSE(pi(s), a) with lambda = alpha / mean|Q| (no gradient
+    through lambda)."""
     lam = alpha / q.abs().mean().detach().clamp_min(1e-6)
     return -lam * q.mean() + F.mse_loss(pi, data_action)
 
@@ -814,12 +800,13 @@ def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low: np.ndar
     return action
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Buffers
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class Buffer:
-    """A ring of transitions (obs, act, next_obs, done[, reward]) as one float tensor of rows. HyPER's buffers hold
-    no reward (the discriminator relabels every batch); the goal reacher's does."""
+    """A ring of transitions (obs, act, next_obs, done[, reward]) as one float tensor of rows.
+    HyPER's buffers hold no reward (the discriminator relabels every batch); the goal reacher's
+    does."""
 
     def __init__(self, obs_dim: int, act_dim: int, capacity: int, device: torch.device, reward: bool = False):
         self.obs_dim, self.act_dim, self.capacity, self.reward = obs_dim, act_dim, capacity, reward
@@ -853,16 +840,16 @@ class Buffer:
 
 
 def add_hybrid_step(hybrid: Buffer, policy: Buffer, learner_row: tuple, expert: Buffer, generator) -> None:
-    """One real step fills the buffers 1:1 (LAMPS): the learner transition goes to the hybrid and policy buffers,
-    and one uniformly drawn expert transition joins it in the hybrid buffer."""
+    """One real step fills the buffers 1:1 (LAMPS): the learner transition goes to the hybrid and
+    policy buffers, and one uniformly drawn expert transition joins it in the hybrid buffer."""
     hybrid.add(*learner_row)
     policy.add(*learner_row)
     hybrid.add(*expert.sample(1, generator))
 
 
 def padded_reset_states(demos: dict) -> np.ndarray:
-    """Expert observations as (episodes, H, obs_dim), H = the longest demo; shorter demos repeat their final
-    next-observation (the reference pads by repeating states)."""
+    """Expert observations as (episodes, H, obs_dim), H = the longest demo; shorter demos repeat
+    their final next-observation (the reference pads by repeating states)."""
     ids = demos["episode_ids"]
     lengths = np.bincount(ids)
     out = np.zeros((len(lengths), lengths.max(), demos["observations"].shape[1]), np.float32)
@@ -873,27 +860,39 @@ def padded_reset_states(demos: dict) -> np.ndarray:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Phases
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def model_io(obs, act, next_obs, goal: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """Model input (s, a) and target Δstate, where the state is the observation without its `goal` last entries."""
+    """Model input (s, a) and target Δstate, where the state is the observation without its `goal`
+    last entries."""
     d = obs.shape[1] - goal
     return torch.cat([obs, act], -1), next_obs[:, :d] - obs[:, :d]
 
 
 def train_ensemble(
-    model: GaussianEnsemble, inputs, targets, train_idx, val_idx, m: ModelArgs, generator, log=None, stop=None,
+    model: GaussianEnsemble,
+    inputs,
+    targets,
+    train_idx,
+    val_idx,
+    m: ModelArgs,
+    generator,
+    log=None,
+    stop=None,
     cosine_from: int | None = None,
-):  # fmt: skip
-    """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by 1 % for
-    `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best weights; elites =
-    lowest validation MSE. `cosine_from`: minibatches already run on the cosine learning-rate schedule (None: off)."""
+):
+    """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by 1
+    % for `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best
+    weights; elites = lowest validation MSE. `cosine_from`: minibatches already run on the cosine
+    learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
-    cuda = inputs.device.type == "cuda"  # a tensor lr and capturable Adam: a CUDA graph can replay the step
+    # a tensor lr and capturable Adam: a CUDA graph can replay the step
+    cuda = inputs.device.type == "cuda"
     lr = torch.tensor(m.lr, device=inputs.device)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=m.weight_decay, capturable=cuda)
-    finite = torch.ones((), dtype=torch.bool, device=inputs.device)  # read once per epoch: no sync per batch
+    # read once per epoch: no sync per batch
+    finite = torch.ones((), dtype=torch.bool, device=inputs.device)
 
     def step(idx, size):  # noqa: ARG001 - one minibatch; `size` keys the graph (an epoch's last batch is shorter)
         mean, logvar = model(inputs[idx])
@@ -912,7 +911,8 @@ def train_ensemble(
     best_params = [p.detach().clone() for p in model.parameters()]
     epoch, since_improved, history, batches = 0, 0, [], 0
     while since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs) and not (stop and stop()):
-        boot = train_idx[torch.randint(n, (E, n), generator=generator)].to(inputs.device)  # one copy per epoch
+        # bootstrap indices of every member, one copy to the device per epoch
+        boot = train_idx[torch.randint(n, (E, n), generator=generator)].to(inputs.device)
         finite.fill_(True)
         for start in range(0, n, m.batch_size):
             idx = boot[:, start : start + m.batch_size]
@@ -939,7 +939,8 @@ def train_ensemble(
         for p, saved in zip(model.parameters(), best_params):
             p.copy_(saved)
     elites = select_elites(best, m.num_elites)
-    stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)  # so by stop()
+    # ended neither by patience nor by the cap: by stop()
+    stopped = since_improved < m.patience and (m.max_epochs == 0 or epoch < m.max_epochs)
     info = dict(epochs=epoch, batches=batches, val_mse=best.tolist(), elites=elites.tolist(), history=history)
     return elites, info | {"stopped": stopped}
 
@@ -956,9 +957,10 @@ def model_rollout(
     generator=None,
     goal: int = 2,
 ):
-    """Batched rollouts in the model: each row's next state comes from a uniformly random elite (rows are shuffled
-    and split into one equal group per elite, so only the elites run), sampled from its Gaussian; the goal is kept.
-    Actions: the actor's (TD3: plus N(0, expl_noise^2); SAC: sampled). Rows that terminate stop."""
+    """Batched rollouts in the model: each row's next state comes from a uniformly random elite
+    (rows are shuffled and split into one equal group per elite, so only the elites run), sampled
+    from its Gaussian; the goal is kept. Actions: the actor's (TD3: plus N(0, expl_noise^2); SAC:
+    sampled). Rows that terminate stop."""
     obs, out = start_obs, []
     k = len(elites)
     for _ in range(length):
@@ -983,8 +985,9 @@ def model_rollout(
 
 
 class TD3BC:
-    """TD3+BC in the reference's hybrid mode: every minibatch is half model rollouts and half expert transitions,
-    rewards relabelled by the current discriminator, and the BC term covers the whole batch."""
+    """TD3+BC in the reference's hybrid mode: every minibatch is half model rollouts and half expert
+    transitions, rewards relabelled by the current discriminator, and the BC term covers the whole
+    batch."""
 
     def __init__(self, obs_dim: int, act_dim: int, a: ActorArgs, device: torch.device):
         self.actor = Actor(obs_dim, act_dim, a.hidden).to(device)
@@ -993,7 +996,8 @@ class TD3BC:
         self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
         self.actor_target.load_state_dict(self.actor.state_dict())
         self.critic_target.load_state_dict(self.critic.state_dict())
-        cuda = device.type == "cuda"  # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
+        # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
+        cuda = device.type == "cuda"
         self.actor_opt = torch.optim.Adam(
             self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay, capturable=cuda
         )
@@ -1012,7 +1016,8 @@ class TD3BC:
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
         self.updates += 1
-        policy_step = self.updates % self.a.policy_freq == 0  # the actor and the targets move every policy_freq
+        # the actor and the targets move every policy_freq
+        policy_step = self.updates % self.a.policy_freq == 0
         return self.graphs(policy_step, (obs, act, next_obs, done, reward))
 
     def _update(self, obs, act, next_obs, done, reward, policy_step: bool) -> dict[str, torch.Tensor]:
@@ -1056,14 +1061,16 @@ class TD3BC:
         for k in ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt"):
             getattr(self, k).load_state_dict(state[k])
         self.updates = state["updates"]
-        for opt in (self.actor_opt, self.critic_opt):  # (a checkpoint from the other kind of device)
+        # loading sets capturable as saved (a checkpoint from the other kind of device)
+        for opt in (self.actor_opt, self.critic_opt):
             opt.param_groups[0]["capturable"] = self.graphs.enabled
-        self.graphs = CudaGraphs(self._update, self.graphs.enabled)  # new optimiser state tensors: capture again
+        # new optimiser state tensors: capture again
+        self.graphs = CudaGraphs(self._update, self.graphs.enabled)
 
 
 class SAC:
-    """SAC on model rollouts (the reference's MuJoCo HyPER actor, pranz24-style): tanh-Gaussian actor, twin critics,
-    entropy temperature tuned toward -|A|. Same interface as TD3BC."""
+    """SAC on model rollouts (the reference's MuJoCo HyPER actor, pranz24-style): tanh-Gaussian
+    actor, twin critics, entropy temperature tuned toward -|A|. Same interface as TD3BC."""
 
     def __init__(self, obs_dim: int, act_dim: int, a: ActorArgs, device: torch.device):
         self.actor = GaussianActor(obs_dim, act_dim, a.hidden).to(device)
@@ -1071,19 +1078,22 @@ class SAC:
         self.critic_target = TwinQ(obs_dim, act_dim, a.hidden).to(device)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
-        self.lr = torch.tensor(a.lr, device=device)  # a tensor the optimisers (and a CUDA graph) read: the lr decay
-        self.cuda = device.type == "cuda"  # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
+        # a tensor the optimisers (and a CUDA graph) read: the lr decay
+        self.lr = torch.tensor(a.lr, device=device)
+        # capturable: the optimisers keep their step counts on the GPU (CudaGraphs)
+        self.cuda = device.type == "cuda"
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=a.lr, capturable=self.cuda)
         self.a, self.target_entropy, self.updates = a, -float(act_dim), 0
         self.restart_schedule()
 
     def restart_schedule(self) -> None:
-        """The reference's schedule_actor_lr restart (after each discriminator update): fresh actor and critic
-        optimisers at the full learning rate (fused: ~10 % per update on a CPU)."""
+        """The reference's schedule_actor_lr restart (after each discriminator update): fresh actor
+        and critic optimisers at the full learning rate (fused: ~10 % per update on a CPU)."""
         self.lr.fill_(self.a.lr)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=self.lr, fused=True, capturable=self.cuda)
-        self.since_restart, self.graphs = 0, CudaGraphs(self._update, self.cuda)  # new state: capture again
+        # new state: capture again
+        self.since_restart, self.graphs = 0, CudaGraphs(self._update, self.cuda)
 
     def update(self, obs, act, next_obs, done, reward) -> dict[str, torch.Tensor]:
         if self.a.lr_decay:
@@ -1120,8 +1130,8 @@ class SAC:
         with torch.no_grad():
             for p, tp in zip(self.critic.parameters(), self.critic_target.parameters()):
                 tp.lerp_(p, a.tau)
-        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q": q1.detach().mean(),
-                "alpha": alpha.squeeze()}  # fmt: skip
+        losses = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach()}
+        return losses | {"q": q1.detach().mean(), "alpha": alpha.squeeze()}
 
     def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:  # noqa: ARG002
         with torch.no_grad():
@@ -1139,20 +1149,23 @@ class SAC:
     def load_state_dict(self, state: dict) -> None:
         for k in ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt"):
             getattr(self, k).load_state_dict(state[k])
-        for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):  # loading replaces these settings
+        # loading replaces these settings
+        for opt in (self.actor_opt, self.critic_opt, self.alpha_opt):
             opt.param_groups[0]["capturable"] = self.cuda
         for opt in (self.actor_opt, self.critic_opt):
             opt.param_groups[0]["lr"] = self.lr
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.updates, self.since_restart = state["updates"], state["since_restart"]
-        self.graphs = CudaGraphs(self._update, self.cuda)  # new optimiser state tensors: capture again
+        # new optimiser state tensors: capture again
+        self.graphs = CudaGraphs(self._update, self.cuda)
 
 
 def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float):
-    """n complete real episodes (reset seeds seed, seed + 1, ...) with the deterministic actor and the trembling hand,
-    run side by side on the envs so the actor acts on one batch per step (one call, not one per env: on a GPU each
-    call is a round trip). -> (s, a) pairs, steps, (x, y) paths, terminations (mazes: the goal was reached), returns."""
+    """n complete real episodes (reset seeds seed, seed + 1, ...) with the deterministic actor and
+    the trembling hand, run side by side on the envs so the actor acts on one batch per step (one
+    call, not one per env: on a GPU each call is a round trip). -> (s, a) pairs, steps, (x, y)
+    paths, terminations (mazes: the goal was reached), returns."""
     pairs, paths, terminations, returns = [[] for _ in range(n)], [None] * n, [False] * n, [0.0] * n
     obs, episode, started = [None] * len(envs), [None] * len(envs), 0
     low, high = envs[0].action_space.low, envs[0].action_space.high
@@ -1180,7 +1193,8 @@ def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: i
 def update_discriminator(
     disc: Discriminator, k: int, expert_sa: torch.Tensor, learner_sa: torch.Tensor, d: DiscArgs, generator
 ) -> dict[str, float]:
-    """One step with a FRESH Adam at lr0 / k on batch_size expert vs batch_size learner pairs (with replacement)."""
+    """One step with a FRESH Adam at lr0 / k on batch_size expert vs batch_size learner pairs (with
+    replacement)."""
     opt = torch.optim.Adam(disc.parameters(), lr=d.lr / max(1, k))
     xe = expert_sa[torch.randint(len(expert_sa), (d.batch_size,), generator=generator)]
     xl = learner_sa[torch.randint(len(learner_sa), (d.batch_size,), generator=generator)]
@@ -1195,7 +1209,8 @@ def update_discriminator(
 
 
 def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float) -> dict:
-    """Deterministic episodes ending at the goal: success rate (goal within 0.45), returns and paths."""
+    """Deterministic episodes ending at the goal: success rate (goal within 0.45), returns and
+    paths."""
     envs = [make_env(env_id) for _ in range(min(episodes, REAL_ENVS))]
     rng = np.random.default_rng(seed)
     _, steps, paths, successes, returns = collect_real_trajectories(envs, actor, episodes, seed, rng, p_tremble)
@@ -1214,7 +1229,8 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
 def pretrain_model(
     demos: dict, obs_dim: int, act_dim: int, m: ModelArgs, device, generator, rng, goal: int = 2, stop=None
 ):
-    """The ensemble on the expert data with the density-binned split over (x, y) and patience as intended (10)."""
+    """The ensemble on the expert data with the density-binned split over (x, y) and patience as
+    intended (10)."""
     model = GaussianEnsemble(
         obs_dim + act_dim, obs_dim - goal, m.ensemble_size, m.hidden, m.layers, clip_output=m.clip_output
     )
@@ -1225,7 +1241,8 @@ def pretrain_model(
     }
     inputs, targets = model_io(t["observations"], t["actions"], t["next_observations"], goal)
     train_idx, val_idx = density_binned_split(demos["observations"][:, :2], m.pretrain_bins, m.val_ratio, rng)
-    if m.pretrain_max_epochs is not None:  # pretraining from scratch may need more epochs than a warm retraining
+    # pretraining from scratch may need more epochs than a warm retraining
+    if m.pretrain_max_epochs is not None:
         m = dataclasses.replace(m, max_epochs=m.pretrain_max_epochs)
 
     def log(h):  # to patience this can take many minutes: show it is moving
@@ -1246,7 +1263,8 @@ def pretrain_model(
 
 @dataclass
 class HyperState:
-    """What HyPER learns and keeps; a checkpoint holds it (less the model rollouts) with the loop's counters."""
+    """What HyPER learns and keeps; a checkpoint holds it (less the model rollouts) with the loop's
+    counters."""
 
     model: GaussianEnsemble
     elites: torch.Tensor
@@ -1269,7 +1287,8 @@ def make_hyper_state(args: Args, demos: dict, model, elites, obs_dim: int, act_d
     hybrid.add(*expert.all())
     policy = Buffer(obs_dim, act_dim, h.total_timesteps, device)
     longest = max(int(v) for v in h.rollout_schedule.split(",")[2:])
-    refills = h.retain_epochs * max(1, h.epoch_length // h.freq_train_model)  # refills the learner buffer keeps
+    # refills the learner buffer keeps
+    refills = h.retain_epochs * max(1, h.epoch_length // h.freq_train_model)
     learner = Buffer(obs_dim, act_dim, refills * h.rollout_batch_size * longest, device)
     return HyperState(model, elites, agent, disc, expert, hybrid, policy, learner)
 
@@ -1291,8 +1310,9 @@ def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict:
 
 
 def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Tensor, gen, rng) -> dict:
-    """Step 2b: model rollouts into the learner buffer, started from expert states in the window sliding back over
-    expert time (mazes) or from expert OR policy states (MuJoCo: one coin flip per refill, as the reference)."""
+    """Step 2b: model rollouts into the learner buffer, started from expert states in the window
+    sliding back over expert time (mazes) or from expert OR policy states (MuJoCo: one coin flip per
+    refill, as the reference)."""
     h = args.hyper
     if env_family(args.env_id) != "mujoco":
         lo, hi = sliding_window_columns(step / h.total_timesteps, reset_states.shape[1], h.window)
@@ -1316,14 +1336,16 @@ def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Te
         gen,
         goal_dims(args.env_id),
     )
-    s.learner.add(*rollouts)  # (the rollout's own early stop syncs with the device, so the clock is honest)
+    # (the rollout's own early stop syncs with the device, so the clock is honest)
+    s.learner.add(*rollouts)
     return out | {"rollout_length": length, "rollout_sps": len(rollouts[0]) / (time.perf_counter() - t0)}
 
 
 def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
-    """Step 3: updates_per_step actor updates on model rollouts (mazes: half model rollouts, half expert
-    transitions, the reference's TD3+BC hybrid), rewards -f relabelled by the current discriminator. The step's
-    minibatches are drawn and relabelled at once (f is fixed until step 4)."""
+    """Step 3: updates_per_step actor updates on model rollouts (mazes: half model rollouts, half
+    expert transitions, the reference's TD3+BC hybrid), rewards -f relabelled by the current
+    discriminator. The step's minibatches are drawn and relabelled at once (f is fixed until step
+    4)."""
     U, B = args.hyper.updates_per_step, args.actor.batch_size
     maze = env_family(args.env_id) != "mujoco"
     n_model = B // 2 if maze else B
@@ -1343,8 +1365,9 @@ def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
 
 
 def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.Tensor, run: "RunContext"):
-    """The HyPER loop (the paper's Algorithm 1). `run` holds the seeded generators, the device, the stop flag of
-    SIGINT/SIGTERM, logging, evaluation and checkpoints. Returns (counters, agent), or None when interrupted."""
+    """The HyPER loop (the paper's Algorithm 1). `run` holds the seeded generators, the device, the
+    stop flag of SIGINT/SIGTERM, logging, evaluation and checkpoints. Returns (counters, agent), or
+    None when interrupted."""
     h, device, gen, rng = args.hyper, run.device, run.generator, run.rng
     env = make_env(args.env_id)
     disc_envs = [make_env(args.env_id) for _ in range(min(args.disc.trajectories, REAL_ENVS))]
@@ -1363,12 +1386,13 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
     obs, _ = env.reset(seed=args.seed + c["step"])
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
-    if not c["history"] and not run.stop_requested():  # the starting point (mazes: behaviour-cloned)
+    # the starting point (mazes: behaviour-cloned)
+    if not c["history"] and not run.stop_requested():
         run.evaluate(0, c, s.agent.actor)
     while c["step"] < h.total_timesteps:
         if run.stop_requested():
             return run.checkpoint(s, c)
-        # 1. A real step: the learner transition joins the hybrid and policy buffers, with one expert transition.
+        # 1. A real step: its transition and one expert transition join the hybrid buffer.
         action = tremble(s.agent.explore(obs, rng), rng, h.p_tremble, low, high)
         next_obs, _, terminated, truncated, _ = env.step(action)
         row = (obs, action, next_obs, terminated)
@@ -1377,13 +1401,13 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
         c["step"] = step = c["step"] + 1
         obs = env.reset()[0] if terminated or truncated else next_obs
         if step > h.exploration_steps:
-            # 2. Every freq_train_model steps (not at the last): retrain the model, refill the model rollouts.
+            # 2. Every freq_train_model steps (but the last): retrain the model, refill rollouts.
             if (step % h.freq_train_model == 0 and step < h.total_timesteps) or s.learner.size == 0:
                 last.update(retrain_model(s, c, args, gen, run.stop_requested))
                 last.update(refill_rollouts(s, args, step, reset_states, gen, rng))
             # 3. The actor learns on model rollouts, rewarded by -f.
             last.update(update_actor(s, args, gen, timed=step % args.eval.log_frequency == 0))
-            # 4. The discriminator f: fresh real trajectories of the current policy (their steps counted).
+            # 4. The discriminator f on fresh real trajectories of the policy (their steps counted).
             if step % args.disc.every == 0:
                 seed, n_traj = args.seed + 1_000_000 + step, args.disc.trajectories
                 pairs, n, *_ = collect_real_trajectories(disc_envs, s.agent.actor, n_traj, seed, rng, h.p_tremble)
@@ -1496,11 +1520,13 @@ class RunContext:
                     f"{args.env_id} needs the goal-reaching Ant controller {path} (train it: python {SCRIPT} "
                     "--train-goal-reacher) or demos of your own (--expert.expert-path)"
                 )
+            bad = UsageError(f"{path} is not a goal-reaching Ant controller of {SCRIPT}; retrain it")
             try:
                 self.reacher = load_policy(path)
-                assert self.reacher.max_dist is not None and self.reacher.config["obs_dim"] == REACHER_OBS
             except Exception:  # noqa: BLE001 - any unreadable controller is bad input
-                raise UsageError(f"{path} is not a goal-reaching Ant controller of {SCRIPT}; retrain it") from None
+                raise bad from None
+            if self.reacher.max_dist is None or self.reacher.config["obs_dim"] != REACHER_OBS:
+                raise bad
             self.controller = f"goal-reaching Ant controller {path.name}"
         return self
 
@@ -1627,9 +1653,9 @@ class RunContext:
         return saved["counters"]
 
     def rng_state(self) -> dict:
-        return {"python": random.getstate(), "numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state(),
-                "generator": self.generator.get_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}  # fmt: skip
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        host = {"python": random.getstate(), "numpy": self.rng.bit_generator.state, "torch": torch.get_rng_state()}
+        return host | {"generator": self.generator.get_state(), "cuda": cuda}
 
     def set_rng_state(self, s: dict) -> None:  # (.cpu(): checkpoints load onto the device, RNG states are on the host)
         random.setstate(s["python"])
@@ -1688,10 +1714,8 @@ class RunContext:
             f"[eval] step {step}: {self.metric} {score:.2f} (real steps incl. discriminator "
             f"{step + c['disc_env_steps']})"
         )
-        save_curve(
-            self.run_dir / "learning_curve.png", c["history"], self.pretrain_info, self.expert_score, args.env_id,
-            self.metric,
-        )  # fmt: skip
+        curve = (c["history"], self.pretrain_info, self.expert_score, args.env_id, self.metric)
+        save_curve(self.run_dir / "learning_curve.png", *curve)
 
     @property
     def metric(self) -> str:
@@ -1869,21 +1893,6 @@ def check_numbers(args: Args) -> None:
         raise UsageError("--hyper.rollout-schedule must be 'e0,e1,l0,l1' with lengths l0, l1 >= 1, e.g. 20,100,1,25")
 
 
-DEMO_DTYPES = {
-    "observations": np.float32,
-    "actions": np.float32,
-    "next_observations": np.float32,
-    "rewards": np.float32,
-    "terminals": bool,
-    "timeouts": bool,
-    "episode_ids": np.int64,
-    "episode_starts": bool,
-    "timesteps": np.int64,
-    "qpos": np.float64,
-    "qvel": np.float64,
-    "qacc_warmstart": np.float64,
-    "goal": np.float64,
-}
 REQUIRED_KEYS = (
     "observations",
     "actions",
@@ -2247,6 +2256,57 @@ def record_video(actor: Actor, env_id: str, path: Path, seed: int) -> None:
         writer.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
     writer.release()
     os.replace(tmp, path)
+
+
+# The reference's settings where a MuJoCo id differs from the mazes (Args' defaults; garage's hyper.yaml overrides).
+# A flag not given takes them: `python mbirl_antmaze.py --env-id Hopper-v5 --help` shows them as the defaults.
+_MUJOCO = {
+    "model.pretrain": False,
+    "model.cosine_lr": False,
+    "hyper.exploration_steps": 1000,
+    "hyper.freq_train_model": 125,
+    "hyper.retain_epochs": 1,
+    "hyper.p_tremble": 0.01,
+    "actor.hidden": 1024,
+    "actor.lr": 1e-4,
+    "disc.every": 1000,
+    "disc.lr": 8e-4,
+    "disc.ensemble": 7,
+    "eval.episodes": 10,
+}
+ENV_PRESETS = {
+    "Hopper-v5": {**_MUJOCO, "model.hidden": 400, "hyper.updates_per_step": 30, "actor.hidden": 512, "actor.lr": 3e-4},
+    "Walker2d-v5": {
+        **_MUJOCO,
+        "hyper.updates_per_step": 10,
+        "model.clip_output": 40.0,
+        "model.cosine_lr": True,
+        "actor.lr_decay": 10_000,
+    },
+    "Ant-v5": {
+        **_MUJOCO,
+        "model.hidden": 400,
+        "hyper.updates_per_step": 30,
+        "disc.every": 200,
+        "model.clip_output": 40.0,
+    },
+    "Humanoid-v5": {
+        **_MUJOCO,
+        "model.hidden": 400,
+        "hyper.updates_per_step": 10,
+        "hyper.rollout_schedule": "20,300,1,25",
+        "actor.lr_decay": 10_000,
+    },
+}
+
+
+def preset(env_id: str, **top) -> Args:
+    """Args with the reference's defaults for env_id (the mazes': Args' own)."""
+    args = Args(env_id=env_id, **top)
+    for name, value in ENV_PRESETS.get(env_id, {}).items():
+        group, key = name.split(".")
+        setattr(getattr(args, group), key, value)
+    return args
 
 
 def peek(argv: list[str]):
