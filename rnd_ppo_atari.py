@@ -890,7 +890,8 @@ def load(path: Path, kind: str) -> dict:
     if isinstance(saved, dict) and header.items() <= saved.items() and REQUIRED[kind] <= set(saved):
         return saved
     fix = "delete it to resume from the previous snapshot" if kind == "snapshot" else f"pass a {kind} of {SCRIPT}"
-    raise UsageError(f"{path} is not a readable {kind} of {SCRIPT} (corrupt, or written by another script): {fix}")
+    what = f"a readable {kind} of {SCRIPT} (format {VERSION})"
+    raise UsageError(f"{path} is not {what}: corrupt, another script's or an older format; {fix}")
 
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
