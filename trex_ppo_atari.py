@@ -795,6 +795,14 @@ def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float
     return correct / len(pairs[0])
 
 
+def correlations(predicted, true) -> dict:
+    from scipy.stats import pearsonr, spearmanr
+
+    if np.ptp(predicted) == 0 or np.ptp(true) == 0:
+        return {"spearman": float("nan"), "pearson": float("nan")}
+    return {"spearman": float(spearmanr(predicted, true)[0]), "pearson": float(pearsonr(predicted, true)[0])}
+
+
 def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag: str) -> dict:
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy,
     N games per seed; each env plays a fixed quota of games, so short games do not count more."""
@@ -831,6 +839,13 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
     return {"per_seed": per_seed} | summary
 
 
+def demo_stats(returns) -> dict:
+    r = np.asarray(returns, dtype=np.float64)
+    if r.size == 0 or not np.isfinite(r).all():  # no demos (--reward-model alone) or ranks without returns
+        return {"best": None, "average": None, "worst": None, "num_demos": len(r)}
+    return {"best": float(r.max()), "average": float(r.mean()), "worst": float(r.min()), "num_demos": len(r)}
+
+
 def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> Optional[dict]:
     """Phases 1-5; a phase is skipped when validate found its artifact in the run dir (`found`)."""
     demos, reward, resume = found["demos"], found["reward_model"], found["checkpoints"]
@@ -863,7 +878,7 @@ def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, wri
     agent, state = train_ppo(args, game, "policy", writer, device, run_dir, plot("policy"), resumed, reward_net)
     histories["policy"] = state["history"]
     config = {"num_actions": agent.actor.out_features, "env_config": game}
-    policy = {"script": SCRIPT, "env_id": args.env_id, "network": "Agent", "config": config}
+    policy = {"env_id": args.env_id, "network": "Agent", "config": config}
     save(run_dir / "policy.pt", "policy", **policy, state_dict=agent.state_dict())
     plot_learning_curve(run_dir, args.env_id, histories, stats)
     if args.stop_after == "policy":
@@ -1096,41 +1111,32 @@ def resume_ppo(ckpt: Optional[dict], phase: str, num_iterations: int, agent, opt
     return False
 
 
-# The torch artifacts: kind -> (the keys it holds, what it is, the fix when it cannot be used)
-ARTIFACTS = {
-    "ppo_checkpoint": (
-        ("agent", "optimizer", "reward_rms", "rng", "state"),
-        "resume checkpoint",
-        "delete it to redo that phase",
-    ),
-    "snapshot": (
-        ("agent", "iteration", "global_step"),
-        "demonstrator snapshot",
-        "delete it and checkpoints/demonstrator.pt to train the demonstrator again",
-    ),
-    "reward_model": (
-        ("state_dict", "mask_top", "mask_bottom", "env_id", "info"),
-        "reward model",
-        "pass a reward_model.pt of this script (or delete it to redo phase 3)",
-    ),
-    "policy": (
-        ("script", "env_id", "network", "config", "state_dict"),
-        "policy",
-        f"pass the policy.pt of a run of {SCRIPT}",
-    ),
+KEYS = {  # what each torch artifact holds, besides its kind, layout version and script
+    "ppo_checkpoint": ("agent", "optimizer", "reward_rms", "rng", "state"),
+    "snapshot": ("agent", "iteration", "global_step"),
+    "reward_model": ("state_dict", "mask_top", "mask_bottom", "env_id", "info"),
+    "policy": ("env_id", "network", "config", "state_dict"),
 }
-VERSION = 1  # of that layout: load refuses files of another (no shims for older runs)
+FIXES = {  # what to do when one cannot be used
+    "ppo_checkpoint": "delete it to redo that phase",
+    "snapshot": "delete it and checkpoints/demonstrator.pt to train the demonstrator again",
+    "reward_model": "pass a reward_model.pt of this script (or delete it to redo phase 3)",
+    "policy": f"pass the policy.pt of a run of {SCRIPT}",
+}
+VERSION = 1  # of this layout: load refuses files of another (no shims for older runs)
 
 
 def save(path: Path, kind: str, **payload) -> None:
-    """Writes one artifact atomically. A torch file holds {kind, version, **payload}, which load checks; .json
-    (args, results, evaluations) and .npz (demos) hold the payload alone, in the formats users write too."""
+    """Writes one artifact atomically. A torch file holds {kind, version, script, **payload}, which load
+    checks; .json (args, results, evaluations) and .npz (demos) hold the payload alone, in the formats
+    users write too."""
     if path.suffix == ".json":
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(payload, indent=2)))
     elif path.suffix == ".npz":
         atomic_write(path, lambda tmp: np.savez_compressed(tmp.open("wb"), **payload))
     else:
-        atomic_write(path, lambda tmp: torch.save({"kind": kind, "version": VERSION} | payload, tmp))
+        header = {"kind": kind, "version": VERSION, "script": SCRIPT}
+        atomic_write(path, lambda tmp: torch.save(header | payload, tmp))
 
 
 def load(path, kind: str):
@@ -1150,15 +1156,17 @@ def load(path, kind: str):
             return json.loads(path.read_text())
         except (OSError, ValueError):
             raise UsageError(f"{path} is corrupt or unreadable: delete it (it is rewritten) or pass a new --run-dir")
-    keys, what, fix = ARTIFACTS[kind]
+    what = kind.replace("_", " ")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=kind == "policy")
     except Exception:  # noqa: BLE001 -- any unreadable file is the same user error
         obj = None
-    if kind == "policy" and isinstance(obj, dict) and (obj.get("script"), obj.get("network")) != (SCRIPT, "Agent"):
+    if isinstance(obj, dict) and obj.get("script", SCRIPT) != SCRIPT:
         raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
-    if not isinstance(obj, dict) or (obj.get("kind"), obj.get("version")) != (kind, VERSION) or set(keys) - set(obj):
-        raise UsageError(f"{path} is not a readable {what}: {fix}")
+    if not isinstance(obj, dict) or (obj.get("kind"), obj.get("version")) != (kind, VERSION):
+        raise UsageError(f"{path} is not a readable {what}: {FIXES[kind]}")
+    if set(KEYS[kind]) - set(obj):
+        raise UsageError(f"{path} is not a readable {what}: {FIXES[kind]}")
     try:
         if kind == "policy":
             obj["net"] = Agent(obj["config"]["num_actions"], obj["env_id"], obj["config"]["env_config"])
@@ -1168,7 +1176,7 @@ def load(path, kind: str):
             obj["net"].load_state_dict(obj["state_dict"])
             obj["net"].eval()
     except Exception:  # noqa: BLE001 -- a dict of something else
-        raise UsageError(f"{path} is not a {what} of this script: {fix}") from None
+        raise UsageError(f"{path} is not a {what} of this script: {FIXES[kind]}") from None
     return obj
 
 
@@ -1220,13 +1228,6 @@ def make_policy_envs(policy: Agent, num_envs: int):
     return make_envs(policy.env_config, num_envs, life_loss=False)
 
 
-def demo_stats(returns) -> dict:
-    r = np.asarray(returns, dtype=np.float64)
-    if r.size == 0 or not np.isfinite(r).all():  # no demos (--reward-model alone) or ranks without returns
-        return {"best": None, "average": None, "worst": None, "num_demos": len(r)}
-    return {"best": float(r.max()), "average": float(r.mean()), "worst": float(r.min()), "num_demos": len(r)}
-
-
 def write_demo_table(demos: dict, path: Path) -> None:
     lines = ["| demo | snapshot (iteration) | true return | length (steps) |", "|---|---|---|---|"]
     for i in np.argsort(demos["returns"], kind="stable"):
@@ -1235,14 +1236,6 @@ def write_demo_table(demos: dict, path: Path) -> None:
     lines += ["", f"best {s['best']}, average {s['average']:.1f}, worst {s['worst']} over {s['num_demos']} demos"]
     atomic_write(path, lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
     print("\n".join(lines))
-
-
-def correlations(predicted, true) -> dict:
-    from scipy.stats import pearsonr, spearmanr
-
-    if np.ptp(predicted) == 0 or np.ptp(true) == 0:
-        return {"spearman": float("nan"), "pearson": float("nan")}
-    return {"spearman": float(spearmanr(predicted, true)[0]), "pearson": float(pearsonr(predicted, true)[0])}
 
 
 def plot_pred_vs_true(predicted, predicted_sigmoid, true, info, path: Path, env_id: str) -> None:
