@@ -263,11 +263,6 @@ class Args:
 
 FRAME_SHAPE = (105, 80, 3)  # SimPLe's frames: 210x160 RGB downscaled x2 (area), height, width, channels
 STACK = 4
-WM_MULTIPLIER_EPOCHS = (0, 1, 4, 9, 14)  # epochs whose world-model steps are x epoch_multiplier
-PPO_X2_EPOCHS = (1, 7, 11)  # epochs whose PPO iterations are x2 (the last epoch: x3)
-FORMAT_VERSION = 1  # of the .pt files (policy, world_model, checkpoint); a file of another version is refused
-SIMPLE_PHASES = ("world_model", "policy", "collect", "evaluate")  # one epoch of the loop, in order
-PAPER_SIMPLE = {"pong": 12.8, "breakout": 16.4, "freeway": 16.7}  # SD-long, mean of 5 runs, 100K (iris SimPLe.json)
 
 
 class UsageError(Exception):
@@ -285,143 +280,50 @@ class Interrupted(Exception):
 STOP = {"signal": 0}  # set by SIGINT/SIGTERM (SignalGuard, below): the running phase stops at its next step
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Environments
-# ----------------------------------------------------------------------------------------------------------------
-def resolve_env_id(env_id: str) -> tuple[str, float]:
-    """'PongNoFrameskip-v4' / 'ALE/Pong-v5' -> (ale-py ROM name, default sticky-action probability)."""
-    from ale_py import roms
-
-    known = roms.get_all_rom_ids()
-    m = re.fullmatch(r"(ALE/)?([A-Za-z0-9]+?)(NoFrameskip-v4|-v5)", env_id)
-    if m and (m.group(1) is None) == (m.group(3) == "NoFrameskip-v4"):
-        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(2)).lower()
-        if rom in known:
-            return rom, 0.25 if m.group(3) == "-v5" else 0.0
-    camel = ["".join(p.capitalize() for p in r.split("_")) for r in known]
-    ids = [f"{c}NoFrameskip-v4" for c in camel] + [f"ALE/{c}-v5" for c in camel]
-    close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(close)}?" if close else "this script takes Atari ids like PongNoFrameskip-v4"
-    raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
-
-
-def make_envs(rom: str, num_envs: int, sticky: float, noop_max: int, max_frames: int):
-    """ale-py's C++ vector env, SimPLe's frames: 105x80 RGB, 4-stack, frameskip 4 with max-pool.
-
-    Returns uint8 observations (num_envs, 4, 105, 80, 3). No reward clipping (the true score is logged; the
-    reward head learns sign(r)), a lost life is not an episode end, no FIRE at reset (the reference presses
-    none), same-step autoreset (a done step returns the new game's first stack, whose older frames are zeros).
-    """
-    from ale_py.vector_env import AtariVectorEnv
-
-    return AtariVectorEnv(
-        rom,
-        num_envs,
-        repeat_action_probability=sticky,
-        reward_clipping=False,
-        episodic_life=False,
-        noop_max=noop_max,
-        max_num_frames_per_episode=max_frames,
-        autoreset_mode="SameStep",
-        use_fire_reset=False,
-        full_action_space=False,
-        frameskip=4,
-        maxpool=True,
-        stack_num=STACK,
-        img_height=FRAME_SHAPE[0],
-        img_width=FRAME_SHAPE[1],
-        grayscale=False,
-    )
-
-
-def make_policy_envs(policy, num_envs: int = 1):
-    """The real envs `policy` (from load_policy) was trained on, made as in training."""
-    c = policy.env_config
-    return make_envs(c["rom"], num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
-
-
-def real_envs(args: Args, ctx: dict) -> dict:
-    """The persistent real envs of the collections, made on first use (a resumed run starts new games)."""
-    if ctx.get("real") is None:
-        c = ctx["env_config"]
-        envs = make_envs(c["rom"], args.env.num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
-        obs, _ = envs.reset(seed=int(ctx["rng"].integers(0, 2**31 - 1)))
-        n = obs.shape[0]
-        ctx["real"] = {"envs": envs, "obs": obs, "episodes": []}
-        ctx["real"].update(ep_return=np.zeros(n), ep_length=np.zeros(n, dtype=np.int64))
-    return ctx["real"]
-
-
-def valid_starts(dones: np.ndarray, targets: int) -> np.ndarray:
-    """Start indices t of windows in one env's timeline (frames f[t .. t+3+targets]) that are true game sequences.
-
-    dones[j] marks transition j (obs j -> obs j+1) as the end of a game. Stack t equals f[t:t+4] only if no game
-    ended in transitions t-3 .. t-1, and its targets are true successors only if none ended in t .. t+targets-1.
-    """
-    T = len(dones)
-    if targets > T:
-        return np.zeros(0, dtype=np.int64)
-    bad = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(dones.astype(np.int64))])  # bad[j] = dones before j
-    t = np.arange(0, T - targets + 1)
-    lo = np.maximum(t - 3, 0)
-    return t[(bad[t + targets] - bad[lo]) == 0]
-
-
-class RealData:
-    """Every real collection: per env a frame timeline f (T+4 frames: the first stack, then each new frame),
-    actions, rewards and game ends. Env 0 of each collection is held out for the world-model evaluation
-    (when a collection has more than one env)."""
-
-    def __init__(self):
-        self.collections: list[dict] = []
-
-    def add(self, collection: dict):
-        self.collections.append(collection)
-
-    @property
-    def real_steps(self) -> int:
-        return sum(c["actions"].size for c in self.collections)
-
-    def windows(self, targets: int, held_out: bool, latest_only: bool = False) -> np.ndarray:
-        """(collection, env, start) of every valid window with `targets` predicted frames."""
-        out = []
-        chosen = range(len(self.collections))[-1:] if latest_only else range(len(self.collections))
-        for c in chosen:
-            n_envs = self.collections[c]["actions"].shape[1]
-            envs = [0] if held_out else (range(1, n_envs) if n_envs > 1 else [0])
-            for e in envs:
-                for t in valid_starts(self.collections[c]["dones"][:, e], targets):
-                    out.append((c, e, t))
-        return np.array(out, dtype=np.int64).reshape(-1, 3)
-
-    def sequences(self, windows: np.ndarray, targets: int):
-        """Frames (B, 4+targets, H, W, C) uint8, actions (B, targets), reward classes (B, targets)."""
-        frames, actions, rewards = [], [], []
-        for c, e, t in windows:
-            col = self.collections[c]
-            frames.append(col["frames"][t : t + STACK + targets, e])
-            actions.append(col["actions"][t : t + targets, e])
-            rewards.append(col["rewards"][t : t + targets, e])
-        rewards = reward_to_class(torch.as_tensor(np.stack(rewards)))
-        return torch.as_tensor(np.stack(frames)), torch.as_tensor(np.stack(actions)).long(), rewards
-
-    def start_stacks(self, n: int, rng: np.random.Generator, flip_first: bool = True) -> torch.Tensor:
-        """n random real 4-frame stacks from the latest collection (training envs), as the reference; with
-        flip_first, env 0 starts from the first stack of that collection (a game start on the first epoch)."""
-        w = self.windows(0, held_out=False, latest_only=True)
-        picks = w[rng.integers(0, len(w), size=n)]
-        if flip_first:
-            picks[0] = w[0]
-        return self.sequences(picks, 0)[0]
-
-
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Networks
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+class Policy(nn.Module):
+    """The reference's small CNN policy: 4 RGB frames (12 channels) / 255 -> conv 32 5x5/2 -> conv
+    32 5x5/2 -> dropout -> dense 128 -> policy logits and value. (The reference also feeds a
+    loop-epoch embedding; not here.)"""
+
+    def __init__(self, num_actions: int, frame_shape: tuple = FRAME_SHAPE, dropout: float = 0.1):
+        super().__init__()
+        height, width, channels = frame_shape
+        self.config = {"num_actions": num_actions, "frame_shape": list(frame_shape), "dropout": dropout}
+        self.env_config: dict = {}
+        self.convs = nn.Sequential(
+            nn.Conv2d(STACK * channels, 32, 5, 2), nn.ReLU(), nn.Conv2d(32, 32, 5, 2), nn.ReLU(), nn.Flatten()
+        )
+        flat = self.convs(torch.zeros(1, STACK * channels, height, width)).shape[1]
+        self.dense = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, 128), nn.ReLU())
+        self.logits = nn.Linear(128, num_actions)
+        self.value = nn.Linear(128, 1)
+
+    def forward(self, obs):
+        """obs (B, 4, H, W, C) uint8 -> logits (B, A), value (B,)."""
+        x = obs.permute(0, 1, 4, 2, 3).flatten(1, 2).float() / 255.0
+        h = self.dense(self.convs(x))
+        return self.logits(h), self.value(h).squeeze(-1)
+
+    def to_file(self) -> dict:
+        """What policy.pt holds besides its tags (load_policy rebuilds the policy from it)."""
+        env = {"env_id": self.env_config["env_id"], "env_config": self.env_config}
+        return {"network": "Policy", **env, "config": self.config, "state_dict": self.state_dict()}
+
+    @torch.no_grad()
+    def act(self, obs, temperature: float = 1.0):
+        """numpy observations (B, 4, 105, 80, 3) uint8 -> numpy actions (B,) from logits / T."""
+        device = next(self.parameters()).device
+        logits, _ = self(torch.as_tensor(np.asarray(obs), device=device))
+        return sample_logits(logits, temperature).cpu().numpy()
+
+
 @functools.lru_cache(maxsize=64)
 def timing_signal_2d(channels: int, height: int, width: int, device: str) -> torch.Tensor:
-    """Sinusoidal position signal (channels, height, width): a quarter of the channels each for sin/cos of the row
-    and of the column, at geometric timescales 1 .. 1e4; leftover channels are 0."""
+    """Sinusoidal position signal (channels, height, width): a quarter of the channels each for
+    sin/cos of the row and of the column, at geometric timescales 1 .. 1e4; the rest are 0."""
     n = channels // 4
     sig = torch.zeros(channels, height, width, device=device)
     if n == 0:
@@ -448,7 +350,7 @@ class ChannelNorm(nn.LayerNorm):
 
 
 class Injection(nn.Module):
-    """x <- x * sigmoid(Dense(v)) + Dense(v): how actions ("multi_additive") and latent bits enter a feature map."""
+    """x <- x * sigmoid(Dense(v)) + Dense(v): how actions ("multi_additive") and bits enter a map."""
 
     def __init__(self, in_dim: int, channels: int):
         super().__init__()
@@ -460,8 +362,8 @@ class Injection(nn.Module):
 
 
 class InferenceNet(nn.Module):
-    """Posterior over the bits, training only: (4 context frames, true next frame, action) -> bit logits.
-    Two 8x8 stride-4 convs, each pooled over space by an attention-weighted mean (1x1 conv -> softmax weights)."""
+    """Posterior over the bits, training only: (4 context frames, true next frame, action) -> bit
+    logits. Two 8x8 stride-4 convs, each pooled over space by an attention-weighted mean."""
 
     def __init__(self, channels: int, num_actions: int, cfg: WorldModelArgs):
         super().__init__()
@@ -488,8 +390,9 @@ class InferenceNet(nn.Module):
 
 
 class BitPrior(nn.Module):
-    """Autoregressive LSTM prior over the bits, 8 at a time (a 256-way softmax per step), its state initialised
-    from the flattened bottleneck. Trained by teacher forcing on the posterior's clean bits; sampled at play."""
+    """Autoregressive LSTM prior over the bits, 8 at a time (a 256-way softmax per step), its state
+    initialised from the flattened bottleneck. Trained by teacher forcing on the posterior's clean
+    bits, sampled at play."""
 
     GROUP = 8
 
@@ -529,13 +432,14 @@ class BitPrior(nn.Module):
 
 
 class WorldModel(nn.Module):
-    """Next frame and reward from 4 stacked frames and an action (the paper's figure: frame-stacked, no recurrence).
+    """Next frame and reward from 4 stacked frames and an action (the paper's figure: frame-stacked,
+    no recurrence).
 
-    standardise + 1x1 embed + position signal -> `compress_steps` x [dropout, pad to even, conv 4x4/2, ReLU, LN],
-    saving each block's input -> action injection -> (stochastic: bits injected) -> 3x3 conv layers -> decoder:
-    per block [dropout, action injection, deconv 4x4/2 + ReLU, crop, LN(x + skip), position signal] -> 1x1 conv to
-    256 logits per pixel and channel. Reward: 3 classes (-1, 0, +1) from the bottleneck and final feature means.
-    """
+    standardise + 1x1 embed + position signal -> `compress_steps` x [dropout, pad to even, conv
+    4x4/2, ReLU, LN], saving each block's input -> action injection -> (stochastic: bits injected)
+    -> 3x3 conv layers -> decoder: per block [dropout, action injection, deconv 4x4/2 + ReLU, crop,
+    LN(x + skip), position signal] -> 1x1 conv to 256 logits per pixel and channel. Reward: 3
+    classes (-1, 0, +1) from the bottleneck and final feature means."""
 
     def __init__(self, num_actions: int, frame_shape: tuple, cfg: WorldModelArgs):
         super().__init__()
@@ -569,9 +473,10 @@ class WorldModel(nn.Module):
     bf16 = False  # set from --precision: convolutions under bf16 autocast; heads, LSTM prior and losses in fp32
 
     def forward(self, frames, actions, target=None, step: int = 0, latent_temperature: float = 1.0):
-        """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, 256, C, H, W), reward logits (B, 3),
-        auxiliary loss (the prior's cross-entropy; 0 outside stochastic training). The posterior is used only in
-        training mode with a target frame; otherwise the bits come from the LSTM prior."""
+        """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, 256, C, H, W), reward
+        logits (B, 3), auxiliary loss (the prior's cross-entropy; 0 outside stochastic training).
+        The posterior is used only in training mode with a target frame; otherwise the bits come
+        from the LSTM prior."""
         with torch.autocast(frames.device.type, torch.bfloat16, enabled=self.bf16):
             logits, features, aux = self.trunk(frames, actions, target, step, latent_temperature)
         return logits.float(), self.reward_head(features.float()), aux
@@ -627,61 +532,23 @@ class WorldModel(nn.Module):
     def to_file(self) -> dict:
         """What world_model.pt holds besides its tags (world_model_from rebuilds the model from it)."""
         shape, config = list(self.frame_shape), asdict(self.cfg)
-        return {
-            "num_actions": self.num_actions,
-            "frame_shape": shape,
-            "config": config,
-            "state_dict": self.state_dict(),
-        }
+        sizes = {"num_actions": self.num_actions, "frame_shape": shape, "config": config}
+        return {"network": "WorldModel", **sizes, "state_dict": self.state_dict()}
 
     @torch.no_grad()
     def predict(self, frames, actions, pixel_temperature: float = 0.0, latent_temperature: float = 1.0):
-        """Next frame (B, H, W, C) uint8 and reward (B,) in {-1, 0, 1}, as the simulated env uses them."""
+        """Next frame (B, H, W, C) uint8 and reward (B,) in {-1, 0, 1}, for the simulated env."""
         logits, reward_logits, _ = self(frames, actions, latent_temperature=latent_temperature)
         pixels = sample_logits(logits.movedim(1, -1), pixel_temperature)  # (B, C, H, W)
         return pixels.permute(0, 2, 3, 1).to(torch.uint8), reward_logits.argmax(-1).float() - 1.0
 
 
-class Policy(nn.Module):
-    """The reference's small CNN policy: 4 RGB frames (12 channels) / 255 -> conv 32 5x5/2 -> conv 32 5x5/2 ->
-    dropout -> dense 128 -> policy logits and value. (The reference also feeds a loop-epoch embedding; not here.)"""
-
-    def __init__(self, num_actions: int, frame_shape: tuple = FRAME_SHAPE, dropout: float = 0.1):
-        super().__init__()
-        height, width, channels = frame_shape
-        self.config = {"num_actions": num_actions, "frame_shape": list(frame_shape), "dropout": dropout}
-        self.env_config: dict = {}
-        self.convs = nn.Sequential(
-            nn.Conv2d(STACK * channels, 32, 5, 2), nn.ReLU(), nn.Conv2d(32, 32, 5, 2), nn.ReLU(), nn.Flatten()
-        )
-        flat = self.convs(torch.zeros(1, STACK * channels, height, width)).shape[1]
-        self.dense = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, 128), nn.ReLU())
-        self.logits = nn.Linear(128, num_actions)
-        self.value = nn.Linear(128, 1)
-
-    def forward(self, obs):
-        """obs (B, 4, H, W, C) uint8 -> logits (B, A), value (B,)."""
-        x = obs.permute(0, 1, 4, 2, 3).flatten(1, 2).float() / 255.0
-        h = self.dense(self.convs(x))
-        return self.logits(h), self.value(h).squeeze(-1)
-
-    def to_file(self) -> dict:
-        """What policy.pt holds besides its tags (load_policy rebuilds the policy from it)."""
-        return {"config": self.config, "env_config": self.env_config, "state_dict": self.state_dict()}
-
-    @torch.no_grad()
-    def act(self, obs, temperature: float = 1.0):
-        """numpy observations (B, 4, 105, 80, 3) uint8 -> numpy actions (B,), sampled from logits / temperature."""
-        device = next(self.parameters()).device
-        logits, _ = self(torch.as_tensor(np.asarray(obs), device=device))
-        return sample_logits(logits, temperature).cpu().numpy()
-
-
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The math (pure functions)
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def standardize_frames(frames: torch.Tensor) -> torch.Tensor:
-    """(B, n, H, W, C) uint8 -> (B, n*C, H, W): each frame to zero mean, unit std (std floored at 1/sqrt(size))."""
+    """(B, n, H, W, C) uint8 -> (B, n*C, H, W): each frame to zero mean and unit std
+    (the std floored at 1/sqrt(size))."""
     x = frames.float()
     mean = x.mean(dim=(2, 3, 4), keepdim=True)
     std = x.std(dim=(2, 3, 4), keepdim=True, correction=0).clamp_min(1.0 / math.sqrt(x[0, 0].numel()))
@@ -690,8 +557,8 @@ def standardize_frames(frames: torch.Tensor) -> torch.Tensor:
 
 
 def discrete_latent(logits, noise_std: float, flip_prob: float, training: bool):
-    """Bit logits -> (bits in {-1, +1} with a straight-through gradient through tanh, the continuous tanh).
-    Training adds N(0, noise_std) to the logits and flips each bit with probability flip_prob (bit dropout)."""
+    """Bit logits -> (bits in {-1, +1} with a straight-through gradient through tanh, the tanh).
+    Training adds N(0, noise_std) to the logits and flips each bit with probability flip_prob."""
     if training and noise_std > 0:
         logits = logits + noise_std * torch.randn_like(logits)
     soft = torch.tanh(logits)
@@ -715,7 +582,7 @@ def groups_to_bits(groups: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def sample_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Index per row of the last axis: argmax at temperature 0, else a sample from softmax(logits / T)."""
+    """Index per row of the last axis: argmax at temperature 0, else a sample of softmax(logits / T)."""
     if temperature == 0:
         return logits.argmax(-1)
     flat = logits.reshape(-1, logits.shape[-1]) / temperature
@@ -723,7 +590,7 @@ def sample_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def inverse_exp_decay(step: float, max_step: int, min_value: float = 0.01) -> float:
-    """Rises exponentially from min_value at step 0 to 1 at max_step (tensor2tensor's inverse_exp_decay)."""
+    """Rises exponentially from min_value at step 0 to 1 at max_step (tensor2tensor's name)."""
     return math.exp(math.log(min_value) / max_step) ** max(max_step - step, 0)
 
 
@@ -733,20 +600,20 @@ def inverse_lin_decay(step: float, max_step: int, min_value: float = 0.01) -> fl
 
 
 def scheduled_sampling_prob(step: float, exp_steps: int, lin_steps: int, max_prob: float) -> float:
-    """Probability of feeding the model its own predicted frame instead of the real one (prob_inverse_lin)."""
+    """Probability of feeding the model its own frame instead of the real one (prob_inverse_lin)."""
     return max_prob * inverse_exp_decay(step, exp_steps) * inverse_lin_decay(step, lin_steps)
 
 
 def clipped_pixel_loss(logits: torch.Tensor, target: torch.Tensor, cutoff: float):
-    """Per-pixel cross-entropy (logits (B, 256, ...), target (B, ...) long) -> (mean of relu(xent - cutoff), mean
-    xent). Pixels already predicted to within the cutoff give no gradient."""
+    """Per-pixel cross-entropy (logits (B, 256, ...), target (B, ...) long) -> (mean of relu(xent -
+    cutoff), mean xent). Pixels already predicted to within the cutoff give no gradient."""
     xent = F.cross_entropy(logits, target, reduction="none")
     return F.relu(xent - cutoff).mean(), xent.mean().detach()
 
 
 def background_noise(frames: torch.Tensor, prob: float) -> torch.Tensor:
-    """Replace each pixel of uint8 frames (..., C) with probability prob by the batch's median ("background")
-    colour: next_frame_pixel_noise's input noise, so the model cannot rely on any single input pixel."""
+    """Replace each pixel of uint8 frames (..., C) with probability prob by the batch's median
+    ("background") colour: next_frame_pixel_noise's input noise, so no single pixel is relied on."""
     if prob <= 0:
         return frames
     background = frames.reshape(-1, frames.shape[-1]).median(dim=0).values
@@ -760,8 +627,9 @@ def reward_to_class(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def real_steps_schedule(real_steps: int, epochs: int, num_envs: int) -> dict:
-    """Accounting of real play: per_epoch = ceil(real_steps / epochs) agent steps (rounded up to a multiple of
-    num_envs); collections = 1 random + 1 per epoch; 96,000 / 15 -> 16 x 6,400 = 102,400 (the paper's "100K")."""
+    """Accounting of real play: per_epoch = ceil(real_steps / epochs) agent steps, rounded up to a
+    multiple of num_envs; collections = 1 random + 1 per epoch.
+    96,000 / 15 -> 16 x 6,400 = 102,400 (the paper's "100K")."""
     per_epoch = math.ceil(math.ceil(real_steps / epochs) / num_envs) * num_envs
     return {
         "per_epoch": per_epoch,
@@ -769,6 +637,10 @@ def real_steps_schedule(real_steps: int, epochs: int, num_envs: int) -> dict:
         "collections": epochs + 1,
         "total": per_epoch * (epochs + 1),
     }
+
+
+WM_MULTIPLIER_EPOCHS = (0, 1, 4, 9, 14)  # epochs whose world-model steps are x epoch_multiplier
+PPO_X2_EPOCHS = (1, 7, 11)  # epochs whose PPO iterations are x2 (the last epoch: x3)
 
 
 def world_model_steps(epoch: int, train_steps: int, multiplier: int) -> int:
@@ -780,7 +652,8 @@ def ppo_iterations(epoch: int, epochs: int, iterations: int) -> int:
 
 
 def compute_gae(rewards, values, dones, last_value, gamma: float, lam: float):
-    """(T, N) rewards/values/dones (dones[t]: the game ended at step t), last_value (N,) -> advantages, returns."""
+    """(T, N) rewards/values/dones (dones[t]: the game ended at step t), last_value (N,)
+    -> advantages, returns."""
     adv = torch.zeros_like(rewards)
     running = torch.zeros_like(last_value)
     for t in reversed(range(rewards.shape[0])):
@@ -792,9 +665,125 @@ def compute_gae(rewards, values, dones, last_value, gamma: float, lam: float):
     return adv, adv + values
 
 
+# --------------------------------------------------------------------------------------------------
+# Environments: the real game, its collected data, the game simulated by the world model
+# --------------------------------------------------------------------------------------------------
+def make_envs(rom: str, num_envs: int, sticky: float, noop_max: int, max_frames: int):
+    """ale-py's C++ vector env, SimPLe's frames: 105x80 RGB, 4-stack, frameskip 4 with max-pool.
+
+    Returns uint8 observations (num_envs, 4, 105, 80, 3). No reward clipping (the true score is
+    logged; the reward head learns sign(r)), a lost life is not an episode end, no FIRE at reset
+    (the reference presses none), same-step autoreset (a done step returns the new game's first
+    stack, whose older frames are zeros)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    game = {"repeat_action_probability": sticky, "noop_max": noop_max, "max_num_frames_per_episode": max_frames}
+    rules = {"reward_clipping": False, "episodic_life": False, "use_fire_reset": False, "full_action_space": False}
+    frames = {"frameskip": 4, "maxpool": True, "stack_num": STACK, "grayscale": False}
+    size = {"img_height": FRAME_SHAPE[0], "img_width": FRAME_SHAPE[1]}
+    return AtariVectorEnv(rom, num_envs, **game, **rules, **frames, **size, autoreset_mode="SameStep")
+
+
+def make_policy_envs(policy, num_envs: int = 1):
+    """The real envs `policy` (from load_policy) was trained on, made as in training."""
+    c = policy.env_config
+    return make_envs(c["rom"], num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
+
+
+def real_envs(args: Args, ctx: dict) -> dict:
+    """The real envs of the collections, made on first use (a resumed run starts new games)."""
+    if ctx.get("real") is None:
+        c = ctx["env_config"]
+        envs = make_envs(c["rom"], args.env.num_envs, c["sticky"], c["noop_max"], c["max_episode_frames"])
+        obs, _ = envs.reset(seed=int(ctx["rng"].integers(0, 2**31 - 1)))
+        n = obs.shape[0]
+        ctx["real"] = {"envs": envs, "obs": obs, "episodes": []}
+        ctx["real"].update(ep_return=np.zeros(n), ep_length=np.zeros(n, dtype=np.int64))
+    return ctx["real"]
+
+
+def step_real(real: dict, action: np.ndarray):
+    """One step of the real envs; each finished game's (score, length) goes to real["episodes"]."""
+    obs, reward, term, trunc, _ = real["envs"].step(action)
+    done = term | trunc
+    real["ep_return"] += reward
+    real["ep_length"] += 1
+    for i in np.flatnonzero(done):
+        real["episodes"].append((float(real["ep_return"][i]), int(real["ep_length"][i])))
+        real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+    real["obs"] = obs
+    return obs, reward, done
+
+
+def valid_starts(dones: np.ndarray, targets: int) -> np.ndarray:
+    """Start indices t of windows in one env's timeline (frames f[t .. t+3+targets]) that are true
+    game sequences.
+
+    dones[j] marks transition j (obs j -> obs j+1) as the end of a game. Stack t equals f[t:t+4]
+    only if no game ended in transitions t-3 .. t-1, and its targets are true successors only if
+    none ended in t .. t+targets-1."""
+    T = len(dones)
+    if targets > T:
+        return np.zeros(0, dtype=np.int64)
+    bad = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(dones.astype(np.int64))])  # bad[j] = dones before j
+    t = np.arange(0, T - targets + 1)
+    lo = np.maximum(t - 3, 0)
+    return t[(bad[t + targets] - bad[lo]) == 0]
+
+
+class RealData:
+    """Every real collection: per env a frame timeline f (T+4 frames: the first stack, then each new
+    frame), actions, rewards and game ends. Env 0 of each collection is held out for the world-model
+    evaluation (when a collection has more than one env)."""
+
+    def __init__(self):
+        self.collections: list[dict] = []
+
+    def add(self, collection: dict):
+        self.collections.append(collection)
+
+    @property
+    def real_steps(self) -> int:
+        return sum(c["actions"].size for c in self.collections)
+
+    def windows(self, targets: int, held_out: bool, latest_only: bool = False) -> np.ndarray:
+        """(collection, env, start) of every valid window with `targets` predicted frames."""
+        out = []
+        chosen = range(len(self.collections))[-1:] if latest_only else range(len(self.collections))
+        for c in chosen:
+            n_envs = self.collections[c]["actions"].shape[1]
+            envs = [0] if held_out else (range(1, n_envs) if n_envs > 1 else [0])
+            for e in envs:
+                for t in valid_starts(self.collections[c]["dones"][:, e], targets):
+                    out.append((c, e, t))
+        return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+    def sequences(self, windows: np.ndarray, targets: int):
+        """Frames (B, 4+targets, H, W, C) uint8, actions (B, targets), reward classes (B, targets)."""
+        frames, actions, rewards = [], [], []
+        for c, e, t in windows:
+            col = self.collections[c]
+            frames.append(col["frames"][t : t + STACK + targets, e])
+            actions.append(col["actions"][t : t + targets, e])
+            rewards.append(col["rewards"][t : t + targets, e])
+        rewards = reward_to_class(torch.as_tensor(np.stack(rewards)))
+        return torch.as_tensor(np.stack(frames)), torch.as_tensor(np.stack(actions)).long(), rewards
+
+    def start_stacks(self, n: int, rng: np.random.Generator, flip_first: bool = True) -> torch.Tensor:
+        """n random real 4-frame stacks from the latest collection (training envs), as the
+        reference; with flip_first, env 0 starts from the first stack of that collection (a game
+        start on the first epoch)."""
+        w = self.windows(0, held_out=False, latest_only=True)
+        picks = w[rng.integers(0, len(w), size=n)]
+        if flip_first:
+            picks[0] = w[0]
+        return self.sequences(picks, 0)[0]
+
+
 class SimulatedEnv:
-    """A batch of envs inside the world model: each keeps a 4-frame stack; a step appends the predicted frame;
-    the reward is the reward head's class - 1; done is always False (every rollout starts with a reset)."""
+    """A batch of envs inside the world model: each keeps a 4-frame stack; a step appends the
+    predicted frame; the reward is the reward head's class - 1; done is always False (every
+    rollout starts with a reset)."""
 
     def __init__(self, model: WorldModel, pixel_temperature: float, latent_temperature: float):
         self.model, self.pixel_t, self.latent_t = model, pixel_temperature, latent_temperature
@@ -810,9 +799,9 @@ class SimulatedEnv:
         return self.stacks, reward, torch.zeros_like(reward, dtype=torch.bool)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Phases
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def progress_bar(total: int, desc: str, initial: int = 0):
     from tqdm import tqdm
 
@@ -826,8 +815,9 @@ def make_wm_optimizer(model: WorldModel, cfg: WorldModelArgs):
 
 
 def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: WorldModelArgs, step: int):
-    """Loss over `targets` next frames with scheduled sampling: the first 4 frames are real; each next input frame
-    is, per example, the model's argmax prediction with probability scheduled_sampling_prob, else the real one."""
+    """Loss over `targets` next frames with scheduled sampling: the first 4 frames are real; each
+    next input frame is, per example, the model's argmax prediction with probability
+    scheduled_sampling_prob, else the real one."""
     targets = actions.shape[1]
     p_own = scheduled_sampling_prob(step, cfg.ss_exp_steps, cfg.ss_lin_steps, cfg.ss_max_prob)
     stack = background_noise(frames[:, :STACK], cfg.input_noise)
@@ -846,8 +836,8 @@ def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: Wo
 
 
 def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldModelArgs, state, steps: int, ctx):
-    """Phase 1 of an epoch: `steps` optimiser steps on random windows of all real data collected so far
-    (a resumed run starts at state["phase_step"])."""
+    """Phase 1 of an epoch: `steps` optimiser steps on random windows of all real data collected so
+    far (a resumed run starts at state["phase_step"])."""
     device, rng, writer = ctx["device"], ctx["rng"], ctx["writer"]
     windows = data.windows(cfg.target_frames, held_out=False)
     if len(windows) == 0:
@@ -888,10 +878,11 @@ def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldMod
 
 @torch.no_grad()
 def evaluate_world_model(model: WorldModel, data: RealData, cfg: WorldModelArgs, rng, device):
-    """Open-loop rollouts of the model on held-out real sequences (the reference's evaluate_world_model), beside
-    the copy-the-last-frame baseline (and reward always 0). Frame error: mean squared pixel error in [0, 1]
-    averaged over the first h steps; reward accuracy likewise; h in (1, 12, eval_horizon).
-    Returns the metrics and the first sequence's (real, predicted) frames for wm_strip.png."""
+    """Open-loop rollouts of the model on held-out real sequences (the reference's
+    evaluate_world_model), beside the copy-the-last-frame baseline (and reward always 0). Frame
+    error: mean squared pixel error in [0, 1] averaged over the first h steps; reward accuracy
+    likewise; h in (1, 12, eval_horizon). Returns the metrics and the first sequence's (real,
+    predicted) frames for wm_strip.png."""
     horizon, windows = cfg.eval_horizon, np.zeros((0, 3), dtype=np.int64)
     while horizon >= 1:  # the longest horizon (<= eval_horizon) that the held-out play allows
         windows = data.windows(horizon, held_out=True)
@@ -924,8 +915,9 @@ def evaluate_world_model(model: WorldModel, data: RealData, cfg: WorldModelArgs,
 
 
 def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
-    """PPO on one rollout (T, N): advantages normalised over the rollout; (T-1) x update_epochs // minibatch_steps
-    minibatches, each `minibatch_steps` random time indices x all envs (the reference's optimisation batches)."""
+    """PPO on one rollout (T, N): advantages normalised over the rollout; (T-1) x update_epochs //
+    minibatch_steps minibatches, each `minibatch_steps` random time indices x all envs (the
+    reference's optimisation batches)."""
     T = rollout["actions"].shape[0]
     adv = rollout["advantages"]
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -958,7 +950,7 @@ def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
 
 
 def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps: int):
-    """Collect num_steps with `env_step(actions) -> (obs, reward, done)` from obs, then one PPO update."""
+    """num_steps of `env_step(actions) -> (obs, reward, done)` from obs, then one PPO update."""
     policy.eval()
     buf = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards", "dones")}
     for _ in range(num_steps):
@@ -983,9 +975,9 @@ def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps
 
 
 def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, state: dict, iterations: int, ctx):
-    """Phase 2: PPO inside the world model. Every iteration resets the simulated envs to real 4-frame stacks
-    drawn from the latest collection and rolls out num_steps steps; the reward is the reward head's.
-    Returns the last iteration's mean simulated return."""
+    """Phase 2: PPO inside the world model. Every iteration resets the simulated envs to real
+    4-frame stacks drawn from the latest collection and rolls out num_steps steps; the reward is
+    the reward head's. Returns the last iteration's mean simulated return."""
     cfg, device, writer = args.ppo, ctx["device"], ctx["writer"]
     model.eval()
     sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
@@ -1014,9 +1006,9 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
 
 
 def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng, random_policy: bool) -> dict:
-    """Phase 3: play `steps` real agent steps per env with the policy at the collection temperature, or
-    uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
-    envs, obs = real["envs"], real["obs"]
+    """Phase 3: play `steps` real agent steps per env with the policy at the collection temperature,
+    or uniformly at random. Returns the collection (frame timeline, actions, rewards, game ends)."""
+    obs = real["obs"]
     policy.eval()  # no dropout when acting
     frames = [obs[:, k] for k in range(STACK)]
     actions, rewards, dones = [], [], []
@@ -1026,27 +1018,20 @@ def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng
             action = rng.integers(0, policy.config["num_actions"], size=obs.shape[0])
         else:
             action = policy.act(obs, temperature)
-        obs, reward, term, trunc, _ = envs.step(action)
-        done = term | trunc
-        real["ep_return"] += reward
-        real["ep_length"] += 1
-        for i in np.flatnonzero(done):
-            real["episodes"].append((float(real["ep_return"][i]), int(real["ep_length"][i])))
-            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+        obs, reward, done = step_real(real, action)
         frames.append(obs[:, -1])
         actions.append(action)
         rewards.append(reward)
         dones.append(done)
-    real["obs"] = obs
     real["sps"] = steps * obs.shape[0] / max(time.time() - t0, 1e-9)
     actions, rewards = np.stack(actions).astype(np.int64), np.stack(rewards).astype(np.float32)
     return {"frames": np.stack(frames), "actions": actions, "rewards": rewards, "dones": np.stack(dones)}
 
 
 def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, video_path=None, max_steps=0) -> dict:
-    """Phase 4: real games in the envs the policy was trained on, each env a fixed quota of games, logits / T;
-    full games (up to max_episode_frames) or, with max_steps, games truncated after that many agent steps
-    (scored as they stand)."""
+    """Phase 4: real games in the envs the policy was trained on, each env a fixed quota of games,
+    logits / T; full games (up to max_episode_frames) or, with max_steps, games truncated after that
+    many agent steps (scored as they stand)."""
     if episodes == 0:
         return {}
     n = min(num_envs, episodes)
@@ -1080,12 +1065,15 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
 
 
 def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
-    """The SimPLe loop (the reference's order): a random collection first, then per epoch train the world model on
-    all real data, train PPO inside it, collect real steps with the policy, evaluate the policy in the real game.
-    world-model-only: the world model and random collections only. A killed run restarts at the epoch, phase and
-    step it was in: `todo` skips the phases its epoch had finished, and each phase resumes at its saved step."""
+    """The SimPLe loop (the reference's order): a random collection first, then per epoch train the
+    world model on all real data, train PPO inside it, collect real steps with the policy, evaluate
+    the policy in the real game. world-model-only: the world model and random collections only. A
+    killed run restarts at the epoch, phase and step it was in: `todo` skips the phases its epoch
+    had finished, and each phase resumes at its saved step."""
     data, model, policy, history = ctx["data"], modules["model"], modules["policy"], state["history"]
-    phases = ("world_model", "collect") if args.mode == "world-model-only" else SIMPLE_PHASES
+    phases = ("world_model", "policy", "collect", "evaluate")  # one epoch, in order
+    if args.mode == "world-model-only":
+        phases = ("world_model", "collect")
 
     def todo(phase: str) -> bool:
         return phase in phases and phases.index(phase) >= state["phase"]
@@ -1098,15 +1086,17 @@ def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
             history.append({"epoch": epoch, "world_model": wm_eval})
             end_phase(state, phases, ctx, modules)
         if todo("policy"):
-            iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
             opt = modules["ppo_opt"]
-            history[-1]["sim_return"] = train_policy_in_model(policy, opt, model, data, args, state, iterations, ctx)
+            iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
+            sim_return = train_policy_in_model(policy, opt, model, data, args, state, iterations, ctx)
+            history[-1]["sim_return"] = sim_return
             end_phase(state, phases, ctx, modules)
         if todo("collect"):
             collect_phase(policy, data, args, ctx, random_policy=args.mode == "world-model-only")
             end_phase(state, phases, ctx, modules)
         if todo("evaluate"):
-            history[-1].update(eval=evaluate_phase(epoch, policy, data, args, ctx), real_steps=data.real_steps)
+            ev = evaluate_phase(epoch, policy, data, args, ctx)
+            history[-1].update(eval=ev, real_steps=data.real_steps)
             save(ctx["run_dir"] / "policy.pt", "policy", **policy.to_file())
             end_phase(state, phases, ctx, modules)
     final = history[-1] if history else {}
@@ -1115,7 +1105,7 @@ def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
 
 
 def world_model_phase(epoch: int, modules: dict, data: RealData, args: Args, ctx: dict, state: dict) -> dict:
-    """Train the world model (unless --world-model fixed it), save it, evaluate it open loop on held-out play."""
+    """Train the world model (unless --world-model fixed it), save it, evaluate it open loop."""
     model = modules["model"]
     if args.world_model is None:
         steps = world_model_steps(epoch, args.wm.train_steps, args.wm.epoch_multiplier)
@@ -1165,7 +1155,7 @@ def evaluate_phase(epoch: int, policy: Policy, data: RealData, args: Args, ctx: 
 
 
 def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
-    """The baseline: PPO (same network and settings) on the real game for the same number of real agent steps."""
+    """The baseline: PPO (same network and settings) on the real game, as many real agent steps."""
     policy, optimizer, cfg, device, writer = (
         modules["policy"],
         modules["ppo_opt"],
@@ -1178,14 +1168,11 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     iterations = ctx["schedule"]["total"] // (num_envs * cfg.num_steps)
 
     def env_step(action):
-        obs, reward, term, trunc, _ = real["envs"].step(action.cpu().numpy())
-        real["ep_return"] += reward
-        real["ep_length"] += 1
-        done = term | trunc
-        for i in np.flatnonzero(done):
-            writer.add_scalar("charts/episodic_return", real["ep_return"][i], state["real_steps"])
-            state["recent"] = (state.get("recent", []) + [float(real["ep_return"][i])])[-20:]
-            real["ep_return"][i], real["ep_length"][i] = 0.0, 0
+        obs, reward, done = step_real(real, action.cpu().numpy())
+        for score, _ in real["episodes"]:
+            writer.add_scalar("charts/episodic_return", score, state["real_steps"])
+            state["recent"] = (state.get("recent", []) + [score])[-20:]
+        real["episodes"].clear()
         state["real_steps"] += num_envs
         reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
         return torch.as_tensor(obs, device=device), reward, torch.as_tensor(done, device=device)
@@ -1243,6 +1230,8 @@ def main(args: Args) -> None:
 
 
 # ---- run management ----
+FORMAT_VERSION = 1  # of the files `save` writes; a file of another version is refused
+PAPER_SIMPLE = {"pong": 12.8, "breakout": 16.4, "freeway": 16.7}  # SD-long, mean of 5 runs, 100K (iris SimPLe.json)
 
 # --wm settings that shape the networks or the optimiser: a run dir is resumed only with the same ones
 ARCHITECTURE = "model optimizer hidden_size compress_steps filter_double_steps hidden_layers bits lstm_size".split()
@@ -1292,6 +1281,23 @@ def start_run(args: Args):
             f"networks ({type(e).__name__}): pass a new --run-dir or another world model"
         ) from None
     return ctx, state, modules
+
+
+def resolve_env_id(env_id: str) -> tuple[str, float]:
+    """'PongNoFrameskip-v4' / 'ALE/Pong-v5' -> (ale-py ROM name, default sticky-action probability)."""
+    from ale_py import roms
+
+    known = roms.get_all_rom_ids()
+    m = re.fullmatch(r"(ALE/)?([A-Za-z0-9]+?)(NoFrameskip-v4|-v5)", env_id)
+    if m and (m.group(1) is None) == (m.group(3) == "NoFrameskip-v4"):
+        rom = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(2)).lower()
+        if rom in known:
+            return rom, 0.25 if m.group(3) == "-v5" else 0.0
+    camel = ["".join(p.capitalize() for p in r.split("_")) for r in known]
+    ids = [f"{c}NoFrameskip-v4" for c in camel] + [f"ALE/{c}-v5" for c in camel]
+    close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else "this script takes Atari ids like PongNoFrameskip-v4"
+    raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
 def validate(args: Args) -> dict:
