@@ -718,8 +718,8 @@ def cosine_lr(lr: float, batches: int, period: int = 30_000, floor: float = 1e-9
 
 
 def linear_decay_lr(lr: float, updates: int, horizon: int) -> float:
-    """The reference's SAC learning rate `updates` updates after its last restart: lr x (1 - updates
-    / horizon), never below lr x 1e-8."""
+    """The reference's SAC learning rate `updates` updates after its last restart: lr x
+    (1 - updates / horizon), never below lr x 1e-8."""
     return lr * max(1.0 - updates / horizon, 1e-8)
 
 
@@ -882,8 +882,8 @@ def train_ensemble(
     stop=None,
     cosine_from: int | None = None,
 ):
-    """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by 1
-    % for `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best
+    """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by
+    1 % for `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best
     weights; elites = lowest validation MSE. `cosine_from`: minibatches already run on the cosine
     learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
@@ -1344,8 +1344,8 @@ def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Te
 def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
     """Step 3: updates_per_step actor updates on model rollouts (mazes: half model rollouts, half
     expert transitions, the reference's TD3+BC hybrid), rewards -f relabelled by the current
-    discriminator. The step's minibatches are drawn and relabelled at once (f is fixed until step
-    4)."""
+    discriminator. The step's minibatches are drawn and relabelled at once (f is fixed
+    until step 4)."""
     U, B = args.hyper.updates_per_step, args.actor.batch_size
     maze = env_family(args.env_id) != "mujoco"
     n_model = B // 2 if maze else B
@@ -1893,18 +1893,7 @@ def check_numbers(args: Args) -> None:
         raise UsageError("--hyper.rollout-schedule must be 'e0,e1,l0,l1' with lengths l0, l1 >= 1, e.g. 20,100,1,25")
 
 
-REQUIRED_KEYS = (
-    "observations",
-    "actions",
-    "next_observations",
-    "rewards",
-    "terminals",
-    "timeouts",
-    "episode_ids",
-    "episode_starts",
-    "returns",
-    "env_id",
-)
+REQUIRED_KEYS = (*list(DEMO_DTYPES)[:8], "returns", "env_id")  # observations ... episode_starts, returns, env_id
 MAZE_KEYS = ("qpos", "qvel", "goal")  # required for mazes only (the siblings' MuJoCo demos carry no goal)
 
 
@@ -2010,39 +1999,21 @@ def check_demos(demos: dict, path, env_id: str, obs_dim: int, act_dim: int, nq: 
             f"{path} holds demos of {demos['env_id']}, not {env_id}; pass demos of {env_id} or change --env-id"
         )
     n = len(demos["observations"])
-    widths = {
-        "observations": obs_dim,
-        "next_observations": obs_dim,
-        "actions": act_dim,
-        "qpos": nq,
-        "qvel": nv,
-        "goal": 2,
-    }
+    widths = dict(observations=obs_dim, next_observations=obs_dim, actions=act_dim, qpos=nq, qvel=nv, goal=2)
     for k in DEMO_DTYPES:
         if k not in demos:
             continue
         v = demos[k]
-        if (
-            np.dtype(DEMO_DTYPES[k]).kind == "f"
-            and v.dtype.kind != "f"
-            or np.dtype(DEMO_DTYPES[k]).kind != "f"
-            and v.dtype.kind == "f"
-        ):
+        if (np.dtype(DEMO_DTYPES[k]).kind == "f") != (v.dtype.kind == "f"):
             raise UsageError(f"{path}: key {k} has dtype {v.dtype}, expected {np.dtype(DEMO_DTYPES[k])}")
         if len(v) != n or (k in widths and (v.ndim != 2 or v.shape[1] != widths[k])):
             raise UsageError(f"{path}: key {k} has shape {v.shape}, expected ({n}, {widths.get(k, '')}) for {env_id}")
         if v.dtype.kind == "f" and not np.isfinite(v).all():
             raise UsageError(f"{path}: key {k} holds NaN or inf values")
-    ids = demos["episode_ids"]
-    if (
-        n == 0
-        or ids[0] != 0
-        or np.any(np.diff(ids) < 0)
-        or np.any(np.diff(ids) > 1)
-        or len(demos["returns"]) != ids[-1] + 1
-    ):
+    ids, steps = demos["episode_ids"], np.diff(demos["episode_ids"])
+    if n == 0 or ids[0] != 0 or np.any((steps < 0) | (steps > 1)) or len(demos["returns"]) != ids[-1] + 1:
         raise UsageError(f"{path}: key episode_ids must run 0, 0, ..., 1, ... up to len(returns) - 1 without gaps")
-    starts = np.concatenate([[True], np.diff(ids) == 1])
+    starts = np.concatenate([[True], steps == 1])
     if not np.array_equal(demos["episode_starts"].astype(bool), starts):
         raise UsageError(f"{path}: key episode_starts does not mark the first row of every episode_ids block")
     for k in DEMO_DTYPES:
@@ -2341,15 +2312,8 @@ def saved_script(argv: list[str]) -> str | None:
 
 
 def args_from_dict(saved: dict) -> Args:
-    groups = {
-        "expert": ExpertArgs,
-        "model": ModelArgs,
-        "hyper": HyperArgs,
-        "actor": ActorArgs,
-        "disc": DiscArgs,
-        "reacher": ReacherArgs,
-        "eval": EvalArgs,
-    }
+    """An args.json -> Args (keys it lacks take Args' defaults)."""
+    groups = {f.name: f.type for f in dataclasses.fields(Args) if dataclasses.is_dataclass(f.type)}
     top = {f.name for f in dataclasses.fields(Args)}
     kwargs = {k: v for k, v in saved.items() if k in top and k not in groups}
     for name, cls in groups.items():

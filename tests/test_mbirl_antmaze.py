@@ -687,7 +687,7 @@ def test_antmaze_flat_layout_is_31_d_and_leaves_no_temp_xml(antmaze_demos):
     env.close()
     d = antmaze_demos
     assert d["observations"].shape[1] == 31 and d["qpos"].shape[1] == 15 and d["qvel"].shape[1] == 14
-    assert d["timeouts"].sum() == 2 and len(d["actions"]) == 2 * 700  # random actions never reach the goal
+    assert d["timeouts"].sum() == 2 and len(d["actions"]) == 1400  # 2 x 700 steps: random actions never reach the goal
 
 
 def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
@@ -757,7 +757,8 @@ def test_goal_reach_ant_rewards_progress_and_replaces_reached_goals():
     action = np.full((1, 8), 0.5, np.float32)
     next_obs, reward, term, trunc = envs.step(action)
     after = np.linalg.norm(xy + [3.0, 0.0] - envs.state[0, :2])
-    assert np.isclose(reward[0], 10 * (3.0 - after) / 0.05 + 1.0 - 0.5 * 8 * 0.25, atol=1e-3) and not term[0]
+    # 10 x progress / dt (0.05 s) + 1 upright - 0.5 x |a|^2 (8 x 0.25 = 2): 200 x progress
+    assert np.isclose(reward[0], 200 * (3.0 - after), atol=1e-3) and not term[0]
     assert np.allclose(next_obs[0, :27], envs.state[0, 2:]) and next_obs.dtype == np.float32
     envs.goal[0] = envs.state[0, :2] + [0.05, 0.0]  # within 0.45 m after the next step: a new goal 1-6 m away
     envs.step(np.zeros((1, 8), np.float32))
@@ -888,6 +889,14 @@ def test_goal_reacher_bad_input(tmp_path):
         validate(run_dir=tmp_path / "new")
     with pytest.raises(mb.UsageError, match="mbirl_antmaze_goal_reacher.py"):  # the flag is for the command line
         _validate(tmp_path / "new", train_goal_reacher=True)
+
+
+def test_goal_reacher_command_lines_exit_2_with_one_line(run_script, run_dir):
+    """The companion's own command line and this script's --train-goal-reacher, which runs it with the same flags."""
+    for cmd in (["mbirl_antmaze_goal_reacher.py"], ["mbirl_antmaze.py", "--train-goal-reacher"]):
+        rc, _, err = run_script(*cmd, "--run-dir", run_dir, "--reacher.goal-min", "7", timeout=120)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "--reacher.goal-min" in err, err
+        assert not run_dir.exists()
 
 
 # --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
