@@ -176,21 +176,15 @@ class Stop(Exception):
     code, prefix = 1, "error: "
 
 
-class UsageError(Stop):
-    """Bad input, found before any work starts: exit 2."""
-
+class UsageError(Stop):  # bad input, found before any work starts
     code = 2
 
 
-class NonFiniteLoss(Stop):
-    """A loss became NaN or infinite: exit 3, the last checkpoint kept."""
-
+class NonFiniteLoss(Stop):  # a loss became NaN or infinite (the last checkpoint is kept)
     code = 3
 
 
-class Interrupted(Stop):
-    """SIGINT/SIGTERM: the phase saved its checkpoint; exit 130. Args: (phase, step)."""
-
+class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint; args (phase, step)
     code, prefix = 130, ""
 
     def __str__(self) -> str:
@@ -204,9 +198,8 @@ def is_maze(env_id: str) -> bool:
 
 
 class FlatMazeObs(gym.ObservationWrapper):
-    """A maze's dict observation -> the flat one of mbirl_antmaze.py's data, (x, y) first and
-    the goal last: PointMaze [x, y, vx, vy, gx, gy] (6-D); AntMaze [x, y, qpos[2:15], qvel, gx,
-    gy] (31-D)."""
+    """A maze's dict observation -> mbirl_antmaze.py's flat one, (x, y) first and the goal last:
+    PointMaze [x, y, vx, vy, gx, gy] (6-D); AntMaze [x, y, qpos[2:15], qvel, gx, gy] (31-D)."""
 
     def __init__(self, env: gym.Env, prepend_xy: bool):
         super().__init__(env)
@@ -221,8 +214,7 @@ class FlatMazeObs(gym.ObservationWrapper):
 
 def make_gym_env(env_id: str, **kwargs) -> gym.Env:
     """gym.make (with its TimeLimit); a maze as mbirl_antmaze.py makes it: it ends at the goal
-    (within 0.45), the goal stays put, AntMaze v5 has no contact forces, and the maze XML it
-    writes to the temp dir is removed."""
+    (within 0.45), the goal stays put, AntMaze v5 has no contact forces, its temp XML is removed."""
     if not is_maze(env_id):
         return gym.make(env_id, disable_env_checker=True, **kwargs)
     kwargs.update(continuing_task=False, reset_target=False)
@@ -242,9 +234,8 @@ def flat_obs(env_id: str, env: gym.Env) -> gym.Env:
 
 
 def make_env(env_id: str, max_episode_steps=None, render: bool = False) -> tuple[gym.Env, int]:
-    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time themselves,
-    so that an episode restored to expert time t runs for exactly horizon - t more steps. Mazes:
-    the flat observation."""
+    """The env WITHOUT gymnasium's TimeLimit, and its horizon: the loops count time, so an episode
+    restored to expert time t runs exactly horizon - t more steps. Mazes: the flat observation."""
     size = {"render_mode": "rgb_array", "width": VIDEO_SIZE, "height": VIDEO_SIZE} if render else {}
     env = make_gym_env(env_id, **size)
     horizon = max_episode_steps or env.spec.max_episode_steps or 1000
@@ -261,10 +252,9 @@ def simulator(env: gym.Env):
 
 def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, goal=None) -> np.ndarray:
     """Exact restore: the expert's next states replay bit for bit (warm start included); on a
-    maze the goal (and its target marker) too. Returns the recomputed observation, equal to the
-    recorded one except, on Ant/Humanoid, for the contact/actuator-force entries (gymnasium
-    computes those from the last substep's solver state): the learner's reset uses the recorded
-    one."""
+    maze the goal (and its target marker) too. Returns the recomputed observation, the recorded
+    one except, on Ant/Humanoid, for the contact/actuator forces (gymnasium computes those from
+    the last substep's solver state): the learner's reset uses the recorded one."""
     u, sim = env.unwrapped, simulator(env)
     if goal is not None:
         u.goal = np.array(goal, dtype=np.float64)
@@ -417,9 +407,8 @@ def rho_at(step: int, segments: list[tuple[float, float, int]]) -> float:
 
 
 def hybrid_indices(batch_size, rho, num_expert, num_learner, generator=None, device="cpu"):
-    """Row indices of one hybrid minibatch in the storage [expert rows 0..E-1 | learner rows
-    E..E+L-1]: exactly round(rho * batch_size) expert rows, the rest learner rows, each uniform
-    with replacement (as SB3's buffers)."""
+    """Row indices of one minibatch in [expert rows 0..E-1 | learner rows E..E+L-1]: exactly
+    round(rho * batch_size) expert rows, the rest learner rows, each uniform with replacement."""
     n_expert = int(round(rho * batch_size)) if num_expert > 0 else 0
     if num_learner == 0:
         n_expert = batch_size
@@ -480,8 +469,7 @@ def tremble(action: np.ndarray, rng, p: float, low: np.ndarray, high: np.ndarray
 # ---------------------------------------------------------------------- SAC and replay
 class SAC:
     """Actor, batched twin Q, target twin Q, automatic entropy tuning. `update` takes the rewards
-    explicitly: in the IRL phase they are always the discriminator's relabelled rewards, never
-    stored ones."""
+    explicitly: in the IRL phase always the discriminator's relabelled ones, never stored ones."""
 
     PARTS = ("actor", "qf", "qf_target", "q_optimizer", "actor_optimizer", "a_optimizer")
 
@@ -1058,7 +1046,7 @@ def load(path: Path, kind: str, fix: str = "delete it (or the run dir) and re-ru
     if kind in KEYS and data.get("script", SCRIPT) != SCRIPT:
         raise UsageError(f"{path} was written by {data['script']}; use that script")
     if kind in KEYS and (data.get("kind"), data.get("version")) != (kind, FORMAT_VERSION):
-        raise UsageError(f"{path} is not a {kind} file of this version of {SCRIPT}; {fix}")
+        raise UsageError(f"{path} is not a current {kind} file of {SCRIPT}; {fix}")
     missing = [key for key in KEYS.get(kind, ()) if key not in data]
     if missing:
         raise UsageError(f"{path} lacks {', '.join(missing)}; {fix}")
