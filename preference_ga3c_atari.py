@@ -5,7 +5,10 @@ agent (A3C with batched prediction and training, Babaeizadeh et al., ICLR 2017) 
 pairwise (Christiano et al., NeurIPS 2017, "Deep RL from Human Preferences": a Bradley-Terry ensemble asked
 about the pairs it disagrees on) or sorting clips into a red-black tree (rl-teacher-atari). The labeller is a
 person in a browser (--labeler human), a synthetic labeller answering from the game score, or nobody: the
-agent learns the true reward (--labeler rl, the baseline).
+agent learns the true reward (--labeler rl, the baseline). The browser's labelling app (label store, server,
+pages) is the companion file preference_labelling_app.py, imported by --labeler human only; everything else is
+here: the networks, the losses, the sort tree, GA3C's threads, the teacher, the run; below the run-management
+marker, what a reader of the algorithm can skip (validation, resume, logging, files).
 
 Usage:
     python preference_ga3c_atari.py --env-id PongNoFrameskip-v4                        # synthetic, pairwise
@@ -126,7 +129,7 @@ class LabelArgs:
     """synthetic labeller: points a lost life costs a clip (the paper replaces episode ends by a penalty in all games
     but Pong, size not given); -1 = 1 point (one clipped reward) on every game but Pong, 0 on Pong"""
     store_dir: str = "runs/preference_store"
-    """SQLite label store and clips, shared by every experiment of an env"""
+    """labels and clips, shared by an env's experiments: the app's SQLite store or {env}_synthetic/{exp_name}/"""
     host: str = "127.0.0.1"
     """--labeler human: address the labelling app binds to"""
     port: int = 8000
