@@ -424,13 +424,13 @@ class SAC:
         self.cfg = cfg
         obs_dim, act_dim = info.obs_dim, info.act_dim
         self.actor = Actor(obs_dim, act_dim, info.low, info.high, cfg.hidden_dim).to(device)
-        self.qf = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
-        self.qf_target = TwinQ(info.obs_dim, info.act_dim, cfg.hidden_dim).to(device)
+        self.qf = TwinQ(obs_dim, act_dim, cfg.hidden_dim).to(device)
+        self.qf_target = TwinQ(obs_dim, act_dim, cfg.hidden_dim).to(device)
         self.qf_target.load_state_dict(self.qf.state_dict())
         self.qf_target.requires_grad_(False)
         self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=cfg.q_lr, fused=True)
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), cfg.policy_lr, fused=True)
-        self.target_entropy = -float(info.act_dim)
+        self.target_entropy = -float(act_dim)
         self.log_alpha = torch.full((1,), math.log(cfg.alpha), device=device)
         self.log_alpha.requires_grad_(cfg.autotune)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.q_lr, fused=True)
