@@ -56,6 +56,11 @@ TRUNCATED_OBS = {
 }
 
 
+def ranged(default, lo: float, hi: float):
+    """A setting's default and the range [lo, hi] it must lie in (checked before any work: exit 2)."""
+    return field(default=default, metadata={"range": (lo, hi)})
+
+
 @dataclass
 class ExpertArgs:
     """Phase 1 - expert data: the shared cache, your own npz, or the PointMaze planner + PD expert."""
@@ -65,18 +70,18 @@ class ExpertArgs:
     expert_path: str | None = None
     """a demos.npz of your own (format in docs/mbirl_antmaze.md), or minari:DATASET_ID for a downloaded Minari maze
     dataset (e.g. minari:D4RL/antmaze/umaze-v1 with --env-id AntMaze_UMaze-v4); overrides the cache"""
-    num_demos: int | None = None
+    num_demos: int | None = ranged(None, 1, 1e6)
     """expert episodes the planner generates when the cache is empty (reset seeds 0, 1, ...; default 64); data that
     exist (the cache, --expert.expert-path) holding another number of episodes: exit 2, never a silent mismatch"""
-    kp: float = 10.0
+    kp: float = ranged(10.0, 0, 1e4)
     """PD controller's position gain (D4RL maze2d's)"""
-    kd: float = 1.0
+    kd: float = ranged(1.0, 0, 1e4)
     """PD controller's velocity gain"""
-    waypoint_jitter: float = 0.2
+    waypoint_jitter: float = ranged(0.2, 0, 0.5)
     """intermediate waypoints move by U(-j, j) x maze scaling in x and y"""
-    action_noise: float = 0.1
+    action_noise: float = ranged(0.1, 0, 1)
     """std of Gaussian noise added to the expert's actions (executed and stored); 0 = none"""
-    reacher_reach: float = 1.0
+    reacher_reach: float = ranged(1.0, 0.01, 100)
     """AntMaze: the waypoint offset handed to the Ant controller is clipped to this many m (it was trained on goals
     up to 6 m away; a nearer target makes it walk slower and fall less, see docs/mbirl_antmaze.md)"""
 
@@ -85,34 +90,34 @@ class ExpertArgs:
 class ModelArgs:
     """Phase 2 - the Gaussian-ensemble dynamics model: (pre)training and elites."""
 
-    ensemble_size: int = 7
+    ensemble_size: int = ranged(7, 1, 64)
     """members of the Gaussian ensemble"""
-    num_elites: int = 5
+    num_elites: int = ranged(5, 1, 64)
     """members with the lowest validation MSE, used for rollouts"""
-    hidden: int = 200
+    hidden: int = ranged(200, 1, 8192)
     """width of each member's hidden layers (Walker2d too; Hopper/Ant/Humanoid 400)"""
-    layers: int = 4
+    layers: int = ranged(4, 1, 16)
     """hidden layers per member"""
-    clip_output: float = 0.0
+    clip_output: float = ranged(0.0, 0, 1e6)
     """clamp the predicted Δstate means to [-x, x]; 0 = off (Ant and Walker2d 40, as the reference)"""
-    lr: float = 3e-4
+    lr: float = ranged(3e-4, 1e-12, 1)
     """Adam learning rate"""
     cosine_lr: bool = True
     """the loop's retrainings anneal the learning rate on the reference's cosine (to 1e-9 over 30,000 minibatches and
     back, counted across retrainings; Walker2d too; Hopper/Ant/Humanoid off, as the reference)"""
-    weight_decay: float = 5e-5
+    weight_decay: float = ranged(5e-5, 0, 1)
     """Adam weight decay"""
-    batch_size: int = 256
+    batch_size: int = ranged(256, 1, 1e6)
     """minibatch per member"""
-    val_ratio: float = 0.2
+    val_ratio: float = ranged(0.2, 1e-6, 0.9)
     """validation fraction (density-binned over (x, y) for pretraining, random for retraining)"""
-    patience: int = 10
+    patience: int = ranged(10, 1, 1e6)
     """epochs without a 1 % validation improvement of any member before training stops"""
-    max_epochs: int = 0
+    max_epochs: int = ranged(0, 0, 1e9)
     """cap on epochs per (re)training; 0 = no cap (train until patience, as the reference)"""
-    pretrain_max_epochs: int | None = None
+    pretrain_max_epochs: int | None = ranged(None, 0, 1e9)
     """cap on the pretraining's epochs alone (default: --model.max-epochs; 0 = to patience)"""
-    pretrain_bins: int = 50
+    pretrain_bins: int = ranged(50, 1, 10_000)
     """bins per axis of the (x, y) histogram of the pretraining split"""
     pretrain: bool = True
     """pretrain the model on the expert data before the loop (the reference's antmaze recipe; MuJoCo ids off)"""
@@ -122,30 +127,30 @@ class ModelArgs:
 class HyperArgs:
     """Phase 3 - the HyPER loop: real steps, model retraining, model rollouts, actor updates."""
 
-    total_timesteps: int = 150_000
+    total_timesteps: int = ranged(150_000, 1, 1e10)
     """real env steps of the learner (the discriminator's real rollouts are counted separately, and reported)"""
-    exploration_steps: int = 10_000
+    exploration_steps: int = ranged(10_000, 0, 1e10)
     """first real steps without model or policy updates, counted in the budget unlike the reference (MuJoCo ids
     1,000); 0 = none"""
-    bc_init_steps: int = 10_000
+    bc_init_steps: int = ranged(10_000, 0, 1e10)
     """behaviour-cloning updates of the TD3+BC actor (mazes) before any real step; 0 = none"""
-    freq_train_model: int = 2000
+    freq_train_model: int = ranged(2000, 1, 1e10)
     """retrain the model on the hybrid buffer and refill the model rollouts every this many real steps (MuJoCo ids
     125)"""
-    rollout_batch_size: int = 50_000
+    rollout_batch_size: int = ranged(50_000, 1, 1e8)
     """start states per rollout refill (reference antmaze: 800,000)"""
     rollout_schedule: str = "20,100,1,25"
     """rollout length: 'e0,e1,l0,l1' goes from l0 at epoch e0 to l1 at epoch e1 (epochs of epoch_length steps;
     Humanoid 20,300,1,25)"""
-    epoch_length: int = 1000
+    epoch_length: int = ranged(1000, 1, 1e10)
     """real steps per epoch of the rollout schedule"""
-    retain_epochs: int = 2
+    retain_epochs: int = ranged(2, 1, 1000)
     """epochs of rollout refills kept in the learner buffer (MuJoCo ids 1)"""
-    window: float = 0.1
+    window: float = ranged(0.1, 1e-6, 1)
     """width of the sliding backward window over expert time, as a fraction of the demo horizon"""
-    updates_per_step: int = 20
+    updates_per_step: int = ranged(20, 0, 10_000)
     """actor updates per real step (Hopper/Ant 30, Walker2d/Humanoid 10); 0 = none"""
-    p_tremble: float = 0.0
+    p_tremble: float = ranged(0.0, 0, 1)
     """trembling hand: probability of a uniform random action in real steps, discriminator rollouts and evaluation
     (MuJoCo ids 0.01)"""
 
@@ -154,32 +159,32 @@ class HyperArgs:
 class ActorArgs:
     """Phase 3 - the actor: TD3+BC hybrid on mazes, SAC on the MuJoCo locomotion ids."""
 
-    hidden: int = 256
+    hidden: int = ranged(256, 1, 8192)
     """width of the two hidden layers of actor and critics (TD3+BC; SAC: Hopper 512, Walker2d/Ant/Humanoid 1024)"""
-    lr: float = 3e-4
+    lr: float = ranged(3e-4, 1e-12, 1)
     """actor and critic learning rate (Walker2d/Ant/Humanoid 1e-4)"""
-    lr_decay: int = 0
+    lr_decay: int = ranged(0, 0, 1e10)
     """SAC: the learning rate falls linearly to ~0 over this many updates and restarts, with fresh optimisers, at
     each discriminator update (the reference's schedule_actor_lr; Walker2d/Humanoid 10,000); 0 = off"""
-    weight_decay: float = 1e-4
+    weight_decay: float = ranged(1e-4, 0, 1)
     """actor and critic weight decay"""
-    gamma: float = 0.99
+    gamma: float = ranged(0.99, 0, 0.9999)
     """discount factor"""
-    tau: float = 0.005
+    tau: float = ranged(0.005, 1e-9, 1)
     """target smoothing coefficient"""
-    policy_noise: float = 0.2
+    policy_noise: float = ranged(0.2, 0, 10)
     """target policy smoothing noise"""
-    noise_clip: float = 0.5
+    noise_clip: float = ranged(0.5, 0, 10)
     """clip of the target smoothing noise"""
-    policy_freq: int = 2
+    policy_freq: int = ranged(2, 1, 1000)
     """actor and target updates every this many critic updates"""
-    bc_alpha: float = 2.5
+    bc_alpha: float = ranged(2.5, 0, 1e6)
     """TD3+BC: lambda = alpha / mean|Q|"""
-    expl_noise: float = 0.1
+    expl_noise: float = ranged(0.1, 0, 10)
     """Gaussian action noise in real steps and model rollouts"""
-    batch_size: int = 256
+    batch_size: int = ranged(256, 2, 1e6)
     """minibatch: half model rollouts, half expert transitions"""
-    grad_clip: float = 1.0
+    grad_clip: float = ranged(1.0, 0, 1e6)
     """critic gradient-norm clip; 0 = off"""
 
 
@@ -187,21 +192,21 @@ class ActorArgs:
 class DiscArgs:
     """Phase 3 - the discriminator f(s, a); the policy's reward is -f."""
 
-    every: int = 100
+    every: int = ranged(100, 1, 1e10)
     """real learner steps between discriminator updates (Ant 200, other MuJoCo ids 1,000)"""
-    lr: float = 8e-3
+    lr: float = ranged(8e-3, 1e-12, 10)
     """lr0; update k uses lr0 / k with a fresh Adam (MuJoCo ids 8e-4)"""
-    batch_size: int = 4096
+    batch_size: int = ranged(4096, 1, 1e7)
     """expert and learner (s, a) pairs per step"""
-    trajectories: int = 4
+    trajectories: int = ranged(4, 1, 10_000)
     """fresh real trajectories per update (their steps are counted in disc_env_steps)"""
-    gp_weight: float = 10.0
+    gp_weight: float = ranged(10.0, 0, 1e6)
     """gradient-penalty weight"""
-    gp_target: float = 0.4
+    gp_target: float = ranged(0.4, 0, 1e3)
     """gradient-penalty target norm"""
-    hidden: int = 256
+    hidden: int = ranged(256, 1, 8192)
     """width of the two hidden layers"""
-    ensemble: int = 1
+    ensemble: int = ranged(1, 1, 64)
     """members; f is their minimum, so the reward -f is optimistic (MuJoCo ids 7)"""
 
 
@@ -219,14 +224,14 @@ class ReacherArgs:
 class EvalArgs:
     """Phase 4 - evaluation, logging, checkpoints."""
 
-    frequency: int = 10_000
+    frequency: int = ranged(10_000, 1, 1e10)
     """evaluate every this many real steps (and at the end)"""
-    episodes: int = 25
+    episodes: int = ranged(25, 1, 1e5)
     """evaluation episodes, reset seeds seed + 10000, +1, ... (mazes: success = goal within 0.45; MuJoCo ids 10,
     return)"""
-    log_frequency: int = 1000
+    log_frequency: int = ranged(1000, 1, 1e10)
     """TensorBoard scalars every this many real steps"""
-    checkpoint_frequency: int = 5000
+    checkpoint_frequency: int = ranged(5000, 1, 1e10)
     """checkpoint every this many real steps (and on SIGINT/SIGTERM)"""
 
 
@@ -1422,8 +1427,9 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
 
 
 def main(args: Args) -> None:
+    """Expert data -> the model pretrained on it -> the HyPER loop -> the policy and its results."""
     try:
-        run = RunContext.validate(args)
+        run = RunContext.validate(args)  # every input checked (and the expert data loaded) first
         if args.eval_only:
             return eval_only(args, run)
     except UsageError as e:
@@ -1431,22 +1437,24 @@ def main(args: Args) -> None:
         raise SystemExit(2)
     run.start()
     try:
+        # Phase 1: the expert data (the cache, your file, or the planner makes and caches them).
         demos = run.demos
         if demos is None:
-            print(f"[expert] planner + {run.controller}: {args.expert.num_demos} episodes on {args.env_id}", flush=True)
-            demos = make_expert_data(args.env_id, args.expert, args.seed, run.reacher)
+            n, env_id = args.expert.num_demos, args.env_id
+            print(f"[expert] planner + {run.controller}: {n} episodes on {env_id}", flush=True)
+            demos = make_expert_data(env_id, args.expert, args.seed, run.reacher)
             run.save_expert_cache(demos)
         run.demos_used = demos
-        print(
-            f"[expert] {len(demos['returns'])} episodes, {len(demos['observations'])} transitions, "
-            f"{run.metric} {run.expert_score:.2f}",
-            flush=True,
-        )
+        n, rows, score = len(demos["returns"]), len(demos["observations"]), run.expert_score
+        print(f"[expert] {n} episodes, {rows} transitions, {run.metric} {score:.2f}", flush=True)
+        # Phase 2: the model, pretrained on the expert data (mazes) unless a run dir holds it.
         model, elites = run.load_pretrained()
         if model is None:
-            setup = (run.obs_dim, run.act_dim, args.model, run.device, run.generator, run.rng, goal_dims(args.env_id))
+            dims = (run.obs_dim, run.act_dim, args.model)
+            setup = (*dims, run.device, run.generator, run.rng, goal_dims(args.env_id))
             model, elites, info = pretrain_model(demos, *setup, stop=run.stop_requested)
             run.save_pretrained(model, elites, info)
+        # Phase 3: the HyPER loop.
         out = train_hyper(args, demos, model, elites, run)
     except NonFiniteLoss as e:
         print(f"error: {e}", file=sys.stderr)
@@ -1794,89 +1802,22 @@ def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, st
         load(run_dir / path, artifact)
 
 
-RANGES = {
-    "expert": {
-        "num_demos": (1, 1e6),
-        "kp": (0, 1e4),
-        "kd": (0, 1e4),
-        "waypoint_jitter": (0, 0.5),
-        "action_noise": (0, 1),
-        "reacher_reach": (0.01, 100),
-    },
-    "model": {
-        "ensemble_size": (1, 64),
-        "num_elites": (1, 64),
-        "hidden": (1, 8192),
-        "layers": (1, 16),
-        "clip_output": (0, 1e6),
-        "lr": (1e-12, 1),
-        "weight_decay": (0, 1),
-        "batch_size": (1, 1e6),
-        "val_ratio": (1e-6, 0.9),
-        "patience": (1, 1e6),
-        "max_epochs": (0, 1e9),
-        "pretrain_max_epochs": (0, 1e9),
-        "pretrain_bins": (1, 10_000),
-    },
-    "hyper": {
-        "total_timesteps": (1, 1e10),
-        "exploration_steps": (0, 1e10),
-        "bc_init_steps": (0, 1e10),
-        "freq_train_model": (1, 1e10),
-        "rollout_batch_size": (1, 1e8),
-        "epoch_length": (1, 1e10),
-        "retain_epochs": (1, 1000),
-        "window": (1e-6, 1),
-        "updates_per_step": (0, 10_000),
-        "p_tremble": (0, 1),
-    },
-    "actor": {
-        "hidden": (1, 8192),
-        "lr": (1e-12, 1),
-        "weight_decay": (0, 1),
-        "gamma": (0, 0.9999),
-        "tau": (1e-9, 1),
-        "policy_noise": (0, 10),
-        "noise_clip": (0, 10),
-        "policy_freq": (1, 1000),
-        "bc_alpha": (0, 1e6),
-        "expl_noise": (0, 10),
-        "batch_size": (2, 1e6),
-        "grad_clip": (0, 1e6),
-        "lr_decay": (0, 1e10),
-    },
-    "disc": {
-        "every": (1, 1e10),
-        "lr": (1e-12, 10),
-        "batch_size": (1, 1e7),
-        "trajectories": (1, 10_000),
-        "gp_weight": (0, 1e6),
-        "gp_target": (0, 1e3),
-        "hidden": (1, 8192),
-        "ensemble": (1, 64),
-    },
-    "eval": {
-        "frequency": (1, 1e10),
-        "episodes": (1, 1e5),
-        "log_frequency": (1, 1e10),
-        "checkpoint_frequency": (1, 1e10),
-    },
-}
-
-
-def check_ranges(args, ranges: dict) -> None:
-    """Every numeric setting in range, before any work (exit 2 naming the flag)."""
-    for group, fields in ranges.items():
-        for name, (lo, hi) in fields.items():
-            v = getattr(getattr(args, group), name)
+def check_ranges(args) -> None:
+    """Every numeric setting within the range its field declares (ranged), before any work."""
+    for group in (f for f in dataclasses.fields(args) if dataclasses.is_dataclass(f.type)):
+        for f in dataclasses.fields(group.type):
+            if "range" not in f.metadata:
+                continue
+            (lo, hi), v = f.metadata["range"], getattr(getattr(args, group.name), f.name)
             if v is None:  # an unset optional: its documented default applies
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
-                raise UsageError(f"--{group}.{name.replace('_', '-')} must lie in [{lo:g}, {hi:g}], not {v}")
+                flag = f"--{group.name}.{f.name.replace('_', '-')}"
+                raise UsageError(f"{flag} must lie in [{lo:g}, {hi:g}], not {v}")
 
 
 def check_numbers(args: Args) -> None:
-    check_ranges(args, RANGES)
+    check_ranges(args)
     if args.model.num_elites > args.model.ensemble_size:
         raise UsageError("--model.num-elites must not exceed --model.ensemble-size")
     if args.hyper.exploration_steps >= args.hyper.total_timesteps:

@@ -34,34 +34,34 @@ ANT_ACT = 8  # joint torques
 class ReacherArgs(mb.ReacherArgs):
     """The goal-reaching Ant controller and its SAC training (path: where it is written)."""
 
-    total_timesteps: int = 1_000_000
+    total_timesteps: int = mb.ranged(1_000_000, 1, 1e10)
     """Ant steps of SAC training on the open plane"""
-    num_envs: int = 4
+    num_envs: int = mb.ranged(4, 1, 1024)
     """Ant envs stepped together (one batched policy forward); one SAC update per env step"""
-    learning_starts: int = 10_000
+    learning_starts: int = mb.ranged(10_000, 0, 1e10)
     """uniformly random steps before the first update"""
-    hidden: int = 256
+    hidden: int = mb.ranged(256, 1, 8192)
     """width of the two hidden layers of actor and critics"""
-    lr: float = 3e-4
+    lr: float = mb.ranged(3e-4, 1e-12, 1)
     """Adam learning rate of actor, critics and temperature"""
-    gamma: float = 0.99
+    gamma: float = mb.ranged(0.99, 0, 0.9999)
     """discount factor"""
-    batch_size: int = 256
+    batch_size: int = mb.ranged(256, 2, 1e6)
     """SAC minibatch"""
-    buffer_size: int = 1_000_000
+    buffer_size: int = mb.ranged(1_000_000, 1, 1e8)
     """replay capacity (transitions)"""
-    goal_min: float = 1.0
+    goal_min: float = mb.ranged(1.0, 0.46, 100)
     """goals are drawn at a distance U(goal_min, goal_max) m in a uniform direction, again whenever one is reached"""
-    goal_max: float = 6.0
+    goal_max: float = mb.ranged(6.0, 0.46, 100)
     """farthest goal (m); the controller sees goal offsets clipped to this length"""
-    episode_steps: int = 1000
+    episode_steps: int = mb.ranged(1000, 1, 1e7)
     """steps before an episode is cut (bootstrapped); a fall (torso height outside [0.2, 1], or upside down) ends it"""
-    progress_scale: float = 10.0
+    progress_scale: float = mb.ranged(10.0, 1e-6, 1000)
     """reward = progress_scale * progress toward the goal (m/s) + 1 while upright - ctrl_cost * |a|^2; 10 as the
     controller behind Minari's antmaze data (turning makes the Ant slower than Ant-v5's forward run)"""
-    ctrl_cost: float = 0.5
+    ctrl_cost: float = mb.ranged(0.5, 0, 100)
     """weight of the control cost (Ant-v5's)"""
-    eval_episodes: int = 10
+    eval_episodes: int = mb.ranged(10, 1, 1e4)
     """deterministic evaluation episodes (reset seeds seed + 10000 + i) every eval.frequency steps and at the end"""
 
 
@@ -69,11 +69,11 @@ class ReacherArgs(mb.ReacherArgs):
 class EvalArgs:
     """Evaluation, logging, checkpoints."""
 
-    frequency: int = 10_000
+    frequency: int = mb.ranged(10_000, 1, 1e10)
     """evaluate every this many Ant steps (and at the end)"""
-    log_frequency: int = 1000
+    log_frequency: int = mb.ranged(1000, 1, 1e10)
     """TensorBoard scalars every this many Ant steps"""
-    checkpoint_frequency: int = 5000
+    checkpoint_frequency: int = mb.ranged(5000, 1, 1e10)
     """checkpoint every this many Ant steps (and on SIGINT/SIGTERM)"""
 
 
@@ -241,27 +241,6 @@ def main(args: Args) -> None:
 
 
 # ---- run management ----
-RANGES = {
-    "reacher": {
-        "total_timesteps": (1, 1e10),
-        "num_envs": (1, 1024),
-        "learning_starts": (0, 1e10),
-        "hidden": (1, 8192),
-        "lr": (1e-12, 1),
-        "gamma": (0, 0.9999),
-        "batch_size": (2, 1e6),
-        "buffer_size": (1, 1e8),
-        "goal_min": (0.46, 100),
-        "goal_max": (0.46, 100),
-        "episode_steps": (1, 1e7),
-        "progress_scale": (1e-6, 1000),
-        "ctrl_cost": (0, 100),
-        "eval_episodes": (1, 1e4),
-    },
-    "eval": {"frequency": (1, 1e10), "log_frequency": (1, 1e10), "checkpoint_frequency": (1, 1e10)},
-}
-
-
 class ReacherRun(mb.RunContext):
     """Validation, checkpoints, logging, evaluation and output of a controller training."""
 
@@ -269,7 +248,7 @@ class ReacherRun(mb.RunContext):
     def validate(cls, args: Args) -> "ReacherRun":
         self = cls()
         self.args = args
-        mb.check_ranges(args, RANGES)
+        mb.check_ranges(args)
         if args.reacher.goal_min > args.reacher.goal_max:
             raise UsageError("--reacher.goal-min must not exceed --reacher.goal-max")
         if args.torch_threads < 0:
