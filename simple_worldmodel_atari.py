@@ -1080,7 +1080,8 @@ def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
 
     if not data.collections:
         collect_phase(policy, data, args, ctx, random_policy=True)
-    for epoch in range(state["epoch"], args.loop.epochs):
+    start = state["epoch"]  # 0, or the epoch a killed run was in
+    for epoch in range(start, args.loop.epochs):
         if todo("world_model"):
             wm_eval = world_model_phase(epoch, modules, data, args, ctx, state)
             history.append({"epoch": epoch, "world_model": wm_eval})
