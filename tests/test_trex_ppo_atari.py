@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from conftest import (
     one_line_exit_2,
     quiet_main,
     run_contract_snippet,
-    subprocess_env,
 )
 
 import trex_ppo_atari as trex
@@ -78,14 +76,12 @@ def test_compute_gae_with_more_steps_than_envs():
     next_value, next_done = torch.tensor([0.7, 0.9]), torch.tensor([1.0, 0.0])
     g, lam = 0.9, 0.5
     adv, ret = trex.compute_gae(rewards, values, dones, next_value, next_done, g, lam)
-    d2, d1, d0 = 1.0 - 0.1, 0.0 + g * 0.1 - 0.2, 1.0 + g * 0.2 - 0.5  # env 0 ends after t = 2 (next_done)
-    a2, a1 = d2, d1 + g * lam * d2
-    a0 = d0 + g * lam * a1
-    e2, e1, e0 = 1.0 + g * 0.9 - 0.3, 2.0 - 0.4, 0.0 + g * 0.4 - 1.0  # env 1: no bootstrap across the done at t = 2
-    b0 = e0 + g * lam * e1
-    expected = torch.tensor([[a0, b0], [a1, e1], [a2, e2]])
+    # by hand, delta_t = r_t + 0.9 * V_t+1 * nonterminal - V_t and A_t = delta_t + 0.45 * nonterminal * A_t+1:
+    # env 0 ends after t = 2 (next_done): deltas 0.68, -0.11, 0.9 -> A = 0.81275, 0.295, 0.9
+    # env 1 does not bootstrap across its done at t = 2: deltas -0.64, 1.6, 1.51 -> A = 0.08, 1.6, 1.51
+    expected = torch.tensor([[0.81275, 0.08], [0.295, 1.6], [0.9, 1.51]])
     assert torch.allclose(adv, expected, atol=1e-6)
-    assert torch.allclose(ret, expected + values, atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[1.31275, 1.08], [0.495, 2.0], [1.0, 1.81]]), atol=1e-6)
 
 
 def test_policy_rewards_come_from_the_next_frame_and_close_games():
@@ -117,8 +113,10 @@ def test_policy_reward_kinds():
     torch.testing.assert_close(trex.policy_rewards(r_hat, "sigmoid", rms), torch.sigmoid(r_hat))
     assert torch.equal(trex.policy_rewards(r_hat, "raw", rms), r_hat)
     normalized = trex.policy_rewards(r_hat, "normalized", rms)
-    # the statistics of the 4 values (mean 1, population variance 5) dominate the 1e-4 prior count
-    torch.testing.assert_close(normalized, (r_hat - 1.0) / math.sqrt(5.0), rtol=1e-3, atol=1e-3)
+    # the statistics of the 4 values (mean 1, population variance 5) dominate the 1e-4 prior count:
+    # (r - 1) / sqrt(5)
+    expected = torch.tensor([[-0.44721, 0.44721], [-1.34164, 1.34164]])
+    torch.testing.assert_close(normalized, expected, rtol=1e-3, atol=1e-3)
 
 
 def test_ppo_loss_ignores_forced_fire_steps():
@@ -415,16 +413,17 @@ def test_finished_run_artifacts_contract_and_corrupt_files(tmp_path_factory, mon
 
 
 @pytest.mark.slow
-def test_same_seed_and_threads_give_identical_weights(tmp_path):
+def test_same_seed_and_threads_give_identical_weights(tmp_path, run_script):
     """Issue 16: two runs of the same command give the same reward model and the same policy weights."""
     demos = tmp_path / "demos.npz"
     write_random_demos(demos, [0, 1, 2, 3])
     weights = []
     for name in ("a", "b"):
-        cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(tmp_path / name), "--demos", str(demos)]
-        cmd += [*TINY, *TINY_REWARD, "--policy.total-timesteps", "256", "--stop-after", "policy", "--seed", "3"]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        flags = ["--run-dir", tmp_path / name, "--demos", demos, *TINY, *TINY_REWARD]
+        rc, _, err = run_script(
+            SCRIPT, *flags, "--policy.total-timesteps", "256", "--stop-after", "policy", "--seed", "3"
+        )
+        assert rc == 0, err[-2000:]
         reward = torch.load(tmp_path / name / "reward_model.pt", weights_only=False)["state_dict"]
         policy = torch.load(tmp_path / name / "policy.pt", weights_only=True)["state_dict"]
         weights.append((reward, policy))
@@ -433,15 +432,15 @@ def test_same_seed_and_threads_give_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
+def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path, run_script):
     """SIGTERM in the middle of PPO: exit 130; the re-run skips the finished reward phase and continues PPO from the
     saved iteration to the end of the budget."""
     demos = tmp_path / "demos.npz"
     write_random_demos(demos, [0, 1, 2, 3])
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--run-dir", str(run_dir), "--demos", str(demos), *TINY]
-    cmd += [*TINY_REWARD, "--policy.total-timesteps", "1920", "--checkpoint-every", "1", "--stop-after", "policy"]
+    flags = ["--run-dir", str(run_dir), "--demos", str(demos), *TINY, *TINY_REWARD, "--policy.total-timesteps", "1920"]
+    flags += ["--checkpoint-every", "1", "--stop-after", "policy"]
     ckpt = run_dir / "checkpoints" / "policy.pt"
-    rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=240)
+    rc, out, err = interrupt_when_exists([sys.executable, str(REPO_ROOT / SCRIPT), *flags], ckpt, wait_s=240)
     assert rc == 130, err[-2000:]
     assert "re-run the same command to resume" in err
     assert (run_dir / "learning_curve.png").exists()  # plotted during training
@@ -450,22 +449,22 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path):
     assert 1 <= k < 30 and not state["done"] and state["global_step"] == k * 64
     reward_mtime = (run_dir / "reward_model.pt").stat().st_mtime_ns
 
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"resuming at iteration {k} / 30" in proc.stdout
+    rc, out, err = run_script(SCRIPT, *flags)
+    assert rc == 0, err[-2000:]
+    assert f"resuming at iteration {k} / 30" in out
     assert (run_dir / "reward_model.pt").stat().st_mtime_ns == reward_mtime  # phase 3 was not redone
     final = torch.load(ckpt, weights_only=False)["state"]
     assert final["done"] and final["iteration"] == 30 and final["global_step"] == 1920
     assert not (run_dir / "results.json").exists()  # --stop-after policy
 
     # a larger budget extends the finished policy phase (no results.json yet); the same budget leaves it alone
-    longer = [*cmd, "--policy.total-timesteps", "2048"]  # the last occurrence of a flag wins
-    proc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "extending the finished phase at iteration 30 / 32" in proc.stdout, proc.stderr
+    longer = [*flags, "--policy.total-timesteps", "2048"]  # the last occurrence of a flag wins
+    rc, out, err = run_script(SCRIPT, *longer)
+    assert rc == 0 and "extending the finished phase at iteration 30 / 32" in out, err
     final = torch.load(ckpt, weights_only=False)["state"]
     assert final["done"] and final["iteration"] == 32 and final["global_step"] == 2048
-    proc = subprocess.run(longer, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "extending" not in proc.stdout and "resuming" not in proc.stdout
+    rc, out, err = run_script(SCRIPT, *longer)
+    assert rc == 0 and "extending" not in out and "resuming" not in out
 
 
 def test_non_finite_reward_loss_exits_3(tmp_path, monkeypatch):
