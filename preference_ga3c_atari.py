@@ -31,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -211,6 +211,16 @@ DEFAULT_MASK = (10, 0)
 # --------------------------------------------------------------------------------------------------
 # Environments
 # --------------------------------------------------------------------------------------------------
+class Game(NamedTuple):
+    """The game as validation resolved it: the ROM, frames stacked per observation, the sticky-action
+    probability, and the rows (top, bottom) hidden from the reward model."""
+
+    rom: str
+    stack: int
+    sticky: float
+    mask: tuple[int, int]
+
+
 def make_envs(rom: str, num_envs: int, stack: int, sticky: float, env: EnvArgs, batch_size: int = 0, threads: int = 0):
     """AtariVectorEnv, 84x84 grey, frameskip 4 with max-pool, true (unclipped)
     rewards, same-step autoreset. Life losses are not signalled (episodic_life False):
@@ -1182,17 +1192,12 @@ class Teacher:
 # --------------------------------------------------------------------------------------------------
 # The run: pretraining labels on random play, reward pretraining, GA3C on the learned reward, evaluation
 # --------------------------------------------------------------------------------------------------
-def train(args: Args, ctx: dict) -> dict:
-    run_dir, device, stack, learned, bf16 = (
-        ctx["run_dir"],
-        ctx["device"],
-        ctx["stack"],
-        args.labeler != "rl",
-        ctx["bf16"],
-    )
-    envs = make_envs(
-        ctx["rom"], args.ga3c.workers, stack, ctx["sticky"], args.env, args.ga3c.workers // 2, args.ga3c.env_threads
-    )
+def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16: bool, store) -> dict:
+    """The whole run: pretraining labels, reward pretraining, GA3C on the learned (or true) reward with
+    the teacher alongside, then the final policy's evaluation; returns results.json's record."""
+    stack, learned = game.stack, args.labeler != "rl"
+    workers = args.ga3c.workers
+    envs = make_envs(game.rom, workers, stack, game.sticky, args.env, workers // 2, args.ga3c.env_threads)
     num_actions = int(envs.single_action_space.n)
     net = GA3CNet(max(1, stack), num_actions, bf16).to(device)
     optimizer = torch.optim.RMSprop(
@@ -1202,10 +1207,10 @@ def train(args: Args, ctx: dict) -> dict:
     teacher = None
     if learned:
         model = RewardEnsemble(
-            args.reward.ensemble, max(1, stack), ctx["mask"], args.reward.dropout, args.reward.output_std, bf16
+            args.reward.ensemble, max(1, stack), game.mask, args.reward.dropout, args.reward.output_std, bf16
         ).to(device)
-        teacher = Teacher(args, ctx["store"], model, max(1, stack), device, rng)
-    progress = restore(ctx["checkpoints"], net, optimizer, teacher, shared)
+        teacher = Teacher(args, store, model, max(1, stack), device, rng)
+    progress = restore(checkpoints, net, optimizer, teacher, shared)
     if teacher is not None:
         teacher.normalise(shared)
 
@@ -1220,8 +1225,8 @@ def train(args: Args, ctx: dict) -> dict:
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:
         learn(args, shared, net, optimizer, teacher, reward_fn, log)
-    # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
     finally:
+        # every thread polls the stop flag, so the run always ends (GA3C's issue #4 was a hang here)
         shared.stop.set()
         join_threads(shared)
         envs.close()
@@ -1230,8 +1235,8 @@ def train(args: Args, ctx: dict) -> dict:
     log.checkpoint(net, optimizer, final=True)
     if log.interrupted:
         raise Interrupted()
-    save_policy(run_dir / "policy.pt", net, args.env_id, ctx)
-    scores = evaluate(net, ctx, args, run_dir / "videos" if args.capture_video else None)
+    save_policy(run_dir / "policy.pt", net, args, game)
+    scores = evaluate(net, game, args, run_dir / "videos" if args.capture_video else None)
     return log.finish(scores)
 
 
@@ -1330,10 +1335,10 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         log.tick(net, optimizer)
 
 
-def evaluate(net: GA3CNet, ctx: dict, args: Args, video_dir: Optional[Path] = None) -> list[float]:
+def evaluate(net: GA3CNet, game: Game, args: Args, video_dir: Optional[Path] = None) -> list[float]:
     """Play `eval.episodes` full games (all lives, true
     score), one per env, sampling from the policy."""
-    envs = make_envs(ctx["rom"], args.eval.episodes, ctx["stack"], ctx["sticky"], args.env)
+    envs = make_envs(game.rom, args.eval.episodes, game.stack, game.sticky, args.env)
     obs, _ = envs.reset(seed=args.eval.seed)
     scores, over, frames = np.zeros(args.eval.episodes), np.zeros(args.eval.episodes, bool), []
     while not over.all():
@@ -1350,30 +1355,31 @@ def evaluate(net: GA3CNet, ctx: dict, args: Args, video_dir: Optional[Path] = No
 
 def main(args: Args) -> int:
     try:
-        ctx = validate(args)
-        if ctx.get("finished"):
-            print(f"{ctx['run_dir']} already holds a finished run (results.json); nothing to do")
+        checked = validate(args)  # the run directory, the game, the checkpoints to resume from
+        run_dir = checked["run_dir"]
+        if checked.get("finished"):
+            print(f"{run_dir} already holds a finished run (results.json); nothing to do")
             return 0
         if args.eval_only:
-            return evaluate_only(args, ctx)
-        prepare_run(args, ctx)
+            return evaluate_only(args, run_dir, checked["policy"])
+        device, bf16, store = prepare_run(args, checked)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        results = train(args, ctx)
+        results = train(args, run_dir, checked["game"], checked["checkpoints"], device, bf16, store)
     except NonFiniteLoss as e:
-        print(f"error: {e}; the last checkpoint in {ctx['run_dir']} is intact", file=sys.stderr)
+        print(f"error: {e}; the last checkpoint in {run_dir} is intact", file=sys.stderr)
         return 3
     except Interrupted:
-        print(f"interrupted: everything is saved; re-run the same command with --run-dir {ctx['run_dir']} to resume")
+        print(f"interrupted: everything is saved; re-run the same command with --run-dir {run_dir} to resume")
         return 130
     finally:
         if args.labeler == "human":
-            ctx["store"].close()
+            store.close()
     print(
         f"evaluation: {results['eval']['mean']:.1f} +- {results['eval']['std']:.1f} over "
-        f"{len(results['eval']['returns'])} games; results in {ctx['run_dir']}"
+        f"{len(results['eval']['returns'])} games; results in {run_dir}"
     )
     return 0
 
@@ -1602,16 +1608,22 @@ def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
     writer.release()
 
 
-def save_policy(path: Path, net: GA3CNet, env_id: str, ctx: dict):
+def save_policy(path: Path, net: GA3CNet, args: Args, game: Game):
     config = {
         **net.config,
-        "stacked_frames": ctx["stack"],
-        "sticky": ctx["sticky"],
-        "noop_max": ctx["noop_max"],
-        "max_episode_frames": ctx["max_episode_frames"],
+        "stacked_frames": game.stack,
+        "sticky": game.sticky,
+        "noop_max": args.env.noop_max,
+        "max_episode_frames": args.env.max_episode_frames,
     }
     save_atomic(
-        {"script": SCRIPT, "env_id": env_id, "network": "GA3CNet", "config": config, "state_dict": net.state_dict()},
+        {
+            "script": SCRIPT,
+            "env_id": args.env_id,
+            "network": "GA3CNet",
+            "config": config,
+            "state_dict": net.state_dict(),
+        },
         path,
     )
 
@@ -1633,19 +1645,18 @@ def make_policy_envs(policy: GA3CNet, num_envs: int = 1):
     return make_envs(rom, num_envs, cfg["stacked_frames"], cfg["sticky"], env)
 
 
-def evaluate_only(args: Args, ctx: dict) -> int:
-    run_dir, net = ctx["run_dir"], ctx["policy"]
+def evaluate_only(args: Args, run_dir: Path, net: GA3CNet) -> int:
+    """Evaluate a finished run's policy on the game and settings saved with it."""
     cfg = net.config
-    ctx |= {"stack": cfg["stacked_frames"], "sticky": cfg["sticky"]}
+    game = Game(resolve_env_id(net.env_id)[0], cfg["stacked_frames"], cfg["sticky"], (0, 0))
     args.env = EnvArgs(cfg["stacked_frames"], cfg["sticky"], cfg["noop_max"], cfg["max_episode_frames"])
-    ctx["rom"] = resolve_env_id(net.env_id)[0]
     out_dir = run_dir / "evaluations"
     out_dir.mkdir(exist_ok=True)
     number = 1 + max(
         [int(m.group(1)) for p in out_dir.glob("eval_*.json") if (m := re.match(r"eval_(\d+)", p.stem))] or [0]
     )
     video = out_dir / f"videos_{number:03d}" if args.capture_video else None
-    scores = evaluate(net, ctx, args, video)
+    scores = evaluate(net, game, args, video)
     result = {
         "mean": float(np.mean(scores)),
         "std": float(np.std(scores)),
@@ -1784,7 +1795,7 @@ def validate(args: Args) -> dict:
             policy = load_policy(run_dir / "policy.pt")
         except Exception as e:
             raise UsageError(f"{run_dir / 'policy.pt'} cannot be read ({type(e).__name__}): re-train or restore it")
-        return {"run_dir": run_dir, "policy": policy, "noop_max": args.env.noop_max}
+        return {"run_dir": run_dir, "policy": policy}
     rom, sticky_default = resolve_env_id(args.env_id)
     default_mask = SCORE_MASKS.get(rom, DEFAULT_MASK)
     mask = tuple(v if v >= 0 else d for v, d in zip((args.reward.mask_top, args.reward.mask_bottom), default_mask))
@@ -1793,15 +1804,11 @@ def validate(args: Args) -> dict:
     run_dir = Path(
         args.run_dir or f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     )
+    sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
     ctx = {
-        "rom": rom,
         "run_dir": run_dir,
-        "mask": mask,
-        "stack": args.env.stacked_frames,
-        "sticky": sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions,
+        "game": Game(rom, args.env.stacked_frames, sticky, mask),
         "life_penalty": (0.0 if rom == "pong" else 1.0) if args.labels.life_penalty < 0 else args.labels.life_penalty,
-        "noop_max": args.env.noop_max,
-        "max_episode_frames": args.env.max_episode_frames,
     }
     if (run_dir / "args.json").is_file():
         try:
@@ -1858,12 +1865,13 @@ def validate(args: Args) -> dict:
 
 
 def prepare_run(args: Args, ctx: dict):
-    """Create the run directory, open the label store (applying --force-new-*), start the labelling app."""
+    """Create the run directory, open the labels (applying --force-new-*), start the labelling app;
+    returns the device, whether the networks run in bf16, and the labeller's store (None for rl)."""
     run_dir = ctx["run_dir"]
-    ctx["device"] = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
-    fast_bf16 = ctx["device"].type == "cuda" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    ctx["bf16"] = args.precision == "bf16" or args.precision == "auto" and fast_bf16
-    ctx["store"] = store = None
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    fast_bf16 = device.type == "cuda" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    bf16 = args.precision == "bf16" or args.precision == "auto" and fast_bf16
+    store = None
     if args.labeler == "synthetic":
         try:
             store = SyntheticLabeller(args.labels.store_dir, args.env_id, args.exp_name, ctx["life_penalty"])
@@ -1872,10 +1880,9 @@ def prepare_run(args: Args, ctx: dict):
                 f"the synthetic labels of {args.exp_name!r} in {args.labels.store_dir} cannot be read "
                 f"({type(e).__name__}): delete them or pass another --labels.store-dir"
             ) from None
-        ctx["store"] = store
     elif args.labeler == "human":
         try:
-            ctx["store"] = store = ctx["app"].LabelStore(args.labels.store_dir, args.env_id)
+            store = ctx["app"].LabelStore(args.labels.store_dir, args.env_id)
         except ValueError as e:
             raise UsageError(f"{e}: pass another --labels.store-dir") from None
     if store is not None and args.force_new_clips:
@@ -1905,13 +1912,12 @@ def prepare_run(args: Args, ctx: dict):
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     if args.labeler == "human":
-        server = ctx["app"].serve_labelling_app(
-            ctx["store"], args.exp_name, args.feedback, args.labels.host, args.labels.port
-        )
+        server = ctx["app"].serve_labelling_app(store, args.exp_name, args.feedback, args.labels.host, args.labels.port)
         host, port = server.server_address[:2]
         print(f"labelling app: http://{host}:{port}/  (answer with the buttons or the arrow keys)")
         if args.labels.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"warning: the labelling app listens on {args.labels.host}, reachable beyond this machine")
+    return device, bf16, store
 
 
 if __name__ == "__main__":
