@@ -4,10 +4,10 @@ A discriminator f(s, a) (IPM loss + gradient penalty toward 0.4) gives the rewar
 (5 elites) learns Δs from expert + learner transitions (1:1); the actor (TD3+BC hybrid) trains only on model rollouts
 started from expert states in a window sliding from the end of the demonstrations back to their start.
 Paper: Ren, Swamy, Wu, Bagnell, Choudhury (2024), "Hybrid Inverse Reinforcement Learning", ICML 2024. Defaults: garage
-configs; differences in docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze expert = the planner +
-a goal-reaching Ant controller trained by mbirl_antmaze_goal_reacher.py (phase 0, SAC); Hopper/Walker2d/Ant/Humanoid:
-SAC on the siblings' expert cache, Ant and Humanoid with the reference's truncated observations; ALL real steps are
-counted).
+configs (Args holds the mazes'; `--env-id Hopper-v5 --help` shows a MuJoCo id's preset); differences in
+docs/mbirl_antmaze.md (PointMaze expert = BFS planner + PD; AntMaze expert = the planner + a goal-reaching Ant
+controller trained by mbirl_antmaze_goal_reacher.py (phase 0, SAC); Hopper/Walker2d/Ant/Humanoid: SAC on the siblings'
+expert cache, Ant and Humanoid with the reference's truncated observations; ALL real steps are counted).
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3                   # expert cache + pretraining + HyPER
     python mbirl_antmaze.py --env-id PointMaze_UMaze-v3 --hyper.total-timesteps 5000 --hyper.exploration-steps 500 \
         --hyper.freq-train-model 1000 --hyper.rollout-batch-size 2000 --hyper.updates-per-step 2   # minutes on a CPU

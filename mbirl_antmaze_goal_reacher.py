@@ -366,7 +366,7 @@ def cli(argv: list[str] | None = None) -> Args:
     argv = sys.argv[1:] if argv is None else argv
     args = tyro.cli(Args, args=argv)
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
-    if saved is not None and saved.exists():
+    if saved is not None and mb.saved_script(argv) == SCRIPT:  # (another script's run: validation says so)
         try:
             old = json.loads(saved.read_text())
             default = Args(
