@@ -1453,18 +1453,30 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, phase: str) -> Option
 
 
 def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Args:
-    """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
-    err = io.StringIO()
+    """tyro's parser; a flag it rejects is a one-line UsageError built from the event tyro hands its parse-error
+    hook (the flag and the reason) before it prints anything, so its printed box is never parsed. --help still
+    prints and exits 0; a tyro without the hook prints its own box (exit 2)."""
+
+    def one_line(event) -> None:  # raising here replaces tyro's box
+        flag = getattr(event, "argument", None)
+        name = flag.display_name() if flag is not None else "a flag"
+        if getattr(event, "tokens", None):
+            reason = f"Unrecognized options: {' '.join(event.tokens)}"
+        elif getattr(event, "choices", None):
+            reason = f"{name}: {event.value!r} is not one of {', '.join(event.choices)}"
+        else:  # (the first line: for a union, tyro lists each member's failure below it)
+            message = getattr(event, "message", None) or "a missing or bad value"
+            reason = f"{name}: {message.splitlines()[0]}"
+        raise UsageError(
+            f"{context} ({reason}); delete it or pass another --run-dir" if context else f"{reason} (see --help)"
+        )
+
     try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
-    except SystemExit as e:
-        if not e.code:
-            raise
-        lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-        line = [ln for ln in lines if ln][1:2] or ["invalid command line"]
-        hint = f"{context} ({line[0]}); delete it or pass another --run-dir" if context else f"{line[0]} (see --help)"
-        raise UsageError(hint)
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+    with on_parse_error(one_line):
+        return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
 
 
 def as_argv(saved: dict, prefix: str = "") -> list[str]:
