@@ -529,3 +529,32 @@ def check_irl_run_files_corrupted(main, source: Path, demos: Path, tmp_path: Pat
         outcomes, lambda run_dir: json.loads((run_dir / "results.json").read_text())["policy_env_steps"] == 120
     )
     assert {(name, rc) for name, _, rc, *_ in outcomes} >= {(Path("args.json"), 2), (Path("checkpoints/irl.pt"), 2)}
+
+
+def interrupt_when_found(cmd: list, cwd: Path, pattern: str, wait_s: float = 180.0, exit_s: float = 60.0, after_s=0.0):
+    """Start ``cmd`` (CPU only) in ``cwd``, SIGTERM it once a file matching the glob ``pattern`` (relative to ``cwd``)
+    exists and ``after_s`` more seconds have passed; return (returncode, stdout, stderr, seconds from the signal to
+    the exit). Output goes to files, so a chatty process never blocks on a full pipe; one that ignores the signal for
+    ``exit_s`` is killed and the test fails. For the item-10 resume and the item-9 signal-latency tests (issue 48)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(), stdout=out, stderr=err, text=True)
+        deadline = time.time() + wait_s
+        while not list(Path(cwd).glob(pattern)) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        time.sleep(after_s)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=exit_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        seconds = time.monotonic() - sent
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if seconds >= exit_s:
+        pytest.fail(f"{' '.join(map(str, cmd))} did not exit within {exit_s:.0f}s of SIGTERM\n{stderr[-2000:]}")
+    return proc.returncode, stdout, stderr, seconds
