@@ -1914,9 +1914,13 @@ def prepare_run(args: Args, ctx: dict):
     if args.labeler == "human":
         server = ctx["app"].serve_labelling_app(store, args.exp_name, args.feedback, args.labels.host, args.labels.port)
         host, port = server.server_address[:2]
-        print(f"labelling app: http://{host}:{port}/  (answer with the buttons or the arrow keys)")
-        if args.labels.host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"warning: the labelling app listens on {args.labels.host}, reachable beyond this machine")
+        token = f"?token={server.access_token}" if server.access_token else ""
+        print(f"labelling app: http://{host}:{port}/{token}  (answer with the buttons or the arrow keys)")
+        if token:
+            print(
+                f"warning: the labelling app listens on {args.labels.host}, reachable beyond this machine; "
+                "it answers only requests carrying the token above"
+            )
     return device, bf16, store
 
 

@@ -6,6 +6,7 @@ env, clips shared by the env's experiments as in rl-teacher-atari, each rendered
 (HTML, CSS, JavaScript), the HTTP server. Not part of the algorithm: the synthetic and rl labellers never import it.
 """
 
+import hmac
 import html
 import io
 import json
@@ -311,21 +312,27 @@ class LabelStore:
         row = db.execute("SELECT status FROM queries WHERE id=? AND experiment=?", (query_id, experiment)).fetchone()
         if row is None:
             raise UnknownQuery(f"no query {query_id} in experiment {experiment!r}")
+        if row[0] == "pending":
+            raise StaleQuery(f"query {query_id} of experiment {experiment!r} is leased to another labeller")
         raise StaleQuery(f"query {query_id} of experiment {experiment!r} is {row[0]}, no longer pending")
 
-    def answer(self, experiment: str, query_id: int, answer: str, labeller: str) -> None:
+    def answer(self, experiment: str, query_id: int, answer: str, labeller: str, client: str | None = None) -> None:
         """Record the answer ("left", "right", "equal", "cant_tell") to a pending query, with the next answer
-        sequence number. Unknown id -> UnknownQuery; not pending -> StaleQuery; bad answer -> ValueError."""
+        sequence number. Unknown id -> UnknownQuery; not pending, or (with `client`) leased to another client
+        -> StaleQuery; bad answer -> ValueError."""
         if answer not in ANSWERS:
             raise ValueError(f"answer must be one of {ANSWERS}, got {answer!r}")
-        query_id = int(query_id)
+        query_id, now = int(query_id), time.time()
+        sql = (
+            "UPDATE queries SET status='answered', answer=?, labeller=?, answered_at=?, seq=?, lease_client=NULL, "
+            "lease_until=NULL WHERE id=? AND experiment=? AND status='pending'"
+        )
+        if client is not None:  # not a pair another browser holds
+            sql += " AND (lease_client IS NULL OR lease_client=? OR lease_until < ?)"
         with self._write() as db:
             seq = int(db.execute("SELECT value FROM meta WHERE key='answer_seq'").fetchone()[0]) + 1
-            cur = db.execute(
-                "UPDATE queries SET status='answered', answer=?, labeller=?, answered_at=?, seq=?, lease_client=NULL, "
-                "lease_until=NULL WHERE id=? AND experiment=? AND status='pending'",
-                (answer, str(labeller), time.time(), seq, query_id, experiment),
-            )
+            params = (answer, str(labeller), now, seq, query_id, experiment)
+            cur = db.execute(sql, params + (() if client is None else (client, now)))
             if cur.rowcount != 1:
                 self._raise_not_pending(db, experiment, query_id)
             db.execute("UPDATE meta SET value=? WHERE key='answer_seq'", (str(seq),))
@@ -650,7 +657,7 @@ function draw(data) {
 }
 async function load() {
   try {
-    const response = await fetch(api + "/tree", {cache: "no-store", credentials: "same-origin"});
+    const response = await fetch(api + "/tree", {cache: "no-store", headers: {"X-Labeller": CONFIG.token}});
     const text = await response.text();
     if (!response.ok || text === lastText || hovering) return;
     lastText = text;
@@ -667,7 +674,9 @@ setInterval(refreshStatus, 3000);
 
 COMMON_JS = """// fetch JSON without caching; the status line (shows whatever keys the training script writes)
 async function fetchJSON(url, options) {
-  const response = await fetch(url, Object.assign({cache: "no-store", credentials: "same-origin"}, options || {}));
+  options = Object.assign({cache: "no-store", credentials: "same-origin"}, options || {});
+  options.headers = Object.assign({"X-Labeller": CONFIG.token}, options.headers || {});
+  const response = await fetch(url, options);
   let body = {};
   try { body = await response.json(); } catch (e) { body = {}; }
   return {ok: response.ok, status: response.status, body: body};
@@ -704,7 +713,8 @@ PAGE_WORDS = {  # the comparison page's words, then the sort-tree page's
     "__RIGHT_BUTTON__": ("Right is better", "Tree clip is better"),
 }
 CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
-CLIENT_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+CLIENT_ID = re.compile(r"^[0-9a-f]{16}$")  # what the pages' cookie holds
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY = 65536
 
 
@@ -720,7 +730,7 @@ def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
     links = [("compare", "Compare pairs"), ("sort", "Sort clips into the tree"), ("tree", "Tree view")]
     nav = "".join(f'<a href="{base}/{v}" class="{"here" if v == view else ""}">{t}</a>' for v, t in links)
     nav += f'<span class="experiment">experiment {html.escape(experiment)}</span>'
-    text, config = TREE_PAGE, {"experiment": experiment}
+    text, config = TREE_PAGE, {"experiment": experiment, "token": "__LABELLER_TOKEN__"}
     if view != "tree":
         words = {key: pair[view == "sort"] for key, pair in PAGE_WORDS.items()}
         text = LABEL_PAGE
@@ -741,9 +751,19 @@ class LabellingServer(ThreadingHTTPServer):
 
     def __init__(self, address, store: LabelStore, experiment: str, feedback: str, lease_s: float):
         self.store, self.experiment, self.feedback, self.lease_s = store, experiment, feedback, lease_s
-        self.stopped = False
+        self.stopped, self.secret = False, secrets.token_bytes(16)
         self.pages = {view: _page_html(experiment, view, lease_s) for view in ("compare", "sort", "tree")}
         super().__init__(address, LabellingHandler)
+        # Loopback: only requests addressed to this machine by name (no DNS rebinding). Beyond it: any name,
+        # but every request carries the access token printed at start-up (its cookie, set by /?token=...).
+        port, local = self.server_address[1], address[0] in LOOPBACK
+        self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")} if local else None
+        self.access_token = None if local else secrets.token_urlsafe(16)
+
+    def client_token(self, client: str) -> str:
+        """The token a page sends with each API request: its client id, signed (only this server's pages know it,
+        and another origin cannot read them)."""
+        return client + "." + hmac.new(self.secret, client.encode(), "sha256").hexdigest()[:32]
 
     def shutdown(self) -> None:
         self.stopped = True  # browsers keep connections open: their next request is refused, not served
@@ -790,6 +810,7 @@ class LabellingHandler(BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
         server: LabellingServer = self.server
+        self._check_caller(parts, url.query)
         if parts and parts[0] == "api":
             if len(parts) != 4 or parts[1] != "experiments":
                 raise HttpError(404, f"no such endpoint: {url.path}")
@@ -801,17 +822,22 @@ class LabellingHandler(BaseHTTPRequestHandler):
         if not parts:
             view = "compare" if server.feedback == "pairwise" else "sort"
             where = f"/experiments/{urllib.parse.quote(server.experiment, safe='')}/{view}"
-            self._send(302, b"", "text/plain", {"Location": where})
+            headers = {"Location": where}
+            if server.access_token:  # the address printed at start-up: remember its token
+                headers["Set-Cookie"] = f"pl_access={server.access_token}; Path=/; SameSite=Strict; HttpOnly"
+            self._send(302, b"", "text/plain", headers)
         elif parts == ["favicon.ico"]:
             self._send(204, b"", "image/x-icon")
         elif len(parts) == 2 and parts[0] == "clips":
             self._clip(parts[1])
         elif len(parts) == 3 and parts[0] == "experiments" and parts[2] in server.pages:
             self._check_experiment(parts[1])
-            headers = {"Cache-Control": "no-cache"}
-            if self._client_id(required=False) is None:
-                headers["Set-Cookie"] = f"pl_client={secrets.token_hex(8)}; Path=/; SameSite=Strict; HttpOnly"
-            self._send(200, server.pages[parts[2]], "text/html; charset=utf-8", headers)
+            headers, client = {"Cache-Control": "no-store"}, self._cookie("pl_client")
+            if client is None or not CLIENT_ID.match(client):  # a new browser
+                client = secrets.token_hex(8)
+                headers["Set-Cookie"] = f"pl_client={client}; Path=/; SameSite=Strict; HttpOnly"
+            page = server.pages[parts[2]].replace(b"__LABELLER_TOKEN__", server.client_token(client).encode())
+            self._send(200, page, "text/html; charset=utf-8", headers)
         else:
             raise HttpError(404, f"no such page: {url.path}")
 
@@ -824,12 +850,13 @@ class LabellingHandler(BaseHTTPRequestHandler):
         if (method == "POST") != (endpoint in posts):
             self.close_connection = True  # a body we did not read must not be taken for the next request
             raise HttpError(405, f"{method} is not allowed on {endpoint}")
+        client = self._client()
         if endpoint == "next":
             kind = params.get("kind", ["pair" if server.feedback == "pairwise" else "tree"])[0]
             count = params.get("count", ["1"])[0]
             if kind not in QUERY_KINDS or not count.isdigit() or not 1 <= int(count) <= 5:
                 raise HttpError(400, f"next takes kind in {QUERY_KINDS} and count 1..5, got {kind!r}, {count!r}")
-            queries = store.next_queries(experiment, kind, self._client_id(), int(count), server.lease_s)
+            queries = store.next_queries(experiment, kind, client, int(count), server.lease_s)
             media = store.clip_media([c for q in queries for c in (q["left"], q["right"])])
 
             def clip(cid):
@@ -846,13 +873,13 @@ class LabellingHandler(BaseHTTPRequestHandler):
                 raise HttpError(400, 'the body needs "query_id": an integer')
             if answer not in ANSWERS:
                 raise HttpError(400, f'the body needs "answer": one of {list(ANSWERS)}')
-            store.answer(experiment, query_id, answer, f"web:{self._client_id()}")
+            store.answer(experiment, query_id, answer, f"web:{client}", client)
             self._send_json(200, {"ok": True, "query_id": query_id, "answer": answer})
         elif endpoint == "lease":
             ids = self._json_body().get("query_ids")
             if not isinstance(ids, list) or len(ids) > 10 or not all(type(i) is int for i in ids):
                 raise HttpError(400, 'the body needs "query_ids": a list of at most 10 integers')
-            held = store.renew_leases(experiment, ids, self._client_id(), server.lease_s)
+            held = store.renew_leases(experiment, ids, client, server.lease_s)
             self._send_json(200, {"held": held})
         elif endpoint == "status":
             status, pending = store.get_status(experiment), store.count_pending(experiment)
@@ -870,21 +897,40 @@ class LabellingHandler(BaseHTTPRequestHandler):
         if name != self.server.experiment:
             raise HttpError(404, f"unknown experiment {name!r}: this server labels {self.server.experiment!r}")
 
-    def _client_id(self, required: bool = True) -> str | None:
-        """The labeller's id: the X-Client-Id header, else the pl_client cookie the pages set, else the address."""
-        client = self.headers.get("X-Client-Id")
-        if client is None:
-            for part in self.headers.get("Cookie", "").split(";"):
-                key, _, value = part.strip().partition("=")
-                if key == "pl_client":
-                    client = value
-        if client is None:
-            return f"ip-{self.client_address[0]}" if required else None
-        if not CLIENT_ID.match(client):
-            raise HttpError(400, "a client id is 1-64 letters, digits or _.:-")
+    def _cookie(self, name: str) -> str | None:
+        for part in self.headers.get("Cookie", "").split(";"):
+            key, _, value = part.strip().partition("=")
+            if key == name:
+                return value
+        return None
+
+    def _check_caller(self, parts: list, query: str) -> None:
+        """Only the person's own browser: requests addressed to this server (Host), from its own pages (Origin),
+        and beyond loopback, with the access token printed at start-up."""
+        server, host = self.server, self.headers.get("Host", "")
+        if server.hosts is not None and host not in server.hosts:
+            raise HttpError(403, f"this app answers at {min(server.hosts)}, not at {host!r}")
+        origin = self.headers.get("Origin")
+        if origin is not None and origin != f"http://{host}":
+            raise HttpError(403, f"requests from the pages of {origin} are refused")
+        if server.access_token is None:
+            return
+        token = urllib.parse.parse_qs(query).get("token", [""])[0] if not parts else self._cookie("pl_access")
+        if not hmac.compare_digest(token or "", server.access_token):
+            raise HttpError(403, "open the address the training script printed at start-up (it holds the token)")
+
+    def _client(self) -> str:
+        """The browser's id, from the signed token its page sends in X-Labeller (leases are bound to it)."""
+        token = self.headers.get("X-Labeller", "")
+        client = token.partition(".")[0]
+        if not CLIENT_ID.match(client) or not hmac.compare_digest(token, self.server.client_token(client)):
+            raise HttpError(403, "no valid X-Labeller token: reload the page")
         return client
 
     def _json_body(self) -> dict:
+        if self.headers.get_content_type() != "application/json":
+            self.close_connection = True
+            raise HttpError(415, "send the body as application/json")
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
             self.close_connection = True
@@ -937,7 +983,8 @@ def serve_labelling_app(
     store: LabelStore, experiment: str, feedback: str, host: str = "127.0.0.1", port: int = 8000, lease_s: float = 30.0
 ) -> LabellingServer:
     """Serve the labelling app for one experiment in a daemon thread; returns the server (`.server_address`,
-    `.shutdown()`). feedback "pairwise" or "sort-tree" picks the page "/" opens. A port in use raises OSError."""
+    `.shutdown()`, `.access_token`: None on loopback, else the token the address printed at start-up must carry).
+    feedback "pairwise" or "sort-tree" picks the page "/" opens. A port in use raises OSError."""
     if feedback not in ("pairwise", "sort-tree"):
         raise ValueError(f"feedback must be 'pairwise' or 'sort-tree', got {feedback!r}")
     server = LabellingServer((host, port), store, experiment, feedback, lease_s)

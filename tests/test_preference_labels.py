@@ -350,15 +350,24 @@ def test_concurrent_answers_from_threads_are_each_stored_once(store):
 
 
 # ---- the HTTP handlers ----
-def call(server, method: str, path: str, body=None, headers: dict | None = None):
-    """One request to the app; returns (status, parsed JSON or raw bytes, response headers)."""
+TESTER = "7e57e70000000000"  # a client id as the pages' cookie holds them (16 hex digits)
+
+
+def client_headers(server, client: str = TESTER) -> dict:
+    """What the app's page sends: its signed labeller token and a JSON body."""
+    return {"X-Labeller": server.client_token(client), "Content-Type": "application/json"}
+
+
+def call(server, method: str, path: str, body=None, headers: dict | None = None, client: str = TESTER):
+    """One request to the app as `client`'s page sends it (headers add to or replace those); returns
+    (status, parsed JSON or raw bytes, response headers)."""
     import http.client
     import json
 
     conn = http.client.HTTPConnection(*server.server_address, timeout=30)
     try:
         data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-        conn.request(method, path, body=data, headers={"X-Client-Id": "tester", **(headers or {})})
+        conn.request(method, path, body=data, headers=client_headers(server, client) | (headers or {}))
         response = conn.getresponse()
         raw = response.read()
         kind = response.getheader("Content-Type", "")
@@ -382,12 +391,13 @@ API = "/api/experiments/exp"
 
 def test_http_next_answer_and_skip(app):
     server, store, clips, queries = app
-    status, body, _ = call(server, "GET", API + "/next?kind=pair&count=2", headers={"X-Client-Id": "alice"})
+    alice, bob = "a11ce00000000000", "b0b0000000000000"
+    status, body, _ = call(server, "GET", API + "/next?kind=pair&count=2", client=alice)
     assert status == 200 and [q["id"] for q in body["queries"]] == queries[:2]
     first = body["queries"][0]
     assert first["left"]["id"] == clips[0] and first["right"]["id"] == clips[1]
     # Bob is offered what alice does not hold.
-    status, body, _ = call(server, "GET", API + "/next?count=2", headers={"X-Client-Id": "bob"})
+    status, body, _ = call(server, "GET", API + "/next?count=2", client=bob)
     assert [q["id"] for q in body["queries"]] == queries[2:]
     # The clip is the file rendered at add_clip, cacheable for good.
     status, gif, headers = call(server, "GET", first["left"]["media"])
@@ -396,16 +406,17 @@ def test_http_next_answer_and_skip(app):
     assert "immutable" in headers["Cache-Control"]
     status, _, _ = call(server, "GET", first["left"]["media"], headers={"If-None-Match": headers["ETag"]})
     assert status == 304
-    status, body, _ = call(
-        server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"}, headers={"X-Client-Id": "alice"}
-    )
+    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[0], "answer": "left"}, client=alice)
     assert (status, body) == (200, {"ok": True, "query_id": queries[0], "answer": "left"})
-    status, body, _ = call(server, "POST", API + "/answer", {"query_id": queries[1], "answer": "cant_tell"})
-    assert status == 200
+    # Bob cannot answer the pair alice holds: 409, nothing stored; alice can.
+    skip = {"query_id": queries[1], "answer": "cant_tell"}
+    status, body, _ = call(server, "POST", API + "/answer", skip, client=bob)
+    assert status == 409 and "leased to another labeller" in body["error"]
+    assert call(server, "POST", API + "/answer", skip, client=alice)[0] == 200
     got = store.answers_after("exp", 0)
     assert [(r["id"], r["answer"], r["labeller"]) for r in got] == [
-        (queries[0], "left", "web:alice"),
-        (queries[1], "cant_tell", "web:tester"),
+        (queries[0], "left", f"web:{alice}"),
+        (queries[1], "cant_tell", f"web:{alice}"),
     ]
     status, body, _ = call(server, "GET", API + "/status")
     assert status == 200 and body["answers"] == 2 and body["pending"] == {"pair": 1, "tree": 0}
@@ -450,7 +461,9 @@ def test_http_missing_length_oversized_body_and_wrong_methods(app):
 
     server, store, clips, queries = app
     with socket.create_connection(server.server_address, timeout=10) as s:
-        s.sendall(b"POST /api/experiments/exp/answer HTTP/1.1\r\nHost: x\r\n\r\n")
+        host, token = "127.0.0.1:%d" % server.server_address[1], server.client_token(TESTER)
+        head = f"POST {API}/answer HTTP/1.1\r\nHost: {host}\r\nX-Labeller: {token}\r\n"
+        s.sendall(f"{head}Content-Type: application/json\r\n\r\n".encode())
         assert s.recv(4096).split(b"\r\n")[0] == b"HTTP/1.1 411 Length Required"
     big = b'{"query_id": 1, "answer": "left", "pad": "' + b"x" * 70000 + b'"}'
     assert call(server, "POST", API + "/answer", big)[0] == 413
@@ -459,7 +472,6 @@ def test_http_missing_length_oversized_body_and_wrong_methods(app):
     assert call(server, "POST", "/experiments/exp/compare", {})[0] == 405
     assert call(server, "GET", API + "/next?count=99")[0] == 400
     assert call(server, "GET", API + "/next?kind=triple")[0] == 400
-    assert call(server, "GET", API + "/next", headers={"X-Client-Id": "bad id!"})[0] == 400
     assert store.count_answers("exp") == 0
 
 
@@ -487,6 +499,8 @@ def test_http_pages_redirect_and_set_a_client_cookie(app):
     response = conn.getresponse()
     page = response.read().decode()
     assert response.status == 200 and response.getheader("Set-Cookie").startswith("pl_client=")
+    client = response.getheader("Set-Cookie").split(";")[0].partition("=")[2]
+    assert server.client_token(client) in page  # the page's labeller token, bound to its cookie
     assert "Tree clip is better" in page and '"kind": "tree"' in page
     conn.close()
     tree_server = labels.serve_labelling_app(store, "exp", "sort-tree", port=0)
@@ -494,6 +508,42 @@ def test_http_pages_redirect_and_set_a_client_cookie(app):
         assert call(tree_server, "GET", "/")[2]["Location"] == "/experiments/exp/sort"
     finally:
         tree_server.shutdown()
+
+
+def test_http_only_the_app_s_own_pages_can_answer(app):
+    server, store, clips, queries = app
+    answer, port = {"query_id": queries[0], "answer": "left"}, server.server_address[1]
+    token = server.client_token("a11ce00000000000")
+    refused = {
+        "no token": ({"X-Labeller": ""}, 403),
+        "a forged token": ({"X-Labeller": token[:-1] + ("1" if token[-1] == "0" else "0")}, 403),
+        "another origin's page": ({"Origin": "http://127.0.0.1:1"}, 403),
+        "another host name (DNS rebinding)": ({"Host": f"labels.example:{port}"}, 403),
+        "a no-cors text/plain post": ({"Content-Type": "text/plain"}, 415),
+    }
+    for what, (headers, expected) in refused.items():
+        status, body, _ = call(server, "POST", API + "/answer", answer, headers=headers)
+        assert status == expected and body["error"], what
+    assert call(server, "GET", API + "/next", headers={"X-Labeller": ""})[0] == 403  # leasing needs it too
+    assert store.count_answers("exp") == 0
+    same_origin = {"Origin": f"http://127.0.0.1:{port}"}
+    assert call(server, "POST", API + "/answer", answer, headers=same_origin)[0] == 200
+
+
+def test_beyond_loopback_every_request_needs_the_start_up_token(store):
+    server = labels.serve_labelling_app(store, "exp", "pairwise", host="0.0.0.0", port=0)
+    try:
+        token = server.access_token
+        assert token and call(server, "GET", "/experiments/exp/compare")[0] == 403
+        assert call(server, "GET", "/?token=wrong")[0] == 403
+        status, _, headers = call(server, "GET", "/?token=" + token)
+        assert status == 302 and headers["Set-Cookie"].startswith(f"pl_access={token};")
+        cookie = {"Cookie": f"pl_access={token}"}
+        assert call(server, "GET", "/experiments/exp/compare", headers=cookie)[0] == 200
+        assert call(server, "GET", API + "/next", headers=cookie)[0] == 200
+        assert call(server, "GET", API + "/next")[0] == 403
+    finally:
+        server.shutdown()
 
 
 def test_tree_endpoint_adds_the_clips_media(app):
@@ -538,7 +588,7 @@ def test_load_1000_answers_from_20_concurrent_clients(store):
         mine = ids[k::20]
         for qid in mine + mine[:5]:
             body = json.dumps({"query_id": qid, "answer": labels.ANSWERS[qid % 4]})
-            conn.request("POST", API + "/answer", body=body, headers={"X-Client-Id": f"c{k}"})
+            conn.request("POST", API + "/answer", body=body, headers=client_headers(server, f"{k:016x}"))
             response = conn.getresponse()
             response.read()
             statuses.append(response.status)
@@ -570,7 +620,7 @@ def test_leased_labelling_by_20_clients_never_offers_one_query_twice(store):
 
     def client(k: int):
         conn = http.client.HTTPConnection(*server.server_address, timeout=60)
-        headers = {"X-Client-Id": f"c{k}"}
+        headers = client_headers(server, f"{k:016x}")
         answered, conflicts = [], 0
         while True:
             conn.request("GET", API + "/next?kind=pair", headers=headers)
@@ -742,7 +792,7 @@ def test_browser_comparison_page(browser, pong_frames, store, tmp_path):
         wait_for(lambda: store.count_answers("exp") == 3, what="the key answers in the database")
         got = store.answers_after("exp", 0)
         assert [(r["id"], r["answer"]) for r in got] == list(zip(queries, ["left", "right", "cant_tell"]))
-        assert got[0]["labeller"].startswith("web:") and got[0]["labeller"] != "web:ip-127.0.0.1"  # the cookie
+        assert labels.CLIENT_ID.match(got[0]["labeller"][4:])  # the browser's cookie
         # Nothing left: the page says so and polls until the agent asks again.
         wait_for(lambda: browser.find_element("id", "empty").is_displayed(), what="the nothing-to-label state")
         save_screenshot(browser, tmp_path, "compare_empty.png")
@@ -752,6 +802,52 @@ def test_browser_comparison_page(browser, pong_frames, store, tmp_path):
         wait_for(lambda: store.count_answers("exp") == 4, what="the equal answer")
         assert store.answers_after("exp", 0)[-1]["answer"] == "equal"
     finally:
+        server.shutdown()
+
+
+def test_browser_a_page_of_another_origin_cannot_answer(browser, store):
+    """A page served from another loopback port posts answers to the app (the no-cors text/plain post that
+    needs no preflight, and a JSON post): the first reaches the app and is refused, the second never leaves
+    the browser (its preflight is refused); nothing is stored."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    query = store.add_query("exp", "pair", add_clip(store, seed=1), add_clip(store, seed=2))
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+    app_url = "http://127.0.0.1:%d" % server.server_address[1]
+    body = f'JSON.stringify({{query_id: {query}, answer: "left"}})'
+    evil = f"""<!doctype html><script>
+    const url = "{app_url}{API}/answer", body = {body};
+    Promise.allSettled([
+      fetch(url, {{method: "POST", mode: "no-cors", credentials: "include", body: body,
+                   headers: {{"Content-Type": "text/plain"}}}}),
+      fetch(url, {{method: "POST", credentials: "include", body: body,
+                   headers: {{"Content-Type": "application/json"}}}}),
+    ]).then((r) => {{ window.results = r.map((x) => x.status + ":" + (x.value ? x.value.type : "")); }});
+    </script>""".encode()
+
+    class Evil(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(evil)))
+            self.end_headers()
+            self.wfile.write(evil)
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        browser.get(app_url + "/")  # the person's own page first: the browser holds the app's cookie
+        wait_for(lambda: shown_query(browser) == query, what="the pair on the app's page")
+        browser.get("http://127.0.0.1:%d/" % other.server_address[1])
+        results = wait_for(lambda: browser.execute_script("return window.results"), what="the other page's posts")
+        assert results == ["fulfilled:opaque", "rejected:"]  # the first got an answer (a 403), the second none
+        assert store.count_answers("exp") == 0 and [q["id"] for q in store.pending_queries("exp")] == [query]
+    finally:
+        other.shutdown()
+        other.server_close()
         server.shutdown()
 
 
