@@ -459,6 +459,26 @@ def test_resume_after_sigterm_continues_at_its_phase(run_dir, run_script):
     assert res["world_model_steps"] == 24 and res["real_steps"] == 192  # nothing trained or collected twice
 
 
+@pytest.mark.slow
+def test_a_run_killed_inside_the_world_model_phase_ends_with_the_uninterrupted_runs_world_model(tmp_path, run_script):
+    """Resume restores the phase's step exactly (weights, optimiser, schedule, RNG states): killed after a
+    checkpoint inside the world-model phase and resumed, the run trains the same world model as one never killed
+    (the real games after it differ: the real envs restart)."""
+    flags = [*TINY, "--mode", "world-model-only", "--loop.epochs", "1", "--wm.train-steps", "12"]
+    flags += ["--checkpoint-every", "2"]
+    weights = []
+    for name in ("straight", "killed"):
+        cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *flags, "--run-dir", str(tmp_path / name)]
+        if name == "killed":
+            rc, out, err = interrupt_when_exists(cmd, tmp_path / name / "checkpoints" / "state.pt", wait_s=300)
+            assert rc == 130, err[-2000:]
+        rc, out, err = run_script(*cmd[1:], timeout=400)
+        assert rc == 0, err[-3000:]
+        weights.append(torch.load(tmp_path / name / "world_model.pt", weights_only=False)["state_dict"])
+    assert "resuming at epoch 0, phase 0" in out
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def set_field(args, dotted, value):
     if "." in dotted:
