@@ -14,11 +14,13 @@ import os
 import re
 import secrets
 import sqlite3
+import sys
 import threading
 import time
 import traceback
 import urllib.parse
 from contextlib import contextmanager, suppress
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -715,7 +717,24 @@ PAGE_WORDS = {  # the comparison page's words, then the sort-tree page's
 CLIP_FILE = re.compile(r"^clip_[0-9a-f]{16}\.(gif|png)$")
 CLIENT_ID = re.compile(r"^[0-9a-f]{16}$")  # what the pages' cookie holds
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-MAX_BODY = 65536
+MAX_BODY = 4096  # an answer is about 40 bytes, a lease of 10 ids about 150
+MAX_BRACKETS = 8  # bounds the body's nesting (json.loads recurses per level)
+MAX_ID = 2**63 - 1  # SQLite's largest integer
+
+
+def _number(text: str, low: int, high: int, what: str) -> int:
+    """A decimal number of ASCII digits within [low, high] (`"²".isdigit()` is true, but int() refuses it)."""
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not low <= int(text) <= high:
+        raise HttpError(400, f"{what} must be a whole number from {low} to {high}, got {text[:20]!r}")
+    return int(text)
+
+
+def _id(value) -> bool:
+    return type(value) is int and 1 <= value <= MAX_ID
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())  # bytes: compare_digest refuses non-ASCII text
 
 
 class HttpError(Exception):
@@ -765,6 +784,11 @@ class LabellingServer(ThreadingHTTPServer):
         and another origin cannot read them)."""
         return client + "." + hmac.new(self.secret, client.encode(), "sha256").hexdigest()[:32]
 
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a browser went away: no traceback
+            return
+        super().handle_error(request, client_address)
+
     def shutdown(self) -> None:
         self.stopped = True  # browsers keep connections open: their next request is refused, not served
         super().shutdown()
@@ -789,6 +813,14 @@ class LabellingHandler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._dispatch("POST")
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a malformed request, an unknown method: PUT, HEAD, ...) as the
+        app's JSON errors; an unknown method is 405, not 501."""
+        self.close_connection = True
+        code = 405 if code == HTTPStatus.NOT_IMPLEMENTED else code
+        message = f"{self.command} is not allowed: use GET or POST" if code == 405 else message
+        self._send_json(code, {"error": message or HTTPStatus(code).phrase}, {"Allow": "GET, POST"})
+
     def _dispatch(self, method: str) -> None:
         if self.server.stopped:
             self.close_connection = True
@@ -797,6 +829,8 @@ class LabellingHandler(BaseHTTPRequestHandler):
         try:
             self._route(method)
         except (HttpError, UnknownQuery, StaleQuery) as e:
+            # a refused POST's body may be unread: it must not be taken for the next request
+            self.close_connection = self.close_connection or method == "POST"
             self._send_json(e.status, {"error": str(e)})
         except sqlite3.OperationalError as e:  # the database is locked by another process for too long
             self._send_json(503, {"error": f"label store busy ({e}); try again"})
@@ -848,15 +882,15 @@ class LabellingHandler(BaseHTTPRequestHandler):
         if endpoint not in posts | {"next", "status", "tree"}:
             raise HttpError(404, f"no such endpoint: {endpoint}")
         if (method == "POST") != (endpoint in posts):
-            self.close_connection = True  # a body we did not read must not be taken for the next request
             raise HttpError(405, f"{method} is not allowed on {endpoint}")
         client = self._client()
         if endpoint == "next":
             kind = params.get("kind", ["pair" if server.feedback == "pairwise" else "tree"])[0]
             count = params.get("count", ["1"])[0]
-            if kind not in QUERY_KINDS or not count.isdigit() or not 1 <= int(count) <= 5:
-                raise HttpError(400, f"next takes kind in {QUERY_KINDS} and count 1..5, got {kind!r}, {count!r}")
-            queries = store.next_queries(experiment, kind, client, int(count), server.lease_s)
+            if kind not in QUERY_KINDS:
+                raise HttpError(400, f"next takes kind in {QUERY_KINDS}, got {kind[:20]!r}")
+            count = _number(count, 1, 5, "count")
+            queries = store.next_queries(experiment, kind, client, count, server.lease_s)
             media = store.clip_media([c for q in queries for c in (q["left"], q["right"])])
 
             def clip(cid):
@@ -869,16 +903,16 @@ class LabellingHandler(BaseHTTPRequestHandler):
         elif endpoint == "answer":
             body = self._json_body()
             query_id, answer = body.get("query_id"), body.get("answer")
-            if not isinstance(query_id, int) or isinstance(query_id, bool):
-                raise HttpError(400, 'the body needs "query_id": an integer')
+            if not _id(query_id):
+                raise HttpError(400, f'the body needs "query_id": an integer from 1 to {MAX_ID}')
             if answer not in ANSWERS:
                 raise HttpError(400, f'the body needs "answer": one of {list(ANSWERS)}')
             store.answer(experiment, query_id, answer, f"web:{client}", client)
             self._send_json(200, {"ok": True, "query_id": query_id, "answer": answer})
         elif endpoint == "lease":
             ids = self._json_body().get("query_ids")
-            if not isinstance(ids, list) or len(ids) > 10 or not all(type(i) is int for i in ids):
-                raise HttpError(400, 'the body needs "query_ids": a list of at most 10 integers')
+            if not isinstance(ids, list) or len(ids) > 10 or not all(_id(i) for i in ids):
+                raise HttpError(400, f'the body needs "query_ids": at most 10 integers from 1 to {MAX_ID}')
             held = store.renew_leases(experiment, ids, client, server.lease_s)
             self._send_json(200, {"held": held})
         elif endpoint == "status":
@@ -916,32 +950,32 @@ class LabellingHandler(BaseHTTPRequestHandler):
         if server.access_token is None:
             return
         token = urllib.parse.parse_qs(query).get("token", [""])[0] if not parts else self._cookie("pl_access")
-        if not hmac.compare_digest(token or "", server.access_token):
+        if not _same(token or "", server.access_token):
             raise HttpError(403, "open the address the training script printed at start-up (it holds the token)")
 
     def _client(self) -> str:
         """The browser's id, from the signed token its page sends in X-Labeller (leases are bound to it)."""
         token = self.headers.get("X-Labeller", "")
         client = token.partition(".")[0]
-        if not CLIENT_ID.match(client) or not hmac.compare_digest(token, self.server.client_token(client)):
+        if not CLIENT_ID.match(client) or not _same(token, self.server.client_token(client)):
             raise HttpError(403, "no valid X-Labeller token: reload the page")
         return client
 
     def _json_body(self) -> dict:
         if self.headers.get_content_type() != "application/json":
-            self.close_connection = True
             raise HttpError(415, "send the body as application/json")
         length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self.close_connection = True
-            raise HttpError(411 if length is None else 400, "send a JSON body with a Content-Length")
-        if int(length) > MAX_BODY:
-            self.close_connection = True
+        if length is None:
+            raise HttpError(411, "send a JSON body with a Content-Length")
+        length = _number(length, 0, 2**62, "Content-Length")
+        if length > MAX_BODY:
             raise HttpError(413, f"the body is over {MAX_BODY} bytes")
-        raw = self.rfile.read(int(length))
+        raw = self.rfile.read(length)
+        if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:
+            raise HttpError(400, f"the body nests more than {MAX_BRACKETS} brackets")
         try:
             body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except ValueError:  # not JSON, not UTF-8, or a number of over 4,300 digits
             raise HttpError(400, "the body is not JSON") from None
         if not isinstance(body, dict):
             raise HttpError(400, "the body must be a JSON object")
@@ -962,8 +996,9 @@ class LabellingHandler(BaseHTTPRequestHandler):
             raise HttpError(404, f"no clip {name!r}") from None
         self._send(200, data, "image/gif" if name.endswith(".gif") else "image/png", headers)
 
-    def _send_json(self, status: int, payload: dict) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json", {"Cache-Control": "no-store"})
+    def _send_json(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        headers = {"Cache-Control": "no-store"} | (headers or {})
+        self._send(status, json.dumps(payload).encode(), "application/json", headers)
 
     def _send(self, status: int, body: bytes, content_type: str | None, headers: dict | None = None) -> None:
         self.send_response(status)

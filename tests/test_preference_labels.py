@@ -371,7 +371,8 @@ def call(server, method: str, path: str, body=None, headers: dict | None = None,
         response = conn.getresponse()
         raw = response.read()
         kind = response.getheader("Content-Type", "")
-        return response.status, json.loads(raw) if kind == "application/json" else raw, dict(response.getheaders())
+        parsed = json.loads(raw) if kind == "application/json" and raw else raw
+        return response.status, parsed, dict(response.getheaders())
     finally:
         conn.close()
 
@@ -473,6 +474,45 @@ def test_http_missing_length_oversized_body_and_wrong_methods(app):
     assert call(server, "GET", API + "/next?count=99")[0] == 400
     assert call(server, "GET", API + "/next?kind=triple")[0] == 400
     assert store.count_answers("exp") == 0
+
+
+def test_http_hostile_requests_are_4xx_and_leave_no_traceback(app, capfd):
+    """Each request a client could send wrongly gets the app's JSON 4xx; nothing is stored, nothing printed."""
+    import socket
+    import struct
+
+    server, store, clips, queries = app
+    huge, answer = 2**63, API + "/answer"
+    requests = {
+        "count=²": ("GET", API + "/next?count=%C2%B2", None, {}),
+        "count=-1": ("GET", API + "/next?count=-1", None, {}),
+        "query_id 2**63": ("POST", answer, {"query_id": huge, "answer": "left"}, {}),
+        "query_id 0": ("POST", answer, {"query_id": 0, "answer": "left"}, {}),
+        "lease of 2**63": ("POST", API + "/lease", {"query_ids": [huge]}, {}),
+        "a 3,000-deep body": ("POST", answer, b"[" * 3000, {}),
+        "a 60,000-deep body": ("POST", answer, b"[" * 60000, {}),
+        "a 5,000-digit id": ("POST", answer, b'{"query_id": ' + b"7" * 4000 + b"}", {}),
+        "a non-ASCII token": ("GET", API + "/next", None, {"X-Labeller": "\u00e9"}),
+        "Content-Length ²": ("POST", answer, b"{}", {"Content-Length": "\u00b2"}),
+    }
+    for method in ("PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW"):
+        requests[method] = (method, answer, None, {})
+    for what, (method, path, body, headers) in requests.items():
+        status, reply, response_headers = call(server, method, path, body, headers)
+        assert 400 <= status < 500, (what, status, reply)
+        if method == "HEAD":
+            assert status == 405 and response_headers["Allow"] == "GET, POST"
+        else:
+            assert isinstance(reply, dict) and reply["error"], what
+        if method in ("PUT", "DELETE", "PATCH", "OPTIONS", "BREW"):
+            assert status == 405, what
+    # A browser dropping a keep-alive connection mid-request (a reset, not a close).
+    with socket.create_connection(server.server_address) as s:
+        s.sendall(b"GET " + API.encode() + b"/status HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(0.3)
+    assert call(server, "GET", API + "/status")[0] == 200  # still serving
+    assert store.count_answers("exp") == 0 and "Traceback" not in capfd.readouterr().err
 
 
 def test_http_unknown_experiment_routes_and_files_are_404(app):
