@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -42,11 +42,17 @@ from tqdm import tqdm
 # (tests) and rejecting bad input (exit 2) stay fast.
 
 
+def ranged(default, lo: float, hi: float):
+    """A setting's default and the range [lo, hi] it must lie in (checked before any work: exit 2)."""
+    return field(default=default, metadata={"range": (lo, hi)})
+
+
 @dataclass
 class EnvArgs:
-    sticky_actions: float = -1.0  # repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5
-    noop_max: int = 30  # up to this many no-ops at every reset (0 = off)
-    max_episode_frames: int = 108_000  # emulator frames per game before truncation (27,000 agent steps)
+    sticky_actions: float = ranged(-1.0, -1, 1)
+    """repeat_action_probability; -1 = 0.0 for *NoFrameskip-v4, 0.25 for ALE/*-v5"""
+    noop_max: int = ranged(30, 0, 1e4)  # up to this many no-ops at every reset (0 = off)
+    max_episode_frames: int = ranged(108_000, 4, 1e8)  # emulator frames per game before truncation (27,000 agent steps)
     episodic_life: bool = True  # PPO phases: a lost life ends the learner's episode (the game goes on)
 
 
@@ -54,68 +60,72 @@ class EnvArgs:
 class PPOArgs:
     """PPO of both the demonstrator and the T-REX policy (CleanRL ppo_atari.py defaults)."""
 
-    num_envs: int = 8  # parallel environments
-    num_steps: int = 128  # steps per environment per rollout
-    learning_rate: float = 2.5e-4  # Adam learning rate
+    num_envs: int = ranged(8, 1, 1024)  # parallel environments
+    num_steps: int = ranged(128, 1, 1e5)  # steps per environment per rollout
+    learning_rate: float = ranged(2.5e-4, 1e-12, 1)  # Adam learning rate
     anneal_lr: bool = True  # linearly anneal the learning rate to 0 over the phase
-    gamma: float = 0.99  # discount factor
-    gae_lambda: float = 0.95  # GAE lambda
-    num_minibatches: int = 4  # minibatches per epoch
-    update_epochs: int = 4  # epochs per rollout
+    gamma: float = ranged(0.99, 0, 1)  # discount factor
+    gae_lambda: float = ranged(0.95, 0, 1)  # GAE lambda
+    num_minibatches: int = ranged(4, 1, 1e6)  # minibatches per epoch
+    update_epochs: int = ranged(4, 1, 1000)  # epochs per rollout
     norm_adv: bool = True  # normalise advantages per minibatch
-    clip_coef: float = 0.1  # PPO clip range (also used for the value clip)
+    clip_coef: float = ranged(0.1, 1e-6, 10)  # PPO clip range (also used for the value clip)
     clip_vloss: bool = True  # clipped value loss
-    ent_coef: float = 0.01  # entropy bonus (0 = off)
-    vf_coef: float = 0.5  # value loss weight
-    max_grad_norm: float = 0.5  # gradient-norm clip (0 = off)
-    target_kl: Optional[float] = None  # stop the epochs early above this approximate KL
+    ent_coef: float = ranged(0.01, 0, 100)  # entropy bonus (0 = off)
+    vf_coef: float = ranged(0.5, 0, 100)  # value loss weight
+    max_grad_norm: float = ranged(0.5, 0, 1e6)  # gradient-norm clip (0 = off)
+    target_kl: Optional[float] = ranged(None, 1e-12, 100)  # stop the epochs early above this approximate KL
 
 
 @dataclass
 class DemonstratorArgs:
     """Phase 1: PPO on the true, clipped reward."""
 
-    total_timesteps: int = 10_000_000  # budget in agent steps (stops earlier at the return ceiling)
-    return_ceiling: Optional[float] = None  # stop once the recent mean score reaches this; default: paper's best demo
-    ceiling_window: int = 20  # number of recent training games averaged for the ceiling test
-    snapshot_every: int = 0  # save a snapshot every N iterations (0 = about 50 over the budget)
+    total_timesteps: int = ranged(10_000_000, 1, 1e11)  # budget in agent steps (stops earlier at the return ceiling)
+    return_ceiling: Optional[float] = ranged(None, -1e12, 1e12)
+    """stop once the recent mean score reaches this; default: paper's best demo"""
+    ceiling_window: int = ranged(20, 1, 1e6)  # number of recent training games averaged for the ceiling test
+    snapshot_every: int = ranged(0, 0, 1e9)  # save a snapshot every N iterations (0 = about 50 over the budget)
 
 
 @dataclass
 class CollectArgs:
     """Phase 2: demonstrations from the demonstrator's snapshots."""
 
-    num_snapshots: int = 12  # snapshots (of increasing training time) to draw demos from
-    episodes_per_snapshot: int = 1  # stochastic full games per snapshot (the paper: 1)
+    num_snapshots: int = ranged(12, 2, 1e4)  # snapshots (of increasing training time) to draw demos from
+    episodes_per_snapshot: int = ranged(1, 1, 1e4)  # stochastic full games per snapshot (the paper: 1)
 
 
 @dataclass
 class RewardArgs:
     """Phase 3: Bradley-Terry reward learning on snippet pairs."""
 
-    mask_top: int = -1  # rows hidden at the top of every frame (score, lives); -1 = the game's default (SCORE_MASKS)
-    mask_bottom: int = -1  # rows hidden at the bottom of every frame; -1 = the game's default
+    mask_top: int = ranged(-1, -1, 83)
+    """rows hidden at the top of every frame (score, lives); -1 = the game's default (SCORE_MASKS)"""
+    mask_bottom: int = ranged(-1, -1, 83)  # rows hidden at the bottom of every frame; -1 = the game's default
     sampling: Literal["offline", "live"] = "offline"  # offline: the paper's fixed pairs; live: fresh pairs every step
-    num_pairs: int = 6000  # offline training pairs
-    epochs: int = 5  # passes over the offline pairs (paper: 5 x 6000 = 30,000 steps)
-    live_steps: int = 30_000  # optimiser steps with live sampling
-    min_len: int = 50  # shortest snippet, in observations (capped by the shortest demo)
-    max_len: int = 100  # longest snippet, inclusive (capped by the shortest demo)
-    live_len: int = 50  # fixed snippet length with live sampling
-    stride: int = 2  # keep every k-th observation inside a snippet (live sampling: 1)
-    batch_size: int = 1  # pairs per optimiser step (paper: 1)
-    lr: float = 5e-5  # Adam learning rate
-    weight_decay: float = 0.0  # Adam weight decay (0 = off)
-    val_fraction: float = 0.1  # extra held-out pairs, as a fraction of the training pairs, for validation accuracy
-    eval_every: int = 500  # optimiser steps between validations
-    patience: int = 10  # stop after this many validations without a better accuracy (keeps the best model)
+    num_pairs: int = ranged(6000, 1, 1e8)  # offline training pairs
+    epochs: int = ranged(5, 1, 1e6)  # passes over the offline pairs (paper: 5 x 6000 = 30,000 steps)
+    live_steps: int = ranged(30_000, 1, 1e9)  # optimiser steps with live sampling
+    min_len: int = ranged(50, 1, 1e5)  # shortest snippet, in observations (capped by the shortest demo)
+    max_len: int = ranged(100, 1, 1e5)  # longest snippet, inclusive (capped by the shortest demo)
+    live_len: int = ranged(50, 1, 1e5)  # fixed snippet length with live sampling
+    stride: int = ranged(2, 1, 1000)  # keep every k-th observation inside a snippet (live sampling: 1)
+    batch_size: int = ranged(1, 1, 1e4)  # pairs per optimiser step (paper: 1)
+    lr: float = ranged(5e-5, 1e-12, 1)  # Adam learning rate
+    weight_decay: float = ranged(0.0, 0, 10)  # Adam weight decay (0 = off)
+    val_fraction: float = ranged(0.1, 1e-6, 1)
+    """extra held-out pairs, as a fraction of the training pairs, for validation accuracy"""
+    eval_every: int = ranged(500, 1, 1e9)  # optimiser steps between validations
+    patience: int = ranged(10, 1, 1e9)
+    """stop after this many validations without a better accuracy (keeps the best model)"""
 
 
 @dataclass
 class PolicyArgs:
     """Phase 4: PPO on the learned reward."""
 
-    total_timesteps: int = 12_500_000  # agent steps (the paper's 50M frames at frameskip 4)
+    total_timesteps: int = ranged(12_500_000, 1, 1e11)  # agent steps (the paper's 50M frames at frameskip 4)
     reward: Literal["sigmoid", "raw", "normalized", "env"] = "sigmoid"
     """sigmoid(r̂(s')) as the paper; raw r̂; r̂ normalised by running stats; env = clipped true reward (ablation)"""
 
@@ -125,28 +135,30 @@ class EvalArgs:
     """Phase 5 (and --eval-only): full games, stochastic policy."""
 
     seeds: list[int] = field(default_factory=lambda: [1234, 12345, 123456])  # evaluation seeds (paper: best mean of 3)
-    episodes: int = 30  # full games per seed
-    num_envs: int = 8  # parallel environments for evaluation
+    episodes: int = ranged(30, 1, 1e5)  # full games per seed
+    num_envs: int = ranged(8, 1, 1024)  # parallel environments for evaluation
 
 
 @dataclass
 class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
-    seed: int = 1  # seed of the experiment
+    seed: int = ranged(1, 0, 4294967295)  # seed of the experiment
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # use the GPU when one is available (falls back to the CPU)
     track: bool = False  # log to Weights and Biases as well (needs wandb installed)
     wandb_project_name: str = "cleanRL"  # the wandb's project name
     wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
     capture_video: bool = False  # record the first evaluation game of each seed's first env to videos/ (VP9 WebM)
-    torch_threads: int = 0  # CPU threads for torch (0 = torch's default; use 1 on a CPU shared with other jobs)
+    torch_threads: int = ranged(0, 0, 1024)
+    """CPU threads for torch (0 = torch's default; use 1 on a CPU shared with other jobs)"""
     env_id: str = "BreakoutNoFrameskip-v4"  # gymnasium-style Atari id (BreakoutNoFrameskip-v4, ALE/Breakout-v5)
     run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{time}; an existing one is resumed
     demos: Optional[str] = None  # npz of your own demonstrations (skips phases 1-2); format in docs/trex_ppo_atari.md
     reward_model: Optional[str] = None  # a reward_model.pt saved by this script (skips phases 1-3)
     stop_after: Optional[Literal["demonstrator", "demos", "reward", "policy"]] = None
     """stop after this phase; re-running with the same --run-dir continues"""
-    checkpoint_every: int = 10  # PPO iterations between resume checkpoints (also at the end and on SIGINT/SIGTERM)
+    checkpoint_every: int = ranged(10, 1, 1e9)
+    """PPO iterations between resume checkpoints (also at the end and on SIGINT/SIGTERM)"""
     eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt with --eval.*, into RUN_DIR/evaluations/eval_NNN.json
     env: EnvArgs = field(default_factory=EnvArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)
@@ -982,27 +994,15 @@ def resolve_env_id(env_id: str) -> tuple[str, float]:
     raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
-# Every numeric flag's valid range, "name low high" (NaN fails every range test).
-RANGES = """
-seed 0 4294967295 | torch_threads 0 1024 | checkpoint_every 1 1e9 | env.sticky_actions -1 1 | env.noop_max 0 1e4
-env.max_episode_frames 4 1e8 | ppo.num_envs 1 1024 | ppo.num_steps 1 1e5 | ppo.learning_rate 1e-12 1 | ppo.gamma 0 1
-ppo.gae_lambda 0 1 | ppo.num_minibatches 1 1e6 | ppo.update_epochs 1 1000 | ppo.clip_coef 1e-6 10 | ppo.ent_coef 0 100
-ppo.vf_coef 0 100 | ppo.max_grad_norm 0 1e6 | ppo.target_kl 1e-12 100 | demonstrator.total_timesteps 1 1e11
-demonstrator.return_ceiling -1e12 1e12 | demonstrator.ceiling_window 1 1e6 | demonstrator.snapshot_every 0 1e9
-collect.num_snapshots 2 1e4 | collect.episodes_per_snapshot 1 1e4 | reward.mask_top -1 83 | reward.mask_bottom -1 83
-reward.num_pairs 1 1e8 | reward.epochs 1 1e6 | reward.live_steps 1 1e9 | reward.min_len 1 1e5 | reward.max_len 1 1e5
-reward.live_len 1 1e5 | reward.stride 1 1000 | reward.batch_size 1 1e4 | reward.lr 1e-12 1 | reward.weight_decay 0 10
-reward.val_fraction 1e-6 1 | reward.eval_every 1 1e9 | reward.patience 1 1e9 | policy.total_timesteps 1 1e11
-eval.episodes 1 1e5 | eval.num_envs 1 1024"""
-
-
 def check_args(args: Args) -> None:
-    """Every numeric flag in its range, then the rules between flags; UsageError naming the flag."""
-    for name, low, high in (item.split() for item in RANGES.replace("\n", "|").split("|") if item.strip()):
-        group, _, attr = name.rpartition(".")
-        value, low, high = getattr(getattr(args, group) if group else args, attr), float(low), float(high)
-        if value is not None and not low <= value <= high:
-            raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}] (got {value})")
+    """Every numeric flag in its range (see `ranged`), then the rules between flags; UsageError naming the flag."""
+    groups = [(f"{f.name}.", getattr(args, f.name)) for f in fields(args) if is_dataclass(getattr(args, f.name))]
+    for prefix, group in [("", args), *groups]:
+        for f in fields(group):
+            (low, high), value = f.metadata.get("range", (None, None)), getattr(group, f.name)
+            if low is not None and value is not None and not low <= value <= high:
+                name = f"--{prefix}{f.name}".replace("_", "-")
+                raise UsageError(f"{name} must be in [{low:g}, {high:g}] (got {value})")
     if any(not 0 <= s < 2**32 for s in args.eval.seeds) or not args.eval.seeds:
         raise UsageError("--eval.seeds needs one or more seeds in [0, 2**32)")
     ppo, batch = args.ppo, args.ppo.num_envs * args.ppo.num_steps
