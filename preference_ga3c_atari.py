@@ -134,6 +134,8 @@ class LabelArgs:
     """--labeler human: address the labelling app binds to"""
     port: int = 8000
     """--labeler human: port of the labelling app"""
+    ahead: int = 10
+    """--labeler human: queries kept ready ahead of a person's answers, so answering fast never waits"""
 
 
 @dataclass
@@ -1300,6 +1302,19 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             time.sleep(0.05)
 
     # 2. GA3C on the learned (or true) reward while the teacher keeps asking and training, asynchronously.
+    def top_up() -> int:
+        """Read new answers, then ask what the label schedule wants; returns the answers so far."""
+        teacher.add_clips(drain(shared.clips))
+        teacher.absorb_answers()
+        answered, pending = teacher.outstanding()
+        wanted = desired_labels(
+            shared.steps, args.total_timesteps, args.labels.budget, args.labels.pretrain, args.labels.rate_scale
+        )
+        if args.labeler == "human":  # queries ready ahead of a person's answers: one who answers fast never waits
+            wanted = max(wanted, answered + args.labels.ahead)
+        teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
+        return answered
+
     start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
     schedule.trained_until = shared.steps
     log.rl_start = (shared.steps, teacher.updates if teacher is not None else 0)
@@ -1312,20 +1327,18 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             # the budget is spent: no more agent steps while the teacher settles what it owes
             shared.hold.set()
         if teacher is not None:
-            teacher.add_clips(drain(shared.clips))
-            teacher.absorb_answers()
-            answered, pending = teacher.outstanding()
-            wanted = desired_labels(
-                shared.steps, args.total_timesteps, args.labels.budget, args.labels.pretrain, args.labels.rate_scale
-            )
-            # keep a few queries waiting so a person never waits for one
-            if args.labeler == "human":
-                wanted = max(wanted, min(args.labels.budget, answered + 3))
-            teacher.ask(max(0, min(wanted, args.labels.budget) - answered - pending))
+            answered = top_up()
             owed = schedule.owed(shared.steps)
             if owed > 0:
                 updates = min(owed, schedule.per_look)
-                log.scalars(teacher.train(updates), shared.steps)
+                if args.labeler == "human":  # a person answers meanwhile: refill between updates
+                    stats = {}
+                    for _ in range(updates):
+                        stats |= teacher.train(1)
+                        answered = top_up()
+                else:
+                    stats = teacher.train(updates)
+                log.scalars(stats, shared.steps)
                 schedule.made(updates)
                 teacher.normalise(shared)
             behind = schedule.agents_wait(shared.steps)  # steps were made while it trained
@@ -1447,7 +1460,7 @@ class RunLog:
             return
         self.teacher.store.set_status(
             self.args.exp_name,
-            {"labels": answered, "budget": self.args.labels.budget, "agent": doing, "feedback": self.args.feedback},
+            {"labels": answered, "budget": self.args.labels.budget, "agent": doing, "updated": now},
         )
 
     def tick(self, net, optimizer):
@@ -1764,6 +1777,7 @@ def check_numbers(args: Args):
             "-1 or 0..1e6",
         ),
         ("labels.port", lab.port, 0 <= lab.port <= 65535, "0 to 65535"),
+        ("labels.ahead", lab.ahead, 1 <= lab.ahead <= 1000, "1 to 1000"),
         ("eval.episodes", args.eval.episodes, 1 <= args.eval.episodes <= 256, "1 to 256"),
     ]
     for name, value, ok, allowed in rules:

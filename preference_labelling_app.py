@@ -429,6 +429,7 @@ nav a { color: #cfd8dc; margin-right: 1.2em; text-decoration: none; }
 nav a.here { color: #fff; font-weight: bold; }
 nav .experiment { color: #90a4ae; float: right; }
 .status { margin: 0; padding: 0.4em 1em; background: #e0e0dc; font-size: 0.9em; min-height: 1.2em; }
+.status.down { background: #ffcdd2; }
 main { padding: 0.5em 1em; }
 h1 { font-size: 1.3em; margin: 0.4em 0; }
 .hint { color: #555; margin: 0.2em 0 0.8em; }
@@ -466,14 +467,14 @@ LABEL_PAGE = """<!doctype html>
     </figure>
   </div>
   <div class="answers">
-    <button id="answer-left" data-answer="left">__LEFT_BUTTON__ <kbd>&larr;</kbd></button>
-    <button id="answer-equal" data-answer="equal">Equally good <kbd>&uarr;</kbd></button>
-    <button id="answer-cant_tell" data-answer="cant_tell">Can't tell (skip) <kbd>&darr;</kbd></button>
-    <button id="answer-right" data-answer="right">__RIGHT_BUTTON__ <kbd>&rarr;</kbd></button>
+    <button id="answer-left" data-answer="left">__LEFT_BUTTON__ <kbd>&larr;</kbd> <kbd>1</kbd></button>
+    <button id="answer-equal" data-answer="equal">Equally good <kbd>&uarr;</kbd> <kbd>e</kbd></button>
+    <button id="answer-cant_tell" data-answer="cant_tell">Can't tell: skip, still counts as a label
+      <kbd>&darr;</kbd> <kbd>s</kbd></button>
+    <button id="answer-right" data-answer="right">__RIGHT_BUTTON__ <kbd>&rarr;</kbd> <kbd>2</kbd></button>
   </div>
 </section>
-<section id="empty" hidden><p>Nothing to label yet: the agent has not asked anything. This page checks every
-second and shows the next clips as soon as they arrive.</p></section>
+<section id="empty" hidden><p id="empty-text"></p></section>
 <p id="message" role="status"></p>
 </main>
 <script>const CONFIG = __CONFIG__;</script>
@@ -484,7 +485,7 @@ const $ = (id) => document.getElementById(id);
 const SAID = {left: CONFIG.leftButton, right: CONFIG.rightButton, equal: "equally good", cant_tell: "can't tell"};
 const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell",
               "1": "left", "2": "right", e: "equal", s: "cant_tell"};
-let current = null, preload = null, busy = false, loading = false;
+let current = null, preload = null, busy = false, loading = false, emptySince = null;
 const done = new Set();
 __COMMON_JS__
 function warm(query) {
@@ -500,10 +501,12 @@ function show(query) {
   $("empty").hidden = true;
 }
 function showEmpty() {
+  if (current || emptySince === null) emptySince = Date.now();
   current = null;
   document.body.dataset.queryId = "";
   $("task").hidden = true;
   $("empty").hidden = false;
+  explainEmpty();
 }
 async function refill() {
   if (loading) return;
@@ -567,7 +570,7 @@ document.addEventListener("keydown", (event) => {
   answer(choice);
 });
 setInterval(() => { if (!current) refill(); }, 1000);
-setInterval(refreshStatus, 3000);
+setInterval(refreshStatus, 1000);
 setInterval(renewLeases, CONFIG.leaseSeconds * 1000 / 3);
 refill();
 refreshStatus();
@@ -669,7 +672,7 @@ async function load() {
 load();
 refreshStatus();
 setInterval(load, 3000);
-setInterval(refreshStatus, 3000);
+setInterval(refreshStatus, 1000);
 </script>
 </body></html>
 """
@@ -683,23 +686,52 @@ async function fetchJSON(url, options) {
   try { body = await response.json(); } catch (e) { body = {}; }
   return {ok: response.ok, status: response.status, body: body};
 }
-function format(value) {
-  if (typeof value === "number") return value.toLocaleString("en-US", {maximumFractionDigits: 3});
-  if (typeof value === "object") return JSON.stringify(value);
-  return String(value);
-}
-async function refreshStatus() {
-  try {
-    const r = await fetchJSON(api + "/status");
-    if (!r.ok) return;
-    const st = r.body.status, parts = [], both = ("labels" in st) && ("budget" in st);
-    if (both) parts.push("labels " + format(st.labels) + " / " + format(st.budget));
-    for (const [key, value] of Object.entries(st)) {
-      if (!(both && (key === "labels" || key === "budget"))) parts.push(key + ": " + format(value));
-    }
-    if (CONFIG.kind) parts.push("waiting here: " + r.body.pending[CONFIG.kind]);
+const format = (n) => Number(n).toLocaleString("en-US");
+let lastStatus = null;
+async function refreshStatus() {  // every second: the counts as the server has them now
+  let r = null;
+  try { r = await fetchJSON(api + "/status"); } catch (e) { /* unreachable */ }
+  lastStatus = r && r.ok ? r.body : null;
+  $("status").classList.toggle("down", !lastStatus);
+  if (!lastStatus) {
+    $("status").textContent = r ? r.body.error || "error " + r.status : "The labelling server does not answer: "
+      + "the training run has stopped or is restarting. This page retries every second.";
+  } else {
+    const st = lastStatus.status, parts = [], age = lastStatus.now - st.updated;
+    if ("budget" in st) parts.push("Labels given: " + format(lastStatus.answers) + " of " + format(st.budget));
+    if (st.agent) parts.push("The agent: " + st.agent);
+    if (age > 10) parts.push("last heard from the training run " + Math.round(age) + " s ago");
+    if (CONFIG.kind) parts.push("Ready to label now: " + lastStatus.pending[CONFIG.kind]);
     $("status").textContent = parts.join("  \\u00b7  ");
-  } catch (e) { /* the next poll retries */ }
+  }
+  explainEmpty();
+}
+function explainEmpty() {  // why there is nothing to label: the budget, the other page, or the agent
+  if (!CONFIG.kind || $("empty").hidden) return;
+  const box = $("empty"), text = $("empty-text"), waited = Math.round((Date.now() - emptySince) / 1000);
+  const st = lastStatus ? lastStatus.status : {}, wanted = lastStatus && lastStatus.kind;
+  text.textContent = "";
+  if (!lastStatus) {
+    box.dataset.state = "unreachable";
+    text.textContent = "Nothing to label: the labelling server does not answer (see above).";
+  } else if (wanted !== CONFIG.kind) {
+    const [view, title] = wanted === "pair" ? ["compare", "Compare pairs"] : ["sort", "Sort clips into the tree"];
+    const link = document.createElement("a");
+    link.href = location.pathname.replace(/[^/]+$/, view);
+    link.textContent = title;
+    box.dataset.state = "mode";
+    text.append("This run asks for " + lastStatus.feedback + " answers, so nothing comes to this page: go to ",
+                link, ".");
+  } else if ("budget" in st && lastStatus.answers >= st.budget) {
+    box.dataset.state = "budget";
+    text.textContent = "The label budget is spent: all " + format(st.budget) + " labels are given, so the "
+      + "agent asks nothing more. To give more, run the training again with a larger --labels.budget "
+      + "(the same --run-dir resumes it).";
+  } else {
+    box.dataset.state = "waiting";
+    text.textContent = "Waiting for the agent, busy with: " + (st.agent || "starting up") + ". Nothing to label "
+      + "for " + waited + " s so far; the next clips show here as soon as the agent asks.";
+  }
 }
 """
 
@@ -918,8 +950,9 @@ class LabellingHandler(BaseHTTPRequestHandler):
         elif endpoint == "status":
             status, pending = store.get_status(experiment), store.count_pending(experiment)
             answers = store.count_answers(experiment)
-            out = {"experiment": experiment, "feedback": server.feedback, "status": status, "pending": pending}
-            self._send_json(200, out | {"answers": answers})
+            kind = "pair" if server.feedback == "pairwise" else "tree"
+            out = {"experiment": experiment, "feedback": server.feedback, "kind": kind, "status": status}
+            self._send_json(200, out | {"pending": pending, "answers": answers, "now": time.time()})
         else:
             tree = store.load_tree(experiment)
             nodes = (tree.get("nodes") or {}).values() if isinstance(tree, dict) else []

@@ -817,7 +817,7 @@ def test_browser_comparison_page(browser, pong_frames, store, tmp_path):
         assert browser.current_url.endswith("/experiments/exp/compare")
         wait_for(lambda: shown_query(browser) == queries[0], what="the first pair")
         assert_clips_playing(browser)
-        wait_for(lambda: "labels 0 / 3,000" in browser.find_element("id", "status").text, what="the status line")
+        wait_for(lambda: "Labels given: 0 of 3,000" in browser.find_element("id", "status").text, what="status")
         assert "training, step 12,800" in browser.find_element("id", "status").text
         save_screenshot(browser, tmp_path, "compare.png")
         # By click: the label lands in the database and the next (preloaded) pair appears.
@@ -833,9 +833,9 @@ def test_browser_comparison_page(browser, pong_frames, store, tmp_path):
         got = store.answers_after("exp", 0)
         assert [(r["id"], r["answer"]) for r in got] == list(zip(queries, ["left", "right", "cant_tell"]))
         assert labels.CLIENT_ID.match(got[0]["labeller"][4:])  # the browser's cookie
-        # Nothing left: the page says so and polls until the agent asks again.
-        wait_for(lambda: browser.find_element("id", "empty").is_displayed(), what="the nothing-to-label state")
-        save_screenshot(browser, tmp_path, "compare_empty.png")
+        # Nothing left: the page says the agent is busy and polls until it asks again; the status line is current.
+        wait_for(lambda: empty_state(browser) == "waiting", what="the waiting-for-the-agent state")
+        wait_for(lambda: "Labels given: 3 of 3,000" in browser.find_element("id", "status").text, 2, "status")
         later = store.add_query("exp", "pair", clips[3], clips[0])
         wait_for(lambda: shown_query(browser) == later, what="a new query to appear by polling")
         press(browser, "e")
@@ -891,6 +891,43 @@ def test_browser_a_page_of_another_origin_cannot_answer(browser, store):
         server.shutdown()
 
 
+def empty_state(driver) -> str | None:
+    """Why the page has nothing to label ("waiting", "mode", "budget", "unreachable"), or None if it shows a pair."""
+    empty = driver.find_element("id", "empty")
+    return empty.get_attribute("data-state") if empty.is_displayed() else None
+
+
+def test_browser_the_empty_page_says_why(browser, store, tmp_path):
+    """Nothing to label: waiting for the agent (what it does, for how long), the other feedback mode's page
+    (a link to the right one), the label budget spent (the flag that raises it), the server gone."""
+    server = labels.serve_labelling_app(store, "exp", "pairwise", port=0)
+    base = "http://127.0.0.1:%d/experiments/exp/" % server.server_address[1]
+    agent = "pretraining the reward model on 500 labels, update 120/2000"
+    store.set_status("exp", {"labels": 0, "budget": 2, "agent": agent, "updated": time.time()})
+    text = lambda: browser.find_element("id", "empty-text").text  # noqa: E731
+    try:
+        browser.get(base + "compare")
+        wait_for(lambda: empty_state(browser) == "waiting" and "2 s so far" in text(), what="the waiting state")
+        assert agent in text()
+        save_screenshot(browser, tmp_path, "empty_waiting.png")
+        browser.get(base + "sort")
+        wait_for(lambda: empty_state(browser) == "mode", what="the wrong-mode state")
+        assert "This run asks for pairwise answers" in text()
+        save_screenshot(browser, tmp_path, "empty_wrong_mode.png")
+        browser.find_element("link text", "Compare pairs").click()
+        wait_for(lambda: browser.current_url == base + "compare", what="the link to the right page")
+        for _ in range(2):
+            query = store.add_query("exp", "pair", add_clip(store, seed=1), add_clip(store, seed=2))
+            store.answer("exp", query, "left", "test")
+        wait_for(lambda: empty_state(browser) == "budget", what="the budget-spent state")
+        assert "all 2 labels are given" in text() and "--labels.budget" in text()
+        save_screenshot(browser, tmp_path, "empty_budget_spent.png")
+    finally:
+        server.shutdown()
+    status = browser.find_element("id", "status")
+    wait_for(lambda: "does not answer" in status.text, 3, "the status line to say the server is gone")
+
+
 def sort_tree_fixture(store, pong_frames):
     """A 5-node red-black tree over Pong clips (node 2 holds a tie), two clips pending insertion."""
     clips = [add_pong_clip(store, pong_frames, k) for k in range(8)]
@@ -931,7 +968,7 @@ def test_browser_sort_tree_page(browser, pong_frames, store, tmp_path):
         wait_for(lambda: shown_query(browser) == q1, what="the first tree comparison")
         assert_clips_playing(browser)
         assert "node 2" in browser.find_element("id", "caption-right").text
-        wait_for(lambda: "labels 9 / 100" in browser.find_element("id", "status").text, what="the status line")
+        wait_for(lambda: "Labels given: 0 of 100" in browser.find_element("id", "status").text, what="status")
         save_screenshot(browser, tmp_path, "sort.png")
         browser.find_element("id", "answer-equal").click()
         wait_for(lambda: shown_query(browser) == q2, what="the second tree comparison")
@@ -952,7 +989,7 @@ def test_browser_tree_view(browser, pong_frames, store, tmp_path):
     server = labels.serve_labelling_app(store, "exp", "sort-tree", port=0)
     try:
         browser.get("http://127.0.0.1:%d/experiments/exp/tree" % server.server_address[1])
-        wait_for(lambda: "labels 14 / 100" in browser.find_element("id", "status").text, what="the status line")
+        wait_for(lambda: "Labels given: 0 of 100" in browser.find_element("id", "status").text, what="status")
         nodes = wait_for(lambda: browser.find_elements("css selector", ".node"), what="the tree's nodes")
         assert len(nodes) == 5
         by_id = {n.get_attribute("data-node-id"): n for n in nodes}

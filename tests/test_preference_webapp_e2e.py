@@ -155,6 +155,53 @@ def test_browser_labels_a_pairwise_training_run(browser, tmp_path):  # noqa: F81
     assert len(stored) > 6 and results["labels"] == len(stored) and results["updates"] > 0
 
 
+# Counts the times the page turns to "nothing to label".
+COUNT_EMPTY_PAGES = """
+window.emptyPages = 0;
+const empty = document.getElementById("empty");
+new MutationObserver(() => { if (!empty.hidden) window.emptyPages += 1; })
+  .observe(empty, {attributes: true, attributeFilter: ["hidden"]});
+"""
+
+
+@pytest.mark.slow
+def test_a_fast_labeller_never_meets_an_empty_page(browser, tmp_path):  # noqa: F811
+    """During RL, a person answering every half second, as soon as a pair shows, never sees an empty page:
+    the teacher keeps --labels.ahead queries ready and refills between reward-model updates."""
+    answers, interval, store_dir = 100, 0.5, tmp_path / "store"
+    run = Run(
+        *("--labeler", "human", "--feedback", "pairwise", "--labels.port", free_port(), "--exp-name", "fast"),
+        *("--run-dir", tmp_path / "run", "--labels.store-dir", store_dir),
+        *("--total-timesteps", 10**8, "--labels.budget", 1000, "--labels.rate-scale", 5e6),
+    )
+    try:
+        browser.get(run.app_url())
+        label_in_browser(browser, run, count=6)  # the pretraining labels, on random play
+        status = browser.find_element("id", "status")
+        wait_for(lambda: "training the agent" in status.text, 120, "the RL phase")
+        last = wait_for(lambda: shown_query(browser), 30, "the first pair of the RL phase")
+        browser.execute_script(COUNT_EMPTY_PAGES)
+        store, ready, start = labels.LabelStore(store_dir, ENV), [], time.time()
+        try:
+            for k in range(answers):
+                time.sleep(max(0.0, start + k * interval - time.time()))
+                query = wait_for(lambda: shown_query(browser), 30, "a pair")
+                assert query != last or k == 0
+                ready.append(store.count_pending("fast")["pair"])
+                press(browser, "1" if k % 2 else "2")
+                wait_for(lambda: shown_query(browser) != query, 30, "the answer to be taken")
+                last = query
+            took, empty_pages = time.time() - start, browser.execute_script("return window.emptyPages")
+            given = store.count_answers("fast")
+        finally:
+            store.close()
+    finally:
+        run.stop()
+    print(f"fast labeller: {answers} answers in {took:.0f}s, {empty_pages} empty pages, ready min {min(ready)}")
+    assert empty_pages == 0 and given >= 6 + answers and min(ready) >= 1
+    assert took < answers * interval + 30  # no answer waited long for its pair
+
+
 @pytest.mark.slow
 def test_resume_with_a_half_labelled_sort_tree_store(browser, tmp_path):  # noqa: F811
     run_dir, store_dir = tmp_path / "run", tmp_path / "store"
