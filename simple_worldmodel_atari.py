@@ -1321,7 +1321,7 @@ def validate(args: Args) -> dict:
     if args.mode == "play":
         if not args.world_model:
             raise UsageError("--mode play needs --world-model PATH (a world_model.pt of this script)")
-        ck = check_world_model(args.world_model, args, check_type=False)
+        ck = check_world_model(args.world_model, args, rom, check_type=False)
         return {"rom": rom, "sticky": sticky, "world_model_ck": ck}
     schedule = real_steps_schedule(args.loop.real_steps, args.loop.epochs, args.env.num_envs)
     if args.mode == "model-free" and schedule["total"] < args.env.num_envs * args.ppo.num_steps:
@@ -1340,7 +1340,7 @@ def validate(args: Args) -> dict:
     if args.world_model:
         if args.mode != "simple":
             raise UsageError("--world-model is for --mode simple or play")
-        ctx["world_model_ck"] = check_world_model(args.world_model, args)
+        ctx["world_model_ck"] = check_world_model(args.world_model, args, rom)
     return ctx
 
 
@@ -1395,12 +1395,58 @@ def check_saved_networks_fit(args: Args, ctx: dict):
         ) from None
 
 
-def check_world_model(path: str, args: Args, check_type: bool = True) -> dict:
-    ck = load(path, "world_model", "pass a world_model.pt from a run dir")
-    if ck["env_id"] != args.env_id:
-        raise UsageError(f"{path} is a world model of {ck['env_id']}, not {args.env_id}: pass --env-id {ck['env_id']}")
-    if check_type and ck["config"]["model"] != args.wm.model:
-        raise UsageError(f"{path} is a {ck['config']['model']} world model: pass --wm.model {ck['config']['model']}")
+WORLD_MODEL_KEYS = {"env_id": str, "network": str, "num_actions": int, "frame_shape": list}
+WORLD_MODEL_KEYS |= {"config": dict, "state_dict": dict}  # besides its tags (WorldModel.to_file)
+
+
+def check_world_model(path: str, args: Args, rom: str, check_type: bool = True) -> dict:
+    """--world-model checked like every artifact: readable, each key present with its type, the
+    network and sizes of this script and game, every weight a finite float32 tensor of the shape
+    its config's network needs."""
+    fix = "pass a world_model.pt of this script"
+    ck = load(path, "world_model", "pass a world_model.pt from a run dir of this script")
+    for key, kind in WORLD_MODEL_KEYS.items():
+        if not isinstance(ck.get(key), kind) or isinstance(ck.get(key), bool):
+            raise UsageError(f"{path} has no valid {key!r} (a {kind.__name__}): {fix}")
+    env_id = ck["env_id"]
+    if env_id != args.env_id:
+        other = f"{path} is a world model of {env_id}, not {args.env_id}"
+        raise UsageError(f"{other}: pass --env-id {env_id}")
+    n = num_actions_of(rom)
+    sizes = (ck["network"], tuple(ck["frame_shape"]), ck["num_actions"])
+    if sizes != ("WorldModel", FRAME_SHAPE, n):
+        holds = f"{ck['network']!r} of frames {ck['frame_shape']} and {ck['num_actions']} actions"
+        raise UsageError(f"{path} holds a {holds}, not a WorldModel of {FRAME_SHAPE}, {n}: {fix}")
+    missing = {f.name for f in dataclasses.fields(WorldModelArgs)} - set(ck["config"])
+    if missing:
+        raise UsageError(f"{path}: its 'config' has no {sorted(missing)[0]!r}: {fix}")
+    try:
+        cfg = WorldModelArgs(**ck["config"])
+    except TypeError:
+        raise UsageError(f"{path}: its 'config' is not this script's --wm: {fix}") from None
+    for f in dataclasses.fields(WorldModelArgs):
+        value, (lo, hi) = getattr(cfg, f.name), f.metadata.get("range", (None, None))
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if lo is not None and not (number and math.isfinite(value) and lo <= value <= hi):
+            raise UsageError(f"{path}: config[{f.name!r}] {value!r} is not in [{lo}, {hi}]: {fix}")
+    if cfg.model not in ("stochastic-discrete", "deterministic") or cfg.bits % BitPrior.GROUP:
+        raise UsageError(f"{path}: config holds model {cfg.model!r} and {cfg.bits} bits: {fix}")
+    if check_type and cfg.model != args.wm.model:
+        raise UsageError(f"{path} is a {cfg.model} world model: pass --wm.model {cfg.model}")
+    weights = ck["state_dict"]
+    for name, value in weights.items():
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+            raise UsageError(f"{path}: state_dict[{name!r}] is not a float32 tensor: {fix}")
+        if not torch.isfinite(value).all():
+            raise UsageError(f"{path}: state_dict[{name!r}] holds NaN or inf weights: {fix}")
+    try:
+        expected = WorldModel(n, FRAME_SHAPE, cfg).state_dict()
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"{path}: its 'config' builds no WorldModel: {fix}") from None
+    for name in sorted(expected.keys() | weights.keys()):
+        want, got = (tuple(sd[name].shape) if name in sd else None for sd in (expected, weights))
+        if want != got:
+            raise UsageError(f"{path}: state_dict[{name!r}] is {got}, not {want}: {fix}")
     return ck
 
 
@@ -1611,6 +1657,7 @@ def action_meanings(rom: str) -> list[str]:
     return [str(a).split(".")[-1] for a in ale.getMinimalActionSet()]
 
 
+@functools.lru_cache(maxsize=None)
 def num_actions_of(rom: str) -> int:
     return len(action_meanings(rom))
 

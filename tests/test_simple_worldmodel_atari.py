@@ -603,3 +603,44 @@ def test_help_is_grouped_by_phase():
     flags = ("--env.noop-max", "--loop.epochs", "--wm.loss-cutoff", "--ppo.num-steps", "--eval.temperature")
     groups = ("env", "loop", "wm", "ppo", "eval", "play")
     check_help_groups(lambda: tyro.cli(sw.Args, args=["--help"]), groups, flags + ("--play.keys",))
+
+
+def world_model_cases(valid: dict) -> list[tuple[str, dict]]:
+    """(the word the refusal must name, a mutated world_model.pt payload) generated from a valid
+    payload: every key dropped or of another type, every config setting dropped or out of range,
+    every weight with a NaN, some weights infinite, float64 or of another shape."""
+    cases, config, weights = [], valid["config"], valid["state_dict"]
+    for key, value in valid.items():
+        cases.append((key, {k: v for k, v in valid.items() if k != key}))
+        cases.append((key, {**valid, key: 3 if isinstance(value, str) else "3"}))
+    for key in config:
+        cases.append((key, {**valid, "config": {k: v for k, v in config.items() if k != key}}))
+        if isinstance(config[key], (int, float)):
+            cases.append((key, {**valid, "config": {**config, key: -1}}))
+    names = list(weights)
+    for i, name in enumerate(names):
+        bad = [weights[name].clone()]
+        bad[0].view(-1)[0] = float("nan")
+        if i in (0, len(names) // 2, len(names) - 1):
+            bad += [torch.full_like(bad[0], float("inf")), bad[0].double().nan_to_num()]
+            bad.append(bad[0][..., :0])
+        cases += [(name, {**valid, "state_dict": {**weights, name: b}}) for b in bad]
+    cases.append(("actions", {**valid, "num_actions": 4}))
+    cases.append(("frames", {**valid, "frame_shape": [84, 84, 1]}))
+    return cases
+
+
+def test_world_model_file_mutated_key_by_key_is_refused_before_anything_is_made(tmp_path):
+    cfg = sw.WorldModelArgs(**SMALL_LATENT, inference_filters=8)
+    valid = {"env_id": "PongNoFrameskip-v4", **sw.WorldModel(6, sw.FRAME_SHAPE, cfg).to_file()}
+    path, target = tmp_path / "world_model.pt", tmp_path / "run"
+    sw.save(path, "world_model", **valid)
+    args = sw.Args(run_dir=str(target), world_model=str(path), wm=cfg)
+    assert sw.validate(args)["world_model_ck"]["env_id"] == "PongNoFrameskip-v4"
+    cases = world_model_cases(valid)
+    for i, (needle, payload) in enumerate(cases):
+        sw.save(path, "world_model", **payload)
+        for mode in ("simple", "play") if i % 10 == 0 else ("simple",):  # play checks it alike
+            line = one_line_exit_2(lambda: sw.main(dataclasses.replace(args, mode=mode)))
+            assert str(path) in line and needle in line, (needle, line)
+    assert len(cases) > 100 and not target.exists()
