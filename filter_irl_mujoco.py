@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import tempfile
@@ -855,9 +856,25 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         raise SystemExit(3)
     except Interrupted as e:
         phase, step = e.args
-        finish_run(run_dir, writer, f"interrupted in the {phase} at step {step}: checkpoint saved; re-run to resume")
+        saved = f"interrupted in the {phase} at step {step}: checkpoint saved"
+        finish_run(run_dir, writer, f"{saved}; resume with: {resume_command(run_dir, argv)}")
         raise SystemExit(130)
     finish_run(run_dir, writer)
+
+
+def resume_command(run_dir: Path, argv) -> str:
+    """The exact command that resumes this run: this one's flags with --run-dir set to the run dir (the default
+    run dir ends in a timestamp, so the same command alone would start a new run)."""
+    script = sys.argv[0] if argv is None else SCRIPT
+    argv = [] if isinstance(argv, Args) else list(sys.argv[1:] if argv is None else map(str, argv))
+    kept = []
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("--run-dir", "--run_dir"):
+            argv = argv[1:]
+        elif not arg.startswith(("--run-dir=", "--run_dir=")):
+            kept.append(arg)
+    return shlex.join(["python", script, *kept, "--run-dir", str(run_dir)])
 
 
 class SPSMeter:

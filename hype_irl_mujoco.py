@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import tempfile
@@ -189,7 +190,7 @@ class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint
 
     def __str__(self) -> str:
         phase, step = self.args
-        return f"interrupted in the {phase} at step {step}: checkpoint saved; re-run to resume"
+        return f"interrupted in the {phase} at step {step}: checkpoint saved"
 
 
 # ---------------------------------------------------------------------- Environments
@@ -993,12 +994,28 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         run = start_run(args, run_dir)
         pipeline(args, info, demos, checkpoints, run)
     except Stop as e:
+        resume = f"; resume with: {resume_command(run.dir, argv)}" if isinstance(e, Interrupted) else ""
         if run is None:
             print(f"{e.prefix}{e}", file=sys.stderr)
         else:
-            finish_run(run, f"{e.prefix}{e}")
+            finish_run(run, f"{e.prefix}{e}{resume}")
         raise SystemExit(e.code)
     finish_run(run)
+
+
+def resume_command(run_dir: Path, argv) -> str:
+    """The exact command that resumes this run: this one's flags with --run-dir set to the run dir (the default
+    run dir ends in a timestamp, so the same command alone would start a new run)."""
+    script = sys.argv[0] if argv is None else SCRIPT
+    argv = [] if isinstance(argv, Args) else list(sys.argv[1:] if argv is None else map(str, argv))
+    kept = []
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("--run-dir", "--run_dir"):
+            argv = argv[1:]
+        elif not arg.startswith(("--run-dir=", "--run_dir=")):
+            kept.append(arg)
+    return shlex.join(["python", script, *kept, "--run-dir", str(run_dir)])
 
 
 # ---- checkpoints, atomic writes, results

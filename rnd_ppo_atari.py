@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -721,7 +722,7 @@ def main(args: Args) -> Optional[dict]:
         raise SystemExit(3) from None
     except Interrupted as e:
         if world.rank == 0:
-            print(f"interrupted: {e}; re-run the same command to resume", file=sys.stderr)
+            print(f"interrupted: {e}; resume with: {resume_command(run_dir, world.size)}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         if writer is not None:
@@ -865,6 +866,21 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
         tempfile.TemporaryDirectory(dir=probe).cleanup()
     except OSError:
         raise UsageError(f"cannot write in {probe}: pass a writable --run-dir") from None
+
+
+def resume_command(run_dir: Path, world_size: int = 1, argv: Optional[list] = None) -> str:
+    """The exact command that resumes this run: this one's flags with --run-dir set to the run dir (the default
+    run dir ends in a timestamp, so the same command alone would start a new run)."""
+    script = sys.argv[0] if argv is None else SCRIPT
+    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--run-dir" or arg == "--run_dir":
+            argv = argv[1:]
+        elif not arg.startswith(("--run-dir=", "--run_dir=")):
+            kept.append(arg)
+    launcher = ["torchrun", f"--nproc-per-node={world_size}"] if world_size > 1 else ["python"]
+    return shlex.join([*launcher, script, *kept, "--run-dir", str(run_dir)])
 
 
 def read_json(path: Path):

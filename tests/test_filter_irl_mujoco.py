@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from conftest import (
     eval_only_twice,
     file_bytes,
     interrupt_when_exists,
+    interrupt_when_found,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -605,3 +607,31 @@ def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finishe
     assert code == 3 and len(errors) == 1, err[-2000:]
     assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
     assert not (tmp_path / "nan" / "results.json").exists()
+
+
+def printed_resume_command(err: str) -> list[str]:
+    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
+    line = next(x for x in err.splitlines() if "resume with: " in x)
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[0] == "python", line
+    return [sys.executable, *command[1:]]
+
+
+def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, demos_file):
+    """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
+    with --run-dir, and running it exactly as printed resumes (the step counter continues)."""
+    flags = ["--env-id", PENDULUM, "--expert.path", demos_file, "--irl.total-timesteps", 100000, *TINY]
+    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-frequency", 100]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--eval.frequency", "100000"]
+    rc, _, err, _ = interrupt_when_found(cmd, tmp_path, "runs/*/checkpoints/irl.pt")
+    assert rc == 130, err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    step = torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
+    resume = printed_resume_command(err)
+    assert resume[-2:] == ["--run-dir", str(run_dir.relative_to(tmp_path))], resume
+    for events in run_dir.glob("events.out.tfevents*"):  # its next one shows the resumed run has started
+        events.unlink()
+    rc, _, err, _ = interrupt_when_found(resume, tmp_path, "runs/*/events.out.tfevents*", after_s=2)
+    assert rc == 130 and f"IRL phase: resuming at step {step} " in err, err[-2000:]
+    assert list((tmp_path / "runs").iterdir()) == [run_dir]  # no new run dir
+    assert torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"] > step

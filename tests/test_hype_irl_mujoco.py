@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from conftest import (
     eval_only_twice,
     file_bytes,
     interrupt_when_exists,
+    interrupt_when_found,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -781,3 +783,31 @@ def test_antmaze_layout_expert_reset_and_a_tiny_run(tmp_path):
     assert code == 0, err[-2000:]
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert res["env_id"] == ant and res["success_rate"] in (0.0, 1.0) and res["policy_env_steps"] == 150
+
+
+def printed_resume_command(err: str) -> list[str]:
+    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
+    line = next(x for x in err.splitlines() if "resume with: " in x)
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[0] == "python", line
+    return [sys.executable, *command[1:]]
+
+
+def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, experts_dir):
+    """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
+    with --run-dir, and running it exactly as printed resumes (the step counter continues)."""
+    flags = ["--env-id", PENDULUM, "--expert.experts-dir", experts_dir, "--irl.total-timesteps", 100000, *TINY]
+    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-frequency", 100]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--eval.frequency", "100000"]
+    rc, _, err, _ = interrupt_when_found(cmd, tmp_path, "runs/*/checkpoints/irl.pt")
+    assert rc == 130, err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    step = torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
+    resume = printed_resume_command(err)
+    assert resume[-2:] == ["--run-dir", str(run_dir.relative_to(tmp_path))], resume
+    for events in run_dir.glob("events.out.tfevents*"):  # its next one shows the resumed run has started
+        events.unlink()
+    rc, out, err, _ = interrupt_when_found(resume, tmp_path, "runs/*/events.out.tfevents*", after_s=2)
+    assert rc == 130 and f"resuming from step {step}" in out, err[-2000:]
+    assert list((tmp_path / "runs").iterdir()) == [run_dir]  # no new run dir
+    assert torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"] > step

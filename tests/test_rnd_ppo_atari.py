@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from conftest import (
     eval_only_twice,
     exit_2_naming_the_file,
     interrupt_when_exists,
+    interrupt_when_found,
     numeric_flag_cases,
     one_line_exit_2,
     quiet_main,
@@ -364,7 +366,7 @@ def test_resume_after_sigterm_continues_from_saved_iteration(run_dir, run_script
     first = run_dir / "checkpoints" / "ckpt_00000001.pt"
     rc, _, err = interrupt_when_exists([sys.executable, *args, "--ppo.total-timesteps", "64000"], first)
     assert rc == 130, err[-3000:]
-    assert "re-run the same command to resume" in err and not (run_dir / "results.json").exists()
+    assert f"--run-dir {run_dir}" in err and not (run_dir / "results.json").exists()
     assert (run_dir / "curves.png").exists()  # plotted during training
     saved = rnd.load(rnd.checkpoint_paths(run_dir)[-1], "snapshot")
     k = saved["iteration"]
@@ -539,3 +541,29 @@ def test_help_is_grouped_by_phase():
         groups=("env", "ppo", "rnd", "policy", "eval"),
         absent=("--batch-size", "--num-iterations "),  # derived values are not flags
     )
+
+
+def printed_resume_command(err: str) -> list[str]:
+    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
+    line = next(x for x in err.splitlines() if "resume with: " in x)
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[0] == "python", line
+    return [sys.executable, *command[1:]]
+
+
+@pytest.mark.slow
+def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path):
+    """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
+    with --run-dir, and running it exactly as printed resumes (the iteration counter continues)."""
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", "BreakoutNoFrameskip-v4", *TINY]
+    cmd += ["--checkpoint-every", "1", "--ppo.total-timesteps", "64000"]
+    rc, _, err, _ = interrupt_when_found(cmd, tmp_path, "runs/*/checkpoints/ckpt_00000001.pt")
+    assert rc == 130, err[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    k = rnd.load(rnd.checkpoint_paths(run_dir)[-1], "snapshot")["iteration"]
+    resume = printed_resume_command(err)
+    assert resume[-2:] == ["--run-dir", str(run_dir.relative_to(tmp_path))], resume
+    rc, out, err, _ = interrupt_when_found(resume, tmp_path, f"runs/*/checkpoints/ckpt_{k + 1:08d}.pt")
+    assert rc == 130 and f"resumed from iteration {k} " in out, err[-2000:]
+    assert [p.parent.name for p in (tmp_path / "runs").glob("*/args.json")] == [run_dir.name]  # no new run dir
+    assert rnd.load(rnd.checkpoint_paths(run_dir)[-1], "snapshot")["iteration"] > k
