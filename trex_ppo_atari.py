@@ -927,7 +927,7 @@ def main(args: Args) -> Optional[dict]:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if found.get("finished") is not None:
-        print(f"{run_dir} is finished (results.json is never overwritten); --eval-only evaluates it again")
+        print(f"{run_dir} holds a finished run (results.json, never overwritten): nothing to do")
         return found["finished"]
     device, writer, restore_signals = start_run(args, game, run_dir, found)
     print(f"run dir: {run_dir}")
@@ -1038,7 +1038,9 @@ def validate(args: Args) -> tuple[dict, Path, dict]:
         raise UsageError("--reward.mask-top + --reward.mask-bottom hide the whole frame: use fewer rows")
     found = {"finished": None, "demos": None, "reward_model": None, "checkpoints": {}, "snapshots": None}
     if (run_dir / "results.json").exists():
-        return game, run_dir, found | {"finished": load(run_dir / "results.json", "results")}
+        finished = load(run_dir / "results.json", "results")
+        refuse_changed_flags(run_dir, load(run_dir / "args.json", "args").get("args", {}), args)
+        return game, run_dir, found | {"finished": finished}
     if (run_dir / "demos.npz").exists() or args.demos:
         found["demos"] = load(run_dir / "demos.npz" if (run_dir / "demos.npz").exists() else args.demos, "demos")
     if args.reward_model or (run_dir / "reward_model.pt").exists():
@@ -1080,6 +1082,36 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
         tempfile.TemporaryDirectory(dir=probe).cleanup()
     except OSError:
         raise UsageError(f"cannot write in {probe}: pass a writable --run-dir") from None
+
+
+# settings that change nothing a finished run made (where it runs, how it logs, how it resumes)
+RERUN_FREE = {"run_dir", "eval_only", "track", "wandb_project_name", "wandb_entity", "cuda"}
+RERUN_FREE |= {"torch_threads", "checkpoint_every", "stop_after"}
+
+
+def flat_settings(d: dict, prefix: str = ""):
+    """("group.name", value) of every setting in a (nested) dict of args, as args.json holds them."""
+    for key, value in d.items():
+        if isinstance(value, dict):
+            yield from flat_settings(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def refuse_changed_flags(run_dir: Path, saved: dict, args: Args) -> None:
+    """A finished run re-run with flags that differ from its args.json (beside RERUN_FREE):
+    UsageError naming each (results.json is never overwritten, so they would be ignored)."""
+    old = dict(flat_settings(saved if isinstance(saved, dict) else {}))
+    now = dict(flat_settings(json.loads(json.dumps(asdict(args)))))
+    diff, missing = [], object()
+    for key, value in now.items():
+        if key not in RERUN_FREE and old.get(key, missing) != value:
+            diff.append(f"--{key.replace('_', '-')} {old.get(key)} -> {value}")
+    if diff:
+        raise UsageError(
+            f"{run_dir} holds a finished run made with other flags ({', '.join(diff)} against its "
+            "args.json): re-run its own command (nothing to do), --eval-only it, or pass a new --run-dir"
+        )
 
 
 def load_snapshots(folder: Path, keep: int) -> list:

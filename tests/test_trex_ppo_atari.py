@@ -3,6 +3,7 @@ the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducib
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -298,38 +299,18 @@ def read_tags(run_dir: Path) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
+FINISHED_RUN_FLAGS = [*TINY, "--demonstrator.total-timesteps", "512", "--demonstrator.snapshot-every", "4"]
+FINISHED_RUN_FLAGS += ["--policy.total-timesteps", "256", "--reward.num-pairs", "40", "--reward.batch-size", "4"]
+FINISHED_RUN_FLAGS += ["--reward.eval-every", "5", "--reward.epochs", "2", "--eval.episodes", "2"]
+FINISHED_RUN_FLAGS += ["--eval.seeds", "1", "2", "--capture-video"]
+
+
 def build_finished_run(tmp_path_factory):
     """All five phases at tiny budgets, with a video (shared by the smoke, contract and corruption tests)."""
     from conftest import run_script_subprocess
 
     run_dir = tmp_path_factory.mktemp("trex") / "run"
-    rc, out, err = run_script_subprocess(
-        SCRIPT,
-        "--run-dir",
-        run_dir,
-        *TINY,
-        "--demonstrator.total-timesteps",
-        "512",
-        "--demonstrator.snapshot-every",
-        "4",
-        "--policy.total-timesteps",
-        "256",
-        "--reward.num-pairs",
-        "40",
-        "--reward.batch-size",
-        "4",
-        "--reward.eval-every",
-        "5",
-        "--reward.epochs",
-        "2",
-        "--eval.episodes",
-        "2",
-        "--eval.seeds",
-        "1",
-        "2",
-        "--capture-video",
-        timeout=400,
-    )
+    rc, out, err = run_script_subprocess(SCRIPT, "--run-dir", run_dir, *FINISHED_RUN_FLAGS, timeout=400)
     assert rc == 0, err[-3000:]
     assert_run_dir_printed_at_start_and_end(out, run_dir)
     return run_dir
@@ -354,10 +335,13 @@ def check_whole_pipeline_smoke(finished_run, run_script):
     assert res["policy"]["global_step"] == 256
     assert {"charts/SPS", "losses/value_loss", "reward/val_accuracy", "eval/episodic_return"} <= read_tags(run_dir)
     assert "charts/episodic_return" in read_tags(run_dir / "demonstrator")
-    # a finished run dir is never overwritten: exit 0, nothing changed
+    # a finished run dir is never overwritten: its own command exits 0, other flags exit 2; nothing changed
     before = {p: p.read_bytes() for p in run_dir.glob("*.json")}
+    rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, *FINISHED_RUN_FLAGS, timeout=60)
+    assert rc == 0 and "nothing to do" in out, err[-2000:]
     rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, timeout=60)
-    assert rc == 0 and "finished" in out and {p: p.read_bytes() for p in run_dir.glob("*.json")} == before
+    assert rc == 2 and "--ppo.num-envs 2 -> 8" in err and len(err.strip().splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in run_dir.glob("*.json")} == before
 
 
 def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch):
@@ -623,3 +607,27 @@ def test_stale_tmp_files_are_removed_and_writes_are_atomic(tmp_path):
     trex.main(trex.parse_args(argv))
     assert not any(p.exists() for p in stale)
     assert (run_dir / "demos.npz").exists() and not list(run_dir.rglob("*.tmp*"))
+
+
+def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_changed_ones(tmp_path):
+    """Issue 48 item 6: the same flags -> exit 0, "nothing to do", nothing written; other flags
+    (budget, seed, envs) -> exit 2 naming each flag with its saved and its new value."""
+    run_dir = tmp_path / "run"
+    argv = ["--run-dir", str(run_dir), *TINY, "--policy.total-timesteps", "256"]
+    args = trex.parse_args(argv)
+    run_dir.mkdir()
+    saved = {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)}
+    (run_dir / "args.json").write_text(json.dumps(saved))
+    (run_dir / "results.json").write_text("{}")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*")}
+    same = argv + ["--torch-threads", "2", "--checkpoint-every", "3"]  # where and how it runs: no matter
+    code, _ = quiet_main(lambda: trex.main(trex.parse_args(same)))
+    assert code == 0
+    for extra, named in (
+        (["--policy.total-timesteps", "512"], "--policy.total-timesteps 256 -> 512"),
+        (["--seed", "2"], "--seed 1 -> 2"),
+        (["--ppo.num-envs", "4", "--eval.seeds", "7"], "--ppo.num-envs 2 -> 4, --eval.seeds [1234"),
+    ):
+        line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv + extra)))
+        assert named in line and "finished" in line, line
+    assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
