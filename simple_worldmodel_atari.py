@@ -1358,6 +1358,8 @@ def check_run_dir(args: Args, ctx: dict):
             raise UsageError(f"{run_dir} was made by {old.get('script')!r}, not this script: pass a new --run-dir")
         if old.get("env_id") != args.env_id or old.get("mode") != args.mode:
             raise UsageError(f"{run_dir} is a {old.get('mode')} run on {old.get('env_id')}: pass a new --run-dir")
+        if (run_dir / "results.json").exists():
+            refuse_changed_flags(run_dir, old, args)
         changed = [k for k in ARCHITECTURE if old.get("wm", {}).get(k) != getattr(args.wm, k)]
         if changed:
             raise UsageError(
@@ -1376,6 +1378,36 @@ def check_run_dir(args: Args, ctx: dict):
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write the run dir {run_dir} ({probe} is not writable): pass a writable --run-dir")
+
+
+# settings that change nothing a finished run made (where it runs, how it logs, how it resumes)
+RERUN_FREE = {"run_dir", "eval_only", "track", "wandb_project_name", "wandb_entity", "cuda"}
+RERUN_FREE |= {"torch_threads", "checkpoint_every"}
+
+
+def flat_settings(d: dict, prefix: str = ""):
+    """("group.name", value) of every setting in a (nested) dict of args, as args.json holds them."""
+    for key, value in d.items():
+        if isinstance(value, dict):
+            yield from flat_settings(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def refuse_changed_flags(run_dir: Path, saved: dict, args: Args):
+    """A finished run re-run with flags that differ from its args.json (beside RERUN_FREE and the
+    player's): UsageError naming each (a finished result is never redone or extended)."""
+    old = dict(flat_settings(saved))
+    now = dict(flat_settings(json.loads(json.dumps(asdict(args)))))
+    diff, missing = [], object()
+    for key, value in now.items():
+        if key not in RERUN_FREE and not key.startswith("play.") and old.get(key, missing) != value:
+            diff.append(f"--{key.replace('_', '-')} {old.get(key)} -> {value}")
+    if diff:
+        raise UsageError(
+            f"{run_dir} holds a finished run made with other flags ({', '.join(diff)} against its "
+            "args.json): re-run its own command (nothing to do), --eval-only it, or pass a new --run-dir"
+        )
 
 
 def check_saved_networks_fit(args: Args, ctx: dict):

@@ -644,3 +644,43 @@ def test_world_model_file_mutated_key_by_key_is_refused_before_anything_is_made(
             line = one_line_exit_2(lambda: sw.main(dataclasses.replace(args, mode=mode)))
             assert str(path) in line and needle in line, (needle, line)
     assert len(cases) > 100 and not target.exists()
+
+
+def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_changed_ones(tmp_path):
+    """Issue 48 item 6: the same flags -> exit 0, "nothing to do", nothing written; other flags (budget,
+    seed, envs) -> exit 2 naming each flag with its saved and its new value."""
+    import tyro
+
+    run_dir = tmp_path / "run"
+    argv = [*TINY, "--run-dir", str(run_dir)]
+    args = tyro.cli(sw.Args, args=argv)
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, **dataclasses.asdict(args)}))
+    (run_dir / "results.json").write_text("{}")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*")}
+    same = argv + ["--torch-threads", "2", "--checkpoint-every", "7"]  # where and how it runs: no matter
+    code, out = quiet_exit(lambda: sw.main(tyro.cli(sw.Args, args=same)))
+    assert code == 0 and "nothing to do" in out, out
+    for extra, named in (
+        (["--loop.real-steps", "256"], "--loop.real-steps 128 -> 256"),
+        (["--seed", "2"], "--seed 1 -> 2"),
+        (["--env.num-envs", "4", "--ppo.num-envs", "4"], "--env.num-envs 2 -> 4, --ppo.num-envs 2 -> 4"),
+        (["--eval.grid-noops", "3"], "--eval.grid-noops [8, 0] -> [3]"),
+    ):
+        line = one_line_exit_2(lambda: sw.main(tyro.cli(sw.Args, args=argv + extra)))
+        assert named in line and "finished" in line, line
+    assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
+
+
+def quiet_exit(call) -> tuple[int, str]:
+    """(exit code, stdout) of an in-process main: 0 when it returned."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            call()
+        except SystemExit as e:
+            return e.code, out.getvalue()
+    return 0, out.getvalue()
