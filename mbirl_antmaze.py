@@ -843,6 +843,14 @@ class Buffer:
         self.rows[: self.size] = rows[-self.size :].to(self.rows)
         self.ptr = self.size % self.capacity
 
+    def ring(self) -> dict:
+        """The filled rows (a CPU copy) and the write position: what load_ring restores exactly."""
+        return {"rows": self.rows[: self.size].to("cpu", copy=True), "ptr": self.ptr}
+
+    def load_ring(self, ring: dict) -> None:
+        self.size, self.ptr = len(ring["rows"]), ring["ptr"]
+        self.rows[: self.size] = ring["rows"].to(self.rows)
+
 
 def add_hybrid_step(hybrid: Buffer, policy: Buffer, learner_row: tuple, expert: Buffer, generator) -> None:
     """One real step fills the buffers 1:1 (LAMPS): the learner transition goes to the hybrid and
@@ -1298,8 +1306,11 @@ def make_hyper_state(args: Args, demos: dict, model, elites, obs_dim: int, act_d
     return HyperState(model, elites, agent, disc, expert, hybrid, policy, learner)
 
 
-def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict:
-    """Step 2a: the ensemble on the whole hybrid buffer (a random validation split); new elites."""
+def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict | None:
+    """Step 2a: the ensemble on the whole hybrid buffer (a random validation split); new elites.
+    None when a signal stopped it: the model, elites and generator are put back as they were, so
+    the resumed run retrains from the same point (resume is exact)."""
+    before = {k: v.clone() for k, v in s.model.state_dict().items()}, s.elites, gen.get_state()
     o, a, no, _ = s.hybrid.all()
     inputs, targets = model_io(o, a, no, goal_dims(args.env_id))
     perm = torch.randperm(len(inputs), generator=gen)
@@ -1308,6 +1319,11 @@ def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict:
     s.elites, info = train_ensemble(
         s.model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=stop, cosine_from=cosine_from
     )
+    if info["stopped"]:
+        s.model.load_state_dict(before[0])
+        s.elites = before[1]
+        gen.set_state(before[2])
+        return None
     c["model_trainings"] += 1
     c["model_batches"] += info["batches"]
     out = {"model_lr": cosine_lr(args.model.lr, c["model_batches"])} if args.model.cosine_lr else {}
@@ -1369,6 +1385,40 @@ def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
     return out
 
 
+def env_generators(env: gym.Env) -> list[np.random.Generator]:
+    """The env's random generators (a maze's and its inner Point/Ant env's): what an unseeded reset draws from."""
+    u = env.unwrapped
+    inner = getattr(u, "ant_env", None) or getattr(u, "point_env", None)
+    return [x.np_random for x in (u, inner) if x is not None]
+
+
+def new_episode(env: gym.Env, c: dict, step: int, seed: int | None = None) -> np.ndarray:
+    """Reset the learner's real env (seeded, or from its generators) and note in the counters how, so a resumed
+    run can restore the episode in progress (restore_episode)."""
+    rng = None if seed is not None else [g.bit_generator.state for g in env_generators(env)]
+    c["episode"] = {"start": step, "seed": seed, "rng": rng}
+    return env.reset(seed=seed)[0]
+
+
+def restore_episode(env: gym.Env, c: dict, policy: Buffer, seed: int) -> np.ndarray:
+    """The real episode in progress at c["step"], exactly: its reset redone (same seed, or the generators' saved
+    states) and its actions (the policy buffer's rows since the episode began) replayed. A checkpoint without the
+    record (an older run dir) starts a new episode seeded with seed + step."""
+    ep = c.get("episode") or {"start": c["step"], "seed": seed + c["step"], "rng": None}
+    if ep["rng"] is not None:
+        env.reset(seed=seed)  # creates the generators
+        for g, state in zip(env_generators(env), ep["rng"]):
+            g.bit_generator.state = state
+    obs = new_episode(env, c, ep["start"], ep["seed"])
+    c["episode"] = ep
+    _, actions, next_obs, _ = policy.split(policy.rows[ep["start"] : c["step"]])
+    for action in actions.cpu().numpy():
+        obs = env.step(action)[0]
+    if len(actions) and not np.array_equal(obs.astype(np.float32), next_obs[-1].cpu().numpy()):
+        print("[hyper] warning: the replayed real episode differs from the saved one (another MuJoCo?)", flush=True)
+    return obs
+
+
 def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.Tensor, run: "RunContext"):
     """The HyPER loop (the paper's Algorithm 1). `run` holds the seeded generators, the device, the
     stop flag of SIGINT/SIGTERM, logging, evaluation and checkpoints. Returns (counters, agent), or
@@ -1388,27 +1438,35 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
             return run.checkpoint(s, c)
         s.agent.bc_update(*s.expert.sample(args.actor.batch_size, gen)[:2])
         c["bc_steps"] += 1
-    obs, _ = env.reset(seed=args.seed + c["step"])
+    # the real episode: a fresh run's first reset, or a resumed run's episode in progress
+    obs = restore_episode(env, c, s.policy, args.seed) if c["step"] else new_episode(env, c, 0, args.seed)
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
     # the starting point (mazes: behaviour-cloned)
     if not c["history"] and not run.stop_requested():
         run.evaluate(0, c, s.agent.actor)
-    while c["step"] < h.total_timesteps:
+    # (pending: a signal stopped step c["step"]'s retraining after its real step; the resumed run redoes the rest)
+    while c["step"] < h.total_timesteps or c.get("pending"):
         if run.stop_requested():
             return run.checkpoint(s, c)
-        # 1. A real step: its transition and one expert transition join the hybrid buffer.
-        action = tremble(s.agent.explore(obs, rng), rng, h.p_tremble, low, high)
-        next_obs, _, terminated, truncated, _ = env.step(action)
-        row = (obs, action, next_obs, terminated)
-        row = tuple(torch.as_tensor(np.asarray(v, np.float32), device=device)[None] for v in row)
-        add_hybrid_step(s.hybrid, s.policy, row, s.expert, gen)
-        c["step"] = step = c["step"] + 1
-        obs = env.reset()[0] if terminated or truncated else next_obs
+        if not c.get("pending"):
+            # 1. A real step: its transition and one expert transition join the hybrid buffer.
+            action = tremble(s.agent.explore(obs, rng), rng, h.p_tremble, low, high)
+            next_obs, _, terminated, truncated, _ = env.step(action)
+            row = (obs, action, next_obs, terminated)
+            row = tuple(torch.as_tensor(np.asarray(v, np.float32), device=device)[None] for v in row)
+            add_hybrid_step(s.hybrid, s.policy, row, s.expert, gen)
+            c["step"] = c["step"] + 1
+            obs = new_episode(env, c, c["step"]) if terminated or truncated else next_obs
+        step, c["pending"] = c["step"], False
         if step > h.exploration_steps:
             # 2. Every freq_train_model steps (but the last): retrain the model, refill rollouts.
             if (step % h.freq_train_model == 0 and step < h.total_timesteps) or s.learner.size == 0:
-                last.update(retrain_model(s, c, args, gen, run.stop_requested))
+                trained = retrain_model(s, c, args, gen, run.stop_requested)
+                if trained is None:  # stopped by a signal and undone: redone first when the run resumes
+                    c["pending"] = True
+                    continue
+                last.update(trained)
                 last.update(refill_rollouts(s, args, step, reset_states, gen, rng))
             # 3. The actor learns on model rollouts, rewarded by -f.
             last.update(update_actor(s, args, gen, timed=step % args.eval.log_frequency == 0))
@@ -1626,10 +1684,12 @@ class RunContext:
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def checkpoint(self, s: HyperState, c: dict) -> None:
-        """Model rollouts (learner buffer) are not saved: a resumed run refills them at its first step. Of the
-        hybrid buffer only what the real steps added is (the expert prefix is the expert data; the policy buffer
+        """The model rollouts (learner buffer, its filled rows) are saved, so a resumed run goes on with the same
+        data as an uninterrupted one (at most retain_epochs of refills: on PointMaze's defaults up to 150 MB). Of
+        the hybrid buffer only what the real steps added is (the expert prefix is the expert data; the policy buffer
         is every other row of it), copied (a slice of a CPU tensor would save its whole capacity): on Large-Diverse
-        at 6.7k steps 12.5 MB, not 107."""
+        at 6.7k steps 12.5 MB, not 107. The real episode in progress is restored from the counters' record of its
+        reset and the policy buffer's actions (restore_episode)."""
         added = s.hybrid.rows[s.hybrid.size - 2 * s.policy.size : s.hybrid.size].to("cpu", copy=True)
         save(
             self.run_dir / "checkpoints" / "hyper.pt",
@@ -1639,6 +1699,7 @@ class RunContext:
             model=s.model.state_dict(),
             elites=s.elites,
             hybrid_added=added,
+            learner=s.learner.ring(),
             counters=c,
             rng=self.rng_state(),
         )
@@ -1656,6 +1717,8 @@ class RunContext:
         added = saved["hybrid_added"].to(s.hybrid.rows)  # learner and expert rows in turn, after the expert data
         s.hybrid.load_rows(torch.cat([s.hybrid.rows[: s.hybrid.size], added]))
         s.policy.load_rows(added[0::2])
+        if "learner" in saved:  # (an older checkpoint lacks the model rollouts: the loop refills them)
+            s.learner.load_ring(saved["learner"])
         self.set_rng_state(saved["rng"])
         print(f"[hyper] resumed at real step {saved['counters']['step']}", flush=True)
         return saved["counters"]

@@ -2,9 +2,11 @@
 run on PointMaze UMaze with the user contract (policy.pt, eval-only), resume, and bad input."""
 
 import dataclasses
+import inspect
 import json
 import math
 import os
+import signal
 import sys
 import types
 from pathlib import Path
@@ -202,7 +204,12 @@ def test_hybrid_buffer_fills_expert_and_learner_one_to_one(tmp_path):
     # the checkpoint keeps only the 10 added rows (not the expert prefix, the policy copy or the free capacity)...
     net = torch.nn.Linear(1, 1)
     run = types.SimpleNamespace(run_dir=tmp_path, device="cpu", rng_state=lambda: {}, set_rng_state=lambda s: None)
-    state = types.SimpleNamespace(agent=net, disc=net, model=net, elites=torch.arange(2), hybrid=hybrid, policy=policy)
+    learner = mb.Buffer(obs_dim, act_dim, 4, torch.device("cpu"))  # model rollouts: a ring that has wrapped
+    for k in range(6):
+        row = torch.full((1, obs_dim), float(k)), torch.zeros(1, act_dim), torch.zeros(1, obs_dim), torch.zeros(1)
+        learner.add(*row)
+    parts = dict(agent=net, disc=net, model=net, hybrid=hybrid, policy=policy, learner=learner)
+    state = types.SimpleNamespace(elites=torch.arange(2), **parts)
     mb.RunContext.checkpoint(run, state, {"step": 5})
     ckpt = torch.load(tmp_path / "checkpoints" / "hyper.pt", weights_only=False)
     assert ckpt["hybrid_added"].untyped_storage().nbytes() == 10 * hybrid.rows.shape[1] * 4
@@ -210,10 +217,13 @@ def test_hybrid_buffer_fills_expert_and_learner_one_to_one(tmp_path):
     # ...and rebuilds both buffers onto a hybrid buffer that holds the expert data
     hybrid2, policy2 = mb.Buffer(obs_dim, act_dim, 20, torch.device("cpu")), mb.Buffer(obs_dim, act_dim, 5, "cpu")
     hybrid2.add(*expert.all())
-    state2 = types.SimpleNamespace(agent=net, disc=net, model=net, elites=None, hybrid=hybrid2, policy=policy2)
+    learner2 = mb.Buffer(obs_dim, act_dim, 4, torch.device("cpu"))
+    parts |= dict(hybrid=hybrid2, policy=policy2, learner=learner2)
+    state2 = types.SimpleNamespace(elites=None, **parts)
     assert mb.RunContext.resume(run, state2) == {"step": 5} and torch.equal(state2.elites, torch.arange(2))
     assert torch.equal(hybrid2.rows, hybrid.rows) and (hybrid2.size, hybrid2.ptr) == (hybrid.size, hybrid.ptr)
     assert torch.equal(policy2.rows, policy.rows) and policy2.size == 5
+    assert torch.equal(learner2.rows, learner.rows) and (learner2.size, learner2.ptr) == (4, 2)  # saved, exactly
     # a checkpoint of another layout (an earlier version) is refused, not half-read
     torch.save({"hybrid": hybrid.rows[:20], "policy": policy.rows[:5]}, tmp_path / "checkpoints" / "hyper.pt")
     with pytest.raises(mb.UsageError, match="not a hyper artifact of this version"):
@@ -495,6 +505,68 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     assert not stale.exists()
     res = json.loads((run_dir / "results.json").read_text())
     assert res["real_steps"] == 800 and res["history"][0]["step"] == 0
+
+
+def _same_final_state(first: Path, second: Path) -> None:
+    """Two finished run dirs hold the same counters, evaluation history and weights (policy, model, discriminator)."""
+    results = [json.loads((d / "results.json").read_text()) for d in (first, second)]
+    keys = ("real_steps", "disc_env_steps", "disc_updates", "model_trainings", "score")
+    assert [{k: r[k] for k in keys} for r in results][0] == {k: results[1][k] for k in keys}
+    assert results[0]["history"] == results[1]["history"]
+    policies = [torch.load(d / "policy.pt", weights_only=False)["state_dict"] for d in (first, second)]
+    hyper = [torch.load(d / "checkpoints" / "hyper.pt", weights_only=False) for d in (first, second)]
+    for a, b in [policies, *((h0[k], h1[k]) for k in ("model", "disc") for h0, h1 in [hyper])]:
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts_dir, monkeypatch):
+    """Issue 48 item 7: resume is exact on the CPU. Killed (SIGTERM) at the first checkpoint (mid-loop, mid-episode)
+    or in the middle of the loop's second model retraining, then resumed: the same counters (4 model trainings, not
+    5), evaluations and weights as the uninterrupted run. The model rollouts are saved, the real episode in progress
+    is replayed, and a retraining a signal stopped is undone and redone on resume."""
+    flags = ["--expert.experts-dir", str(experts_dir), *TINY, "--hyper.total-timesteps", "800", "--torch-threads", "1"]
+    flags += ["--eval.checkpoint-frequency", "200", "--eval.frequency", "400"]
+    script = str(REPO_ROOT / "mbirl_antmaze.py")
+    from conftest import quiet_main, run_script_subprocess
+
+    rc, _, err = run_script_subprocess(script, "--run-dir", tmp_path / "whole", *flags, timeout=240)
+    assert rc == 0, err[-2000:]
+    assert json.loads((tmp_path / "whole" / "results.json").read_text())["model_trainings"] == 4
+    # killed at the first checkpoint (real step 200 or a little later)
+    cmd = [sys.executable, script, "--run-dir", str(tmp_path / "killed"), *flags]
+    rc, _, err = interrupt_when_exists(cmd, tmp_path / "killed" / "checkpoints" / "hyper.pt")
+    assert rc == 130, err[-2000:]
+    rc, out, err = run_script_subprocess(script, "--run-dir", tmp_path / "killed", timeout=240)
+    assert rc == 0 and "resumed at real step" in out and "warning" not in out, err[-2000:]
+    _same_final_state(tmp_path / "whole", tmp_path / "killed")
+    # SIGTERM in the middle of the third call of train_ensemble (pretraining, then the loop's first two retrainings)
+    train, calls = mb.train_ensemble, []
+
+    def signalled(*a, **kw):
+        calls.append(1)
+        bound, polls = inspect.signature(train).bind(*a, **kw), iter(range(10**6))
+        stop = bound.arguments["stop"]
+
+        def stop_after_one_epoch():
+            if len(calls) == 3 and next(polls) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return stop()
+
+        bound.arguments["stop"] = stop_after_one_epoch
+        return train(*bound.args, **bound.kwargs)
+
+    monkeypatch.setattr(mb, "train_ensemble", signalled)
+    main = ["--run-dir", str(tmp_path / "mid-training"), *flags]
+    code, err = quiet_main(lambda: mb.main(mb.cli(main)))
+    assert code == 130 and len(calls) == 3, err[-2000:]
+    saved = torch.load(tmp_path / "mid-training" / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
+    assert saved["pending"] and saved["model_trainings"] == 1 and saved["step"] == 250, saved
+    monkeypatch.setattr(mb, "train_ensemble", train)
+    code, err = quiet_main(lambda: mb.main(mb.cli(main[:2])))
+    assert code == 0, err[-2000:]
+    _same_final_state(tmp_path / "whole", tmp_path / "mid-training")
 
 
 def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_resumes(run_dir, experts_dir):
