@@ -4,6 +4,8 @@ A person answers the teacher's queries in a browser while the agent trains: the 
 store, the page shows them, the teacher reads the answers in order. Sections: the label store (one SQLite file per
 env, clips shared by the env's experiments as in rl-teacher-atari, each rendered once as a looping GIF), the pages
 (HTML, CSS, JavaScript), the HTTP server. Not part of the algorithm: the synthetic and rl labellers never import it.
+Only the person's own browser can answer (Host, Origin, a token signed per browser and bound to its leases; beyond
+loopback an access token printed at start-up), and a client's mistakes get a JSON 4xx, never a 5xx.
 """
 
 import hmac
@@ -677,7 +679,7 @@ setInterval(refreshStatus, 1000);
 </body></html>
 """
 
-COMMON_JS = """// fetch JSON without caching; the status line (shows whatever keys the training script writes)
+COMMON_JS = """// fetch JSON (no cache, the page's labeller token); the status line; why the page is empty
 async function fetchJSON(url, options) {
   options = Object.assign({cache: "no-store", credentials: "same-origin"}, options || {});
   options.headers = Object.assign({"X-Labeller": CONFIG.token}, options.headers || {});
