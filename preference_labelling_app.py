@@ -984,8 +984,8 @@ class LabellingHandler(BaseHTTPRequestHandler):
             raise HttpError(403, f"requests from the pages of {origin} are refused")
         if server.access_token is None:
             return
-        token = urllib.parse.parse_qs(query).get("token", [""])[0] if not parts else self._cookie("pl_access")
-        if not _same(token or "", server.access_token):
+        given = (self._cookie("pl_access") or "", urllib.parse.parse_qs(query).get("token", [""])[0])
+        if not any(_same(token, server.access_token) for token in given):
             raise HttpError(403, "open the address the training script printed at start-up (it holds the token)")
 
     def _client(self) -> str:

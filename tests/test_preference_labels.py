@@ -581,6 +581,7 @@ def test_beyond_loopback_every_request_needs_the_start_up_token(store):
         cookie = {"Cookie": f"pl_access={token}"}
         assert call(server, "GET", "/experiments/exp/compare", headers=cookie)[0] == 200
         assert call(server, "GET", API + "/next", headers=cookie)[0] == 200
+        assert call(server, "GET", "/", headers=cookie)[0] == 302  # a bookmark of the page, without the token
         assert call(server, "GET", API + "/next")[0] == 403
     finally:
         server.shutdown()
