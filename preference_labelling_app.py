@@ -537,8 +537,8 @@ async function answer(choice) {
     const r = await fetchJSON(api + "/answer", {method: "POST", headers: {"Content-Type": "application/json"},
                                                 body: JSON.stringify({query_id: query.id, answer: choice})});
     if (r.ok) $("message").textContent = "Saved: " + SAID[choice] + ".";
-    else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered elsewhere or "
-                                                                               + "withdrawn; here is the next.";
+    else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered or taken "
+                                                                               + "elsewhere; here is the next.";
     else { $("message").textContent = r.body.error || ("error " + r.status); busy = false; return; }
     done.add(query.id);
     current = null;
