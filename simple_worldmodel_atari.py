@@ -13,6 +13,7 @@ Kaiser et al. (2020), "Model-Based Reinforcement Learning for Atari", ICLR. Defa
     python simple_worldmodel_atari.py --mode play --world-model runs/X/world_model.pt   # play inside the model
 Run dir: args.json, TensorBoard events, data/collection_NNN.npz, world_model.pt, policy.pt, checkpoints/state.pt,
 wm_strip.png (real / predicted / difference), learning_curve.png, results.json, videos/ (--capture-video).
+Progress: a bar on a terminal; stderr to a file or pipe: a line every 30 s (env PROGRESS_EVERY_S).
 """
 
 import dataclasses
@@ -802,10 +803,39 @@ class SimulatedEnv:
 # --------------------------------------------------------------------------------------------------
 # Phases
 # --------------------------------------------------------------------------------------------------
-def progress_bar(total: int, desc: str, initial: int = 0):
-    from tqdm import tqdm
+PROGRESS_EVERY_S = float(os.environ.get("PROGRESS_EVERY_S", "30"))  # plain lines off a terminal
 
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not sys.stderr.isatty())
+
+class Progress:
+    """A tqdm bar on a terminal; when stderr is not one (a log file, a pipe), a plain line on stderr
+    every PROGRESS_EVERY_S seconds: `[phase] step/total unit, rate unit/s, latest values`."""
+
+    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it"):
+        from tqdm import tqdm
+
+        self.tty = sys.stderr.isatty()
+        bar = {"total": total, "initial": initial, "desc": desc, "unit": unit}
+        self.bar = tqdm(**bar, dynamic_ncols=True, disable=not self.tty)
+        self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, initial, {}
+        self.n0, self.t0 = initial, time.time()
+        self.last = self.t0
+
+    def update(self, n: int = 1, **postfix):
+        """n more done; postfix: the latest values to show (loss, return, ...)."""
+        self.n += n
+        self.bar.update(n)
+        if postfix:
+            self.postfix = postfix
+            self.bar.set_postfix(**postfix)
+        if not self.tty and time.time() - self.last >= PROGRESS_EVERY_S:
+            self.last = time.time()
+            rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+            shown = "".join(f", {k} {v}" for k, v in self.postfix.items())
+            done = f"[{self.desc}] {self.n}/{self.total} {self.unit}"
+            print(f"{done}, {rate:.3g} {self.unit}/s{shown}", file=sys.stderr, flush=True)
+
+    def close(self):
+        self.bar.close()
 
 
 def make_wm_optimizer(model: WorldModel, cfg: WorldModelArgs):
@@ -846,7 +876,7 @@ def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldMod
             "more steps per env (--loop.real-steps) or lower --wm.target-frames"
         )
     model.train()
-    bar = progress_bar(steps, f"epoch {state['epoch']} world model", state["phase_step"])
+    bar = Progress(steps, f"epoch {state['epoch']} world model", state["phase_step"], "step")
     t_log, step_log = time.time(), state["wm_step"]
     while state["phase_step"] < steps:
         batch = data.sequences(windows[rng.integers(0, len(windows), cfg.batch_size)], cfg.target_frames)
@@ -861,8 +891,7 @@ def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldMod
         scheduler.step()
         state["wm_step"] += 1
         state["phase_step"] += 1
-        bar.update(1)
-        step = state["wm_step"]
+        step, shown = state["wm_step"], {}
         if step % 20 == 0 or state["phase_step"] == steps:
             scalars = {"loss": loss, "pixel_xent": info["pixel_xent"], "grad_norm": grad_norm}
             scalars["train_reward_accuracy"] = info["reward_accuracy"]
@@ -871,7 +900,9 @@ def train_world_model(model, optimizer, scheduler, data: RealData, cfg: WorldMod
             writer.add_scalar("world_model/scheduled_sampling_prob", info["ss_prob"], step)
             writer.add_scalar("world_model/steps_per_s", (step - step_log) / (time.time() - t_log), step)
             t_log, step_log = time.time(), step
-            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", xent=f"{float(info['pixel_xent']):.3f}")
+            shown = {"loss": f"{float(loss.detach()):.3f}"}
+            shown["xent"] = f"{float(info['pixel_xent']):.3f}"
+        bar.update(1, **shown)
         checkpoint(ctx, state, state["phase_step"])
     bar.close()
 
@@ -981,7 +1012,8 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
     cfg, device, writer = args.ppo, ctx["device"], ctx["writer"]
     model.eval()
     sim = SimulatedEnv(model, args.wm.pixel_temperature, args.wm.latent_temperature)
-    bar = progress_bar(iterations, f"epoch {state['epoch']} PPO in the model", state["phase_step"])
+    desc = f"epoch {state['epoch']} PPO in the model"
+    bar = Progress(iterations, desc, state["phase_step"], "iteration")
     while state["phase_step"] < iterations:
         t0 = time.time()
         obs = sim.reset(data.start_stacks(cfg.num_envs, ctx["rng"]).to(device))
@@ -998,8 +1030,8 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
         for key, value in stats.items():
             writer.add_scalar(f"losses/{key}", value, it)
         state["last_sim_return"] = sim_return
-        bar.update(1)
-        bar.set_postfix(sim_return=f"{sim_return:.2f}")
+        sps = cfg.num_envs * cfg.num_steps / max(time.time() - t0, 1e-9)
+        bar.update(1, SPS=f"{sps:.0f}", sim_return=f"{sim_return:.2f}")
         checkpoint(ctx, state, state["phase_step"])
     bar.close()
     return state.get("last_sim_return")
@@ -1013,6 +1045,7 @@ def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng
     frames = [obs[:, k] for k in range(STACK)]
     actions, rewards, dones = [], [], []
     t0 = time.time()
+    bar = Progress(steps, f"collect {'random' if random_policy else 'policy'} play", unit="step")
     for _ in range(steps):
         if random_policy:
             action = rng.integers(0, policy.config["num_actions"], size=obs.shape[0])
@@ -1023,6 +1056,9 @@ def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng
         actions.append(action)
         rewards.append(reward)
         dones.append(done)
+        latest = {"score": f"{real['episodes'][-1][0]:.0f}"} if real["episodes"] else {}
+        bar.update(1, **latest)
+    bar.close()
     real["sps"] = steps * obs.shape[0] / max(time.time() - t0, 1e-9)
     actions, rewards = np.stack(actions).astype(np.int64), np.stack(rewards).astype(np.float32)
     return {"frames": np.stack(frames), "actions": actions, "rewards": rewards, "dones": np.stack(dones)}
@@ -1042,6 +1078,7 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
     envs = make_envs(c["rom"], n, c["sticky"], noop_max, frames_cap)
     obs, _ = envs.reset(seed=seed)
     ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
+    bar = Progress(episodes, f"evaluate T={temperature}", unit="game")
     while (done_count < quota).any():
         if STOP["signal"]:
             envs.close()
@@ -1053,12 +1090,14 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
         for i in np.flatnonzero(term | trunc):
             if done_count[i] < quota[i]:
                 returns.append(float(ret[i]))
+                bar.update(1, score=f"{ret[i]:.0f}")
             done_count[i] += 1
             if i == 0 and video is not None:
                 write_video(video, video_path)
                 video = None
             ret[i] = 0.0
     envs.close()
+    bar.close()
     mean, std = float(np.mean(returns)), float(np.std(returns))
     settings = {"temperature": temperature, "noop_max": noop_max, "max_steps": max_steps}
     return {"mean": mean, "std": std, "returns": returns, **settings}
@@ -1179,7 +1218,7 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
         return torch.as_tensor(obs, device=device), reward, torch.as_tensor(done, device=device)
 
     obs = torch.as_tensor(real["obs"], device=device)
-    bar = progress_bar(iterations, "model-free PPO", state["ppo_iter"])
+    bar = Progress(iterations, "model-free PPO", state["ppo_iter"], "iteration")
     while state["ppo_iter"] < iterations:
         t0 = time.time()
         try:
@@ -1191,9 +1230,8 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
         writer.add_scalar("charts/SPS", sps, state["real_steps"])
         for key, value in stats.items():
             writer.add_scalar(f"losses/{key}", value, state["real_steps"])
-        bar.update(1)
-        if state.get("recent"):
-            bar.set_postfix(score=f"{np.mean(state['recent']):.1f}")
+        score = f"{np.mean(state['recent']):.1f}" if state.get("recent") else "-"
+        bar.update(1, step=state["real_steps"], SPS=f"{sps:.0f}", score=score)
         checkpoint(ctx, state, state["ppo_iter"])
     bar.close()
     save(ctx["run_dir"] / "policy.pt", "policy", **policy.to_file())
@@ -1227,6 +1265,7 @@ def main(args: Args) -> None:
     except Interrupted as e:
         run_dir = ctx["run_dir"]
         print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
+        print(f"run directory: {run_dir}")
         raise SystemExit(130) from None
 
 
@@ -1269,7 +1308,7 @@ def start_run(args: Args):
         return eval_only(args, ctx)
     if args.mode == "play":
         return play(args, ctx)
-    print(f"run dir: {ctx['run_dir']}")
+    print(f"run directory: {ctx['run_dir']}")
     if ctx.get("finished"):
         print(f"{ctx['run_dir']} holds a finished run (results.json); nothing to do")
         return None
@@ -1515,7 +1554,8 @@ def eval_only(args: Args, ctx: dict):
     run_dir = ctx["run_dir"]
     out_dir = run_dir / "evaluations"
     out_dir.mkdir(exist_ok=True)
-    n = len(list(out_dir.glob("eval_*.json")))
+    taken = [int(p.stem[5:]) for p in out_dir.glob("eval_*.json") if p.stem[5:].isdigit()]
+    n = max(taken, default=0) + 1  # eval_001.json first, as every script; nothing is overwritten
     cfg, policy = args.eval, ctx["policy"]
     video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
     pairs = [(cfg.temperature, cfg.noop_max)]
@@ -1829,7 +1869,7 @@ def finish(args: Args, ctx: dict, state: dict, result: dict):
     result.update(schedule=ctx["schedule"], world_model_steps=state["wm_step"], ppo_iterations=state["ppo_iter"])
     result.update(paper_simple_sd_long=PAPER_SIMPLE.get(ctx["rom"]))
     write_json(ctx["run_dir"] / "results.json", result)
-    print(f"run dir: {ctx['run_dir']}")
+    print(f"run directory: {ctx['run_dir']}")
 
 
 def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):

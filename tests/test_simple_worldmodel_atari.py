@@ -16,7 +16,6 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
-    assert_run_dir_printed_at_start_and_end,
     check_help_groups,
     interrupt_when_exists,
     one_line_exit_2,
@@ -353,7 +352,7 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     run_dir = tmp_path / "run"
     rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=400)
     assert rc == 0, err[-3000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert out.splitlines()[0] == out.splitlines()[-1] == f"run directory: {run_dir}", out[-2000:]
     res = json.loads((run_dir / "results.json").read_text())
     assert res["real_steps"] == 192 == res["schedule"]["total"]  # 1 random + 2 policy collections of 64
     assert len(list((run_dir / "data").glob("collection_*.npz"))) == 3
@@ -380,14 +379,14 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     assert rc == 0 and "finished" in out and (run_dir / "results.json").read_text() == before
     rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "1", timeout=200)
     assert rc == 0, err[-2000:]
-    ev = json.loads((run_dir / "evaluations" / "eval_000.json").read_text())
+    ev = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
     assert ev["env_id"] == "PongNoFrameskip-v4" and len(ev["returns"]) == 1 and ev["max_steps"] == 0
     # the evaluator's grid (temperatures x no-ops) with capped games, and the model / real / difference video
     grid = "--eval.episodes 2 --eval.grid --eval.grid-temperatures 0 1 --eval.grid-noops 0 --eval.max-steps 30"
     video = "--capture-video --eval.debug-steps 12"
     rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), *grid.split(), *video.split(), timeout=200)
     assert rc == 0, err[-2000:]
-    ev = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
+    ev = json.loads((run_dir / "evaluations" / "eval_002.json").read_text())
     assert [(g["temperature"], g["noop_max"], len(g["returns"])) for g in ev["grid"]] == [(0, 0, 2), (1, 0, 2)]
     assert all(g["max_steps"] == 30 for g in ev["grid"])
     cap = cv2.VideoCapture(str(run_dir / ev["debug_video"]))
@@ -661,6 +660,7 @@ def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_ch
     same = argv + ["--torch-threads", "2", "--checkpoint-every", "7"]  # where and how it runs: no matter
     code, out = quiet_exit(lambda: sw.main(tyro.cli(sw.Args, args=same)))
     assert code == 0 and "nothing to do" in out, out
+    assert out.startswith(f"run directory: {run_dir}\n"), out
     for extra, named in (
         (["--loop.real-steps", "256"], "--loop.real-steps 128 -> 256"),
         (["--seed", "2"], "--seed 1 -> 2"),
@@ -684,3 +684,43 @@ def quiet_exit(call) -> tuple[int, str]:
         except SystemExit as e:
             return e.code, out.getvalue()
     return 0, out.getvalue()
+
+
+class NoWriter:
+    def add_scalar(self, *args):
+        pass
+
+
+def test_off_a_terminal_progress_is_a_plain_line_every_interval(monkeypatch, capsys):
+    """Issue 48 item 11: with stderr not a TTY, each phase prints `[phase] step/total unit, rate,
+    latest values` every PROGRESS_EVERY_S seconds (30; 0 here: every step)."""
+    cfg = sw.WorldModelArgs(model="deterministic", hidden_size=8, compress_steps=1)
+    cfg = dataclasses.replace(cfg, filter_double_steps=0, target_frames=1, batch_size=2)
+    model = sw.WorldModel(2, (2, 2, 1), cfg)
+    data = sw.RealData()
+    data.add(toy_collection(12, 2, base=0))
+    opt = sw.make_wm_optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ctx = {"device": torch.device("cpu"), "rng": np.random.default_rng(0), "writer": NoWriter()}
+    ctx["checkpoint_every"] = 10**9
+    state = {"epoch": 0, "phase_step": 0, "wm_step": 0}
+    sw.train_world_model(model, opt, sched, data, cfg, state, 3, ctx)
+    assert "world model" not in capsys.readouterr().err  # well within 30 s: no line yet
+    monkeypatch.setattr(sw, "PROGRESS_EVERY_S", 0.0)
+    state = {"epoch": 0, "phase_step": 0, "wm_step": 0}
+    sw.train_world_model(model, opt, sched, data, cfg, state, 3, ctx)
+    lines = capsys.readouterr().err.splitlines()
+    expected = [f"[epoch 0 world model] {k}/3 step" for k in (1, 2, 3)]
+    assert [line.split(",")[0] for line in lines] == expected
+    assert "step/s" in lines[0] and "loss" in lines[2], lines
+
+
+def test_eval_only_numbers_its_files_from_001(tmp_path, capsys):
+    policy = sw.Policy(6)
+    policy.env_config = {"env_id": "PongNoFrameskip-v4", "rom": "pong", "sticky": 0.0}
+    policy.env_config |= {"noop_max": 0, "max_episode_frames": 400}
+    sw.save(tmp_path / "policy.pt", "policy", **policy.to_file())
+    evaluation = sw.EvalArgs(episodes=1, num_envs=1, max_steps=3)
+    for _ in range(2):
+        sw.main(sw.Args(eval_only=str(tmp_path), eval=evaluation))
+    assert sorted(os.listdir(tmp_path / "evaluations")) == ["eval_001.json", "eval_002.json"]
