@@ -284,6 +284,10 @@ class NonFiniteLoss(Exception):
     """A loss became NaN/inf: main prints one line and exits 3."""
 
 
+class AlreadyFinished(Exception):
+    """The run dir holds a finished run with the same settings: main prints its one line and exits 0."""
+
+
 # --------------------------------------------------------------------------------------------------
 # Networks
 # --------------------------------------------------------------------------------------------------
@@ -1493,6 +1497,8 @@ def main(args: Args) -> None:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except AlreadyFinished as e:
+        return print(e)
     run.start()
     try:
         # Phase 1: the expert data (the cache, your file, or the planner makes and caches them).
@@ -1561,7 +1567,7 @@ class RunContext:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS)
+        check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
         self.cache = Path(args.expert.experts_dir) / args.env_id
         path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
@@ -1844,10 +1850,38 @@ class RunContext:
         )
 
 
-def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, str]) -> None:
-    """A finished run is never overwritten; an existing run dir must hold a run of the same script and kind (env),
-    and its artifacts ({path: kind}) must load."""
-    if (run_dir / "results.json").exists():
+def settings(args) -> dict:
+    """An Args (or an args.json's dict) flattened to {'group.field': value}, as JSON holds the values."""
+    tree = json.loads(json.dumps(args if isinstance(args, dict) else dataclasses.asdict(args)))
+    flat = {}
+    for key, value in tree.items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        flat.update({key if sub is None else f"{key}.{sub}": v for sub, v in items})
+    return flat
+
+
+NOT_SETTINGS = ("script", "run_dir", "eval_only", "train_goal_reacher")  # where and how, not what the run learns
+
+
+def check_finished(run_dir: Path, args) -> None:
+    """A finished run (results.json) is never overwritten: the same settings as its args.json raise AlreadyFinished
+    (exit 0, nothing to do), other ones a UsageError naming each flag that differs."""
+    try:
+        saved = settings(json.loads((run_dir / "args.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        raise UsageError(f"{run_dir} holds results.json but no readable args.json; pass a new --run-dir") from None
+    now = settings(args)
+    differ = [k for k in sorted(now.keys() | saved.keys()) if k not in NOT_SETTINGS and now.get(k) != saved.get(k)]
+    if differ:
+        flags = ", ".join(f"--{k.replace('_', '-')} {now.get(k)} (args.json: {saved.get(k)})" for k in differ)
+        raise UsageError(f"{run_dir} holds a finished run with other settings: {flags}; pass a new --run-dir")
+    raise AlreadyFinished(f"{run_dir} already holds a finished run (results.json); nothing to do")
+
+
+def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, str], args=None) -> None:
+    """A finished run is never overwritten (check_finished, given the args); an existing run dir must hold a run of
+    the same script and kind (env), and its artifacts ({path: kind}) must load."""
+    if (run_dir / "results.json").exists() and args is None:
         raise UsageError(f"{run_dir} already holds a finished run (results.json); pass a new --run-dir")
     if (run_dir / "args.json").exists():
         try:
@@ -1861,6 +1895,8 @@ def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, st
             )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UsageError(f"{run_dir} exists and is not a run of {script}; pass a new --run-dir")
+    if (run_dir / "results.json").exists():
+        check_finished(run_dir, args)
     for path, artifact in artifacts.items():
         load(run_dir / path, artifact)
 

@@ -228,6 +228,8 @@ def main(args: Args) -> None:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except mb.AlreadyFinished as e:
+        return print(e)
     run.start()
     try:
         out = train_goal_reacher(args, run)
@@ -254,7 +256,7 @@ class ReacherRun(mb.RunContext):
         if args.torch_threads < 0:
             raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
         self.run_dir = Path(args.run_dir or f"runs/ant_goal_reacher__{args.seed}__{int(time.time())}")
-        mb.check_run_dir(self.run_dir, SCRIPT, "the Ant", {"checkpoints/reacher.pt": "reacher"})
+        mb.check_run_dir(self.run_dir, SCRIPT, "the Ant", {"checkpoints/reacher.pt": "reacher"}, args)
         out = mb.reacher_file(args.reacher.path)
         if out.exists() and not (self.run_dir / "args.json").exists():  # a new run never replaces a controller
             raise UsageError(f"{out} already holds a controller (the shipped one?); pass another --reacher.path")

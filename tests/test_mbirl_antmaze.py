@@ -1,8 +1,10 @@
 """Tests of mbirl_antmaze.py (HyPER): the ensemble, the splits and windows, the buffers, the planner expert, a smoke
 run on PointMaze UMaze with the user contract (policy.pt, eval-only), resume, and bad input."""
 
+import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import math
 import os
@@ -466,11 +468,13 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "3"]))
     for n, episodes in enumerate((2, 3)):
         assert json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())["episodes"] == episodes
-    # a finished run is never overwritten
+    # a finished run is never overwritten: the same command has nothing to do, another seed is refused
+    mb.main(mb.cli(["--run-dir", str(run_dir)]))
+    assert "nothing to do" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
-        mb.main(mb.cli(["--run-dir", str(run_dir)]))
+        mb.main(mb.cli(["--run-dir", str(run_dir), "--seed", "9"]))
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "finished" in err and len(err.strip().splitlines()) == 1
+    assert exit_info.value.code == 2 and "--seed 9" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
@@ -588,6 +592,37 @@ def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_
     assert rc == 0, err[-2000:]
     res = json.loads((run_dir / "results.json").read_text())
     assert res["pretrain_stopped_by_signal"] and res["pretrain_epochs"] == saved["epochs"] and res["real_steps"] == 600
+
+
+def test_a_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_the_flags_that_differ(
+    tmp_path, experts_dir
+):
+    """Issue 48 item 6 (docs/CONTRACT.md, exit 0: already finished): the same settings as args.json exit 0 with
+    "nothing to do"; others exit 2 naming each differing flag with both values; nothing is changed either way. The
+    goal reacher's runs too."""
+    from conftest import file_bytes, quiet_main
+
+    finished = []
+    for module, flags in ((mb, ["--expert.experts-dir", str(experts_dir), *TINY]), (gr, ["--reacher.path", "c.pt"])):
+        run_dir = tmp_path / module.__name__
+        args = module.cli(["--run-dir", str(run_dir), *flags])
+        run_dir.mkdir()
+        (run_dir / "args.json").write_text(json.dumps({"script": module.SCRIPT, **dataclasses.asdict(args)}))
+        (run_dir / "results.json").write_text("{}")
+        finished.append((module, run_dir, flags))
+    for module, run_dir, flags in finished:
+        before = file_bytes(run_dir)
+        for argv in (["--run-dir", str(run_dir)], ["--run-dir", str(run_dir), *flags]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                module.main(module.cli(argv))  # returns: exit 0, before any signal handler or file
+            assert "nothing to do" in out.getvalue() and not err.getvalue(), (argv, err.getvalue())
+        argv = ["--run-dir", str(run_dir), "--seed", "7", "--eval.log-frequency", "500"]
+        code, err = quiet_main(lambda: module.main(module.cli(argv)))  # noqa: B023
+        line = err.strip()
+        assert code == 2 and len(line.splitlines()) == 1, err
+        assert "--seed 7 (args.json: 1)" in line and "--eval.log-frequency 500" in line, line
+        assert file_bytes(run_dir) == before and not (run_dir / "evaluations").exists()
 
 
 # ------------------------------------------------------------------------------------------------ bad input
