@@ -10,6 +10,7 @@ Defaults follow hiwonjoon/ICML2019-TREX (reward learning) and CleanRL's ppo_atar
         --reward.num-pairs 300 --reward.epochs 1 --eval.episodes 2 --env.max-episode-frames 4000  # minutes, CPU
     python trex_ppo_atari.py --run-dir runs/X ...      # the same command again resumes where it stopped
     python trex_ppo_atari.py --eval-only runs/X        # evaluate runs/X/policy.pt again
+Progress: a bar on a terminal; stderr to a file or pipe: a line every 30 s (env PROGRESS_EVERY_S).
 Flags, file formats, the run directory and the deliberate differences: docs/trex_ppo_atari.md.
 """
 
@@ -240,6 +241,39 @@ class GameTracker:
 
 
 # ---- Networks
+PROGRESS_EVERY_S = float(os.environ.get("PROGRESS_EVERY_S", "30"))  # plain lines off a terminal
+
+
+class Progress:
+    """A tqdm bar on a terminal; when stderr is not one (a log file, a pipe), a plain line on stderr
+    every PROGRESS_EVERY_S seconds: `[phase] step/total unit, rate unit/s, latest values`."""
+
+    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it"):
+        self.tty = sys.stderr.isatty()
+        bar = {"total": total, "initial": initial, "desc": desc, "unit": unit}
+        self.bar = tqdm(**bar, file=sys.stderr, dynamic_ncols=True, disable=not self.tty)
+        self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, initial, {}
+        self.n0, self.t0 = initial, time.time()
+        self.last = self.t0
+
+    def update(self, n: int = 1, **postfix):
+        """n more done; postfix: the latest values to show (step, SPS, score, ...)."""
+        self.n += n
+        self.bar.update(n)
+        if postfix:
+            self.postfix = postfix
+            self.bar.set_postfix(**postfix)
+        if not self.tty and time.time() - self.last >= PROGRESS_EVERY_S:
+            self.last = time.time()
+            rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+            shown = "".join(f", {k} {v}" for k, v in self.postfix.items())
+            done = f"[{self.desc}] {self.n}/{self.total} {self.unit}"
+            print(f"{done}, {rate:.3g} {self.unit}/s{shown}", file=sys.stderr, flush=True)
+
+    def close(self):
+        self.bar.close()
+
+
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -608,7 +642,7 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
     running = torch.zeros(ppo.num_envs, device=device)
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
     buf = Rollout(ppo.num_steps, ppo.num_envs, device)
-    bar = tqdm(total=num_iterations, initial=state["iteration"], desc=phase, file=sys.stderr, disable=None)
+    bar = Progress(num_iterations, phase, state["iteration"], "iteration")
     clock = {}  # SPS counts from the end of this process's first iteration (after warm-up)
     try:
         for iteration in range(state["iteration"] + 1, num_iterations + 1):
@@ -629,9 +663,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
             state["iteration"], state["global_step"] = iteration, state["global_step"] + buf.actions.numel()
             log_iteration(writer, state, buf, losses, returns, learned_games, lr_now, clock)
             recent.extend(score for score, _ in buf.games)
-            bar.update(1)
             score = f"{np.mean(recent):.1f}" if recent else "-"
-            bar.set_postfix(step=state["global_step"], sps=int(state.get("sps", 0)), score=score)
+            bar.update(1, step=state["global_step"], SPS=int(state.get("sps", 0)), score=score)
             if phase == "demonstrator" and iteration % snapshot_every == 0:
                 snapshot()
             if ceiling is not None and len(recent) == recent.maxlen and np.mean(recent) >= ceiling:
@@ -705,7 +738,8 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
         print(f"[demos] only {len(snapshots)} snapshots: {episodes} games from each")
     env = make_envs(game, 1, life_loss=False)
     agent, collected = Agent(int(env.single_action_space.n)).to(device), []
-    for s_i, (iteration, weights) in enumerate(tqdm(snapshots, desc="demos", file=sys.stderr, disable=None)):
+    bar = Progress(len(snapshots) * episodes, "demos", unit="game")
+    for s_i, (iteration, weights) in enumerate(snapshots):
         agent.load_state_dict(weights)
         for episode in range(episodes):
             obs, _ = env.reset(seed=args.seed + 1000 * s_i + episode)
@@ -721,6 +755,8 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
                 demo_frames.append((info["final_obs"] if done else obs)[0, -1:].copy())
             # the final observation has no action
             collected.append((np.concatenate(demo_frames), len(demo_frames), demo_actions + [-1], score, iteration))
+            bar.update(1, snapshot=iteration, score=f"{score:.0f}")
+    bar.close()
     env.close()
     frames, lengths, actions, returns, snapshot_ids = zip(*collected)
     demos = {"frames": np.concatenate(frames), "lengths": np.array(lengths), "actions": np.concatenate(actions)}
@@ -750,8 +786,8 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
         total_steps = cfg.epochs * steps_per_epoch
     best = {"acc": -1.0, "state": None, "step": 0}
     checks_without_gain, losses = 0, []
-    bar = tqdm(range(total_steps), desc="reward", file=sys.stderr, disable=None)
-    for step in bar:
+    bar, shown = Progress(total_steps, "reward", unit="step"), {}
+    for step in range(total_steps):
         if STOP["signal"]:
             raise Interrupted("reward learning interrupted (it restarts on resume)")
         if live:
@@ -773,13 +809,14 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
             acc = pair_accuracy(net, frames, offsets, val_pairs, stride)
             writer.add_scalar("reward/train_loss", mean_loss, step + 1)
             writer.add_scalar("reward/val_accuracy", acc, step + 1)
-            bar.set_postfix(loss=f"{mean_loss:.3f}", val_acc=f"{acc:.3f}")
+            shown = {"loss": f"{mean_loss:.3f}", "val_acc": f"{acc:.3f}"}
             checks_without_gain = 0 if acc > best["acc"] else checks_without_gain + 1
             if acc > best["acc"]:
                 best = {"acc": acc, "state": {k: v.clone() for k, v in net.state_dict().items()}, "step": step + 1}
             elif checks_without_gain >= cfg.patience:
                 print(f"[reward] early stop at step {step + 1}: no better validation accuracy for {cfg.patience}")
                 break
+        bar.update(1, **shown)
     bar.close()
     net.load_state_dict(best["state"])
     predicted = demo_returns(net, frames, offsets, lengths)
@@ -819,6 +856,7 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy,
     N games per seed; each env plays a fixed quota of games, so short games do not count more."""
     per_seed, episodes = [], args.eval.episodes
+    bar = Progress(episodes * len(args.eval.seeds), tag, unit="game")
     for s_i, seed in enumerate(args.eval.seeds):
         num_envs = min(args.eval.num_envs, episodes)
         quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
@@ -836,6 +874,7 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
                 video.append((info["final_obs"] if over[0] else obs)[0, -1].copy())
             for i in np.flatnonzero(over & (finished < quota)):
                 returns.append(float(tracker.score[i]))
+                bar.update(1, seed=seed, score=f"{tracker.score[i]:.0f}")
                 writer.add_scalar(f"{tag}/episodic_return", tracker.score[i], s_i * episodes + len(returns))
             if video is not None and over[0]:
                 write_video(video, video_dir / f"{tag}_seed{seed}.webm")
@@ -846,6 +885,7 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
         mean, std = float(np.mean(returns)), float(np.std(returns))
         per_seed.append({"seed": seed, "mean": mean, "std": std, "returns": returns})
         print(f"[{tag}] seed {seed}: {mean:.2f} +- {std:.2f} over {len(returns)} games")
+    bar.close()
     means = [p["mean"] for p in per_seed]
     summary = {"best_mean": max(means), "mean_of_means": float(np.mean(means)), "episodes_per_seed": episodes}
     return {"per_seed": per_seed} | summary
@@ -930,7 +970,7 @@ def main(args: Args) -> Optional[dict]:
         print(f"{run_dir} holds a finished run (results.json, never overwritten): nothing to do")
         return found["finished"]
     device, writer, restore_signals = start_run(args, game, run_dir, found)
-    print(f"run dir: {run_dir}")
+    print(f"run directory: {run_dir}")
     try:
         if args.eval_only:
             return evaluate_only(args, game, run_dir, found, device, writer)
@@ -943,7 +983,7 @@ def main(args: Args) -> Optional[dict]:
     finally:
         writer.close()
         restore_signals()
-        print(f"run dir: {run_dir}")
+        print(f"run directory: {run_dir}")
 
 
 # ---- run management ----

@@ -3,7 +3,9 @@ the user contract (policy.pt snippet, --eval-only, video, exit codes, reproducib
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import shutil
@@ -15,7 +17,6 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
-    assert_run_dir_printed_at_start_and_end,
     check_foreign_run_dirs_refused,
     check_help_groups,
     check_numeric_flag_cases,
@@ -24,6 +25,7 @@ from conftest import (
     eval_only_twice,
     exit_2_naming_the_file,
     interrupt_when_exists,
+    keep_signals,
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
@@ -312,7 +314,7 @@ def build_finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("trex") / "run"
     rc, out, err = run_script_subprocess(SCRIPT, "--run-dir", run_dir, *FINISHED_RUN_FLAGS, timeout=400)
     assert rc == 0, err[-3000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert out.splitlines()[0] == out.splitlines()[-1] == f"run directory: {run_dir}", out[-2000:]
     return run_dir
 
 
@@ -631,3 +633,23 @@ def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_ch
         line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv + extra)))
         assert named in line and "finished" in line, line
     assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
+
+
+def test_off_a_terminal_progress_is_a_plain_line_every_interval(tmp_path, monkeypatch):
+    """Issue 48 item 11: with stderr not a TTY, each phase prints `[phase] step/total unit, rate,
+    latest values` every PROGRESS_EVERY_S seconds (30; 0 here: every step); the run directory is
+    the first and the last line on stdout, in those words."""
+    demos = tmp_path / "demos.npz"
+    write_random_demos(demos, [0, 1, 2])
+    run_dir = tmp_path / "run"
+    argv = ["--run-dir", str(run_dir), "--demos", str(demos), *TINY_REWARD, "--reward.epochs", "1"]
+    monkeypatch.setattr(trex, "PROGRESS_EVERY_S", 0.0)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        keep_signals(lambda: trex.main(trex.parse_args([*argv, "--stop-after", "reward"])))
+    err = err.getvalue()
+    lines = [line for line in err.splitlines() if line.startswith("[reward]")]
+    assert [line.split(",")[0] for line in lines] == [f"[reward] {k}/5 step" for k in range(1, 6)]
+    assert "step/s" in lines[0] and "val_acc" in lines[-1], lines
+    printed = out.getvalue().splitlines()
+    assert printed[0] == printed[-1] == f"run directory: {run_dir}", printed
