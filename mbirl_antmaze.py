@@ -27,6 +27,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -1542,7 +1543,13 @@ class RunContext:
             if not path.is_file():
                 raise UsageError(f"{path} does not exist; pass a finished run dir of {SCRIPT} to --eval-only")
             self.run_dir = Path(args.eval_only)
-            args.env_id = torch.load(path, map_location="cpu", weights_only=False)["env_id"]
+            try:
+                self.policy = load_policy(path)
+            except Exception:  # noqa: BLE001 - a truncated or foreign file is bad input
+                raise UsageError(f"{path} is not a readable policy.pt of {SCRIPT}; re-run the training") from None
+            args.env_id = self.policy.env_id
+            check_ranges(args)
+            check_writable(self.run_dir / "evaluations", "--eval-only")
             return self
         if args.train_goal_reacher:
             raise UsageError("--train-goal-reacher runs mbirl_antmaze_goal_reacher.py: pass it on the command line")
@@ -1553,6 +1560,9 @@ class RunContext:
             raise UsageError(
                 f"unknown env id {args.env_id!r}; did you mean {', '.join(close) or 'PointMaze_UMaze-v3'}? (--env-id)"
             )
+        retired = retired_env_id(args.env_id)
+        if retired:
+            raise UsageError(f"{args.env_id} is a retired version; use {retired} (--env-id)")
         if env_family(args.env_id) is None:
             raise UsageError(
                 f"{args.env_id} is not supported: pass a PointMaze_* or AntMaze_* id, {' or '.join(MUJOCO_IDS)}"
@@ -1567,7 +1577,10 @@ class RunContext:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise UsageError(f"--run-dir {self.run_dir} is a file; pass a directory")
         check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
+        check_writable(self.run_dir, "--run-dir")
         self.cache = Path(args.expert.experts_dir) / args.env_id
         path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
@@ -1584,6 +1597,8 @@ class RunContext:
                 f"no expert data for {args.env_id}: build the shared SAC expert cache first (python hype_irl_mujoco.py "
                 f"--env-id {args.env_id}, or filter_irl_mujoco.py) or pass --expert.expert-path"
             )
+        if self.demos is None:  # the planner's data go to the cache: refused now, not after the episodes
+            check_writable(self.cache, "--expert.experts-dir")
         self.reacher, self.controller = None, "PD controller"
         if self.demos is None and env_family(args.env_id) == "antmaze":
             path = reacher_file(args.reacher.path)
@@ -1901,6 +1916,26 @@ def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, st
         load(run_dir / path, artifact)
 
 
+def check_writable(path: Path, flag: str) -> None:
+    """The nearest existing ancestor of path must be a directory we can create something in (nothing is left)."""
+    parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:  # a file there raises NotADirectoryError
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError:
+        raise UsageError(f"{flag} {path} is not writable here ({parent}); pass a path you can write") from None
+
+
+def retired_env_id(env_id: str) -> str | None:
+    """The current id when env_id is a retired version of a supported one (AntMaze v4 is kept for Minari's data)."""
+    name, _, version = env_id.rpartition("-v")
+    versions = [int(v) for n, _, v in (k.rpartition("-v") for k in gym.registry) if n == name and v.isdigit()]
+    current = f"{name}-v{max(versions, default=0)}"
+    if not version.isdigit() or env_id == current:
+        return None
+    old_maze = env_family(env_id) == "antmaze" and int(version) < 4
+    return current if old_maze or (current in MUJOCO_IDS and env_id not in MUJOCO_IDS) else None
+
+
 def check_ranges(args) -> None:
     """Every numeric setting within the range its field declares (ranged), before any work."""
     for group in (f for f in dataclasses.fields(args) if dataclasses.is_dataclass(f.type)):
@@ -2050,6 +2085,8 @@ def check_demos(demos: dict, path, env_id: str, obs_dim: int, act_dim: int, nq: 
             raise UsageError(f"{path}: key {k} has shape {v.shape}, expected ({n}, {widths.get(k, '')}) for {env_id}")
         if v.dtype.kind == "f" and not np.isfinite(v).all():
             raise UsageError(f"{path}: key {k} holds NaN or inf values")
+        if k == "actions" and v.size and np.abs(v).max() > 1 + 1e-5:  # the actors' and the envs' range
+            raise UsageError(f"{path}: key actions holds values outside [-1, 1] (max |a| {np.abs(v).max():.3g})")
     ids, steps = demos["episode_ids"], np.diff(demos["episode_ids"])
     if n == 0 or ids[0] != 0 or np.any((steps < 0) | (steps > 1)) or len(demos["returns"]) != ids[-1] + 1:
         raise UsageError(f"{path}: key episode_ids must run 0, 0, ..., 1, ... up to len(returns) - 1 without gaps")
@@ -2163,7 +2200,7 @@ def make_policy_envs(policy: Actor, num_envs: int = 1) -> gym.vector.SyncVectorE
 
 
 def eval_only(args: Args, run: RunContext) -> None:
-    actor = load_policy(run.run_dir / "policy.pt")
+    actor = run.policy
     r = evaluate(actor, actor.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
     out_dir = run.run_dir / "evaluations"
     number = len(list(out_dir.glob("eval_*.json"))) if out_dir.exists() else 0

@@ -708,6 +708,7 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
     obs[3, 0] = np.nan
     check(d | {"observations": obs}, "observations.*NaN")
     check(d | {"actions": d["actions"].astype(np.int64)}, "actions.*dtype")
+    check(d | {"actions": d["actions"] * 50}, "bad.npz: key actions holds values outside")  # issue 48 item 5
     check(d | {"episode_ids": d["episode_ids"] * 2}, "episode_ids")
     starts = d["episode_starts"].copy()
     starts[1] = True
@@ -716,6 +717,42 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
     with pytest.raises(mb.UsageError, match="cannot read"):
         _validate(tmp_path, expert=mb.ExpertArgs(expert_path=str(tmp_path / "junk.npz")))
     assert not (tmp_path / "run").exists()
+
+
+def _path_flags():
+    """Every path setting of Args (run dir, expert cache), generated: a new one is covered without a test edit."""
+    for f in dataclasses.fields(mb.Args):
+        groups = [(f"{f.name}.", g) for g in dataclasses.fields(f.type)] if dataclasses.is_dataclass(f.type) else []
+        for prefix, g in groups or [("", f)]:
+            if g.name.endswith("_dir"):
+                yield "--" + (prefix + g.name).replace("_", "-")
+
+
+def test_unwritable_paths_a_truncated_policy_and_retired_ids_exit_2_with_one_line_and_create_nothing(tmp_path):
+    """Issue 48 item 5: each path flag under a file or in /proc, --eval-only on a damaged policy.pt, a retired env
+    id: exit 2 with one line naming the flag, the file or the current id, before anything is created."""
+    from conftest import corrupt_file, one_line_exit_2
+
+    a_file, run_dir = tmp_path / "a-file", tmp_path / "run"
+    a_file.write_text("not a folder")
+    flags = list(_path_flags())
+    assert {"--run-dir", "--expert.experts-dir"} <= set(flags)
+    for flag in flags:
+        for bad in (a_file / "x", Path("/proc/mbirl-test")):
+            argv = ["--run-dir", str(run_dir), "--expert.experts-dir", str(tmp_path / "new-cache"), flag, str(bad)]
+            line = one_line_exit_2(lambda: mb.main(mb.cli(argv)))  # noqa: B023
+            assert flag in line and "not writable" in line, line
+            assert not run_dir.exists() and not (tmp_path / "new-cache").exists()
+    for env_id, current in (("AntMaze_UMaze-v3", "AntMaze_UMaze-v5"), ("Hopper-v4", "Hopper-v5"), ("Ant-v3", "Ant-v5")):
+        argv = ["--run-dir", str(run_dir), "--env-id", env_id]
+        assert f"use {current}" in one_line_exit_2(lambda: mb.main(mb.cli(argv)))  # noqa: B023
+    finished = tmp_path / "finished"
+    for how in ("truncated", "random"):
+        mb.save_policy(finished / "policy.pt", mb.Actor(6, 2, 8), ENV)
+        corrupt_file(finished / "policy.pt", how)
+        line = one_line_exit_2(lambda: mb.main(mb.cli(["--eval-only", str(finished)])))
+        assert "policy.pt" in line and not (finished / "evaluations").exists(), line
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize(
