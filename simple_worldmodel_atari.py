@@ -16,6 +16,7 @@ wm_strip.png (real / predicted / difference), learning_curve.png, results.json, 
 Progress: a bar on a terminal; stderr to a file or pipe: a line every 30 s (env PROGRESS_EVERY_S).
 """
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -929,6 +930,8 @@ def evaluate_world_model(model: WorldModel, data: RealData, cfg: WorldModelArgs,
     stack = sim.reset(frames[:, :STACK])
     predicted, model_err, copy_err, model_acc, copy_acc = [], [], [], [], []
     for k in range(horizon):
+        if STOP["signal"]:
+            raise Interrupted("world-model evaluation interrupted (it restarts on resume)")
         stack, reward, _ = sim.step(actions[:, k])
         real = frames[:, STACK + k].float()
         predicted.append(stack[:, -1])
@@ -980,11 +983,14 @@ def ppo_update(policy: Policy, optimizer, rollout: dict, cfg: PPOArgs) -> dict:
     return stats
 
 
-def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps: int):
-    """num_steps of `env_step(actions) -> (obs, reward, done)` from obs, then one PPO update."""
+def rollout_and_update(policy, optimizer, env_step, obs, cfg: PPOArgs, num_steps: int, stop=False):
+    """num_steps of `env_step(actions) -> (obs, reward, done)` from obs, then one PPO update. With
+    stop, a pending SIGINT/SIGTERM ends the rollout (Interrupted) before the policy changes."""
     policy.eval()
     buf = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards", "dones")}
     for _ in range(num_steps):
+        if stop and STOP["signal"]:
+            raise Interrupted("PPO in the model interrupted in a rollout (redone on resume)")
         with torch.no_grad():
             logits, value = policy(obs)
         dist = torch.distributions.Categorical(logits=logits)
@@ -1016,11 +1022,14 @@ def train_policy_in_model(policy, optimizer, model, data: RealData, args: Args, 
     bar = Progress(iterations, desc, state["phase_step"], "iteration")
     while state["phase_step"] < iterations:
         t0 = time.time()
-        obs = sim.reset(data.start_stacks(cfg.num_envs, ctx["rng"]).to(device))
-        try:
-            _, rollout, stats = rollout_and_update(policy, optimizer, sim.step, obs, cfg, cfg.num_steps)
-        except NonFiniteLoss as e:
-            raise NonFiniteLoss(f"{e} in PPO inside the model at iteration {state['ppo_iter'] + 1}") from None
+        with redone_on_resume(ctx):
+            obs = sim.reset(data.start_stacks(cfg.num_envs, ctx["rng"]).to(device))
+            try:
+                ppo = (policy, optimizer, sim.step, obs, cfg, cfg.num_steps)
+                _, rollout, stats = rollout_and_update(*ppo, stop=True)
+            except NonFiniteLoss as e:
+                it = state["ppo_iter"] + 1
+                raise NonFiniteLoss(f"{e} in PPO inside the model at iteration {it}") from None
         state["ppo_iter"] += 1
         state["phase_step"] += 1
         sim_return = rollout["rewards"].sum(0).mean().item()
@@ -1047,6 +1056,8 @@ def collect_real(policy: Policy, real: dict, steps: int, temperature: float, rng
     t0 = time.time()
     bar = Progress(steps, f"collect {'random' if random_policy else 'policy'} play", unit="step")
     for _ in range(steps):
+        if STOP["signal"]:
+            raise Interrupted("real collection interrupted (it restarts on resume)")
         if random_policy:
             action = rng.integers(0, policy.config["num_actions"], size=obs.shape[0])
         else:
@@ -1151,7 +1162,8 @@ def world_model_phase(epoch: int, modules: dict, data: RealData, args: Args, ctx
         steps = world_model_steps(epoch, args.wm.train_steps, args.wm.epoch_multiplier)
         train_world_model(model, modules["wm_opt"], modules["wm_sched"], data, args.wm, state, steps, ctx)
     save(ctx["run_dir"] / "world_model.pt", "world_model", env_id=args.env_id, **model.to_file())
-    wm_eval, strip = evaluate_world_model(model, data, args.wm, ctx["rng"], ctx["device"])
+    with redone_on_resume(ctx):
+        wm_eval, strip = evaluate_world_model(model, data, args.wm, ctx["rng"], ctx["device"])
     for key, value in wm_eval.items():
         ctx["writer"].add_scalar(f"world_model/eval_{key}", value, epoch)
     write_strip(ctx["run_dir"], strip, args.env_id, epoch)
@@ -1161,8 +1173,10 @@ def world_model_phase(epoch: int, modules: dict, data: RealData, args: Args, ctx
 
 def collect_phase(policy: Policy, data: RealData, args: Args, ctx: dict, random_policy: bool):
     """Play one collection in the real game, save it as data/collection_NNN.npz, add it to the data."""
-    real, steps = real_envs(args, ctx), ctx["schedule"]["per_env"]
-    collection = collect_real(policy, real, steps, args.ppo.collect_temperature, ctx["rng"], random_policy)
+    with redone_on_resume(ctx):  # the first collection makes the real envs: redone alike
+        real, steps = real_envs(args, ctx), ctx["schedule"]["per_env"]
+        temperature = args.ppo.collect_temperature
+        collection = collect_real(policy, real, steps, temperature, ctx["rng"], random_policy)
     save(ctx["run_dir"] / "data" / f"collection_{len(data.collections):03d}.npz", "collection", **collection)
     data.add(collection)
     writer = ctx["writer"]
@@ -1184,7 +1198,9 @@ def evaluate_phase(epoch: int, policy: Policy, data: RealData, args: Args, ctx: 
     cfg = args.eval
     video = ctx["run_dir"] / "videos" / f"eval_epoch{epoch:02d}.webm" if args.capture_video else None
     seed = args.seed + 10_000 + epoch
-    ev = evaluate_policy(policy, cfg.num_envs, cfg.episodes, cfg.temperature, cfg.noop_max, seed, video)
+    with redone_on_resume(ctx):
+        games = (cfg.num_envs, cfg.episodes, cfg.temperature, cfg.noop_max)
+        ev = evaluate_policy(policy, *games, seed, video)
     if ev:
         ctx["writer"].add_scalar("eval/episodic_return", ev["mean"], data.real_steps)
         print(
@@ -1263,6 +1279,9 @@ def main(args: Args) -> None:
         print(f"error: {e}; lower the learning rate or re-run to resume from the last checkpoint", file=sys.stderr)
         raise SystemExit(3) from None
     except Interrupted as e:
+        if args.eval_only:  # nothing was written: the evaluation is simply run again
+            print(f"interrupted ({e}): nothing written; re-run it to evaluate", file=sys.stderr)
+            raise SystemExit(130) from None
         run_dir = ctx["run_dir"]
         print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
         print(f"run directory: {run_dir}")
@@ -1305,7 +1324,8 @@ def start_run(args: Args):
     resumed from checkpoints/state.pt when the run dir has one. None when nothing is left to train."""
     ctx = validate(args)
     if args.eval_only:
-        return eval_only(args, ctx)
+        with stop_on_signals():
+            return eval_only(args, ctx)
     if args.mode == "play":
         return play(args, ctx)
     print(f"run directory: {ctx['run_dir']}")
@@ -1837,6 +1857,30 @@ def set_rng_states(states: dict, ctx: dict):
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
     ctx["rng"].bit_generator.state = states["generator"]
+
+
+@contextlib.contextmanager
+def redone_on_resume(ctx: dict):
+    """A step that a signal may cut short (Interrupted): the RNG states go back to the step's start,
+    so the state saved is the one before it and the resumed run redoes it as an unbroken run."""
+    saved = rng_states(ctx)
+    try:
+        yield
+    except Interrupted:
+        set_rng_states(saved, ctx)
+        raise
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While inside, SIGINT/SIGTERM set STOP (the running loop stops at its next step)."""
+    STOP["signal"] = 0
+    old = {s: signal.signal(s, SignalGuard._stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class SignalGuard:

@@ -18,6 +18,7 @@ from conftest import (
     REPO_ROOT,
     check_help_groups,
     interrupt_when_exists,
+    interrupt_when_found,
     one_line_exit_2,
     run_contract_snippet,
 )
@@ -724,3 +725,17 @@ def test_eval_only_numbers_its_files_from_001(tmp_path, capsys):
     for _ in range(2):
         sw.main(sw.Args(eval_only=str(tmp_path), eval=evaluation))
     assert sorted(os.listdir(tmp_path / "evaluations")) == ["eval_001.json", "eval_002.json"]
+
+
+def test_sigterm_inside_a_long_real_collection_exits_130_within_10_s(tmp_path):
+    """Issue 48 item 9: a signal is answered within one env step batch, not one phase: SIGTERM a
+    few seconds into a collection of 10^6 steps per env -> exit 130, the state saved, the command
+    that resumes printed."""
+    flags = [*TINY, "--env.num-envs", "1", "--loop.epochs", "1", "--loop.real-steps", "1000000"]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *flags, "--run-dir", "run"]
+    started = "run/events.out.tfevents*"  # the writer is made just before the first collection
+    rc, out, err, seconds = interrupt_when_found(cmd, tmp_path, started, after_s=3)
+    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
+    assert "real collection interrupted" in err and "--run-dir run" in err, err[-2000:]
+    assert (tmp_path / "run" / "checkpoints" / "state.pt").exists()
+    assert not list((tmp_path / "run" / "data").iterdir())  # no partial collection
