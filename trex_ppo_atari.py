@@ -398,6 +398,8 @@ def demo_returns(net, frames, offsets, lengths, transform=None, chunk: int = 512
     out = []
     with torch.no_grad():
         for offset, n in zip(offsets, lengths):
+            if STOP["signal"]:  # thousands of demo frames: answer a signal within one demo
+                raise Interrupted("reward learning interrupted (it restarts on resume)")
             idx = np.arange(offset, offset + n)
             parts = (gather_stacks(frames, idx[k : k + chunk]) for k in range(0, n, chunk))
             out.append(sum(float(transform(net(part)).sum()) for part in parts))
@@ -839,6 +841,8 @@ def pair_accuracy(net, frames, offsets, pairs, stride, batch: int = 16) -> float
     correct = 0
     with torch.no_grad():
         for k in range(0, len(pairs[0]), batch):
+            if STOP["signal"]:  # hundreds of validation pairs: answer a signal within one batch
+                raise Interrupted("reward learning interrupted (it restarts on resume)")
             ra, rb, label = pair_returns(net, frames, offsets, tuple(p[k : k + batch] for p in pairs), stride)
             correct += int(((rb > ra).long() == label).sum())
     return correct / len(pairs[0])

@@ -25,6 +25,7 @@ from conftest import (
     eval_only_twice,
     exit_2_naming_the_file,
     interrupt_when_exists,
+    interrupt_when_found,
     keep_signals,
     mutated_arrays,
     numeric_flag_cases,
@@ -653,3 +654,20 @@ def test_off_a_terminal_progress_is_a_plain_line_every_interval(tmp_path, monkey
     assert "step/s" in lines[0] and "val_acc" in lines[-1], lines
     printed = out.getvalue().splitlines()
     assert printed[0] == printed[-1] == f"run directory: {run_dir}", printed
+
+
+def test_sigterm_inside_a_long_reward_phase_exits_130_within_10_s(tmp_path):
+    """Issue 48 item 9: a signal is answered within one update, not one phase: SIGTERM a few
+    seconds into reward learning of 10^6 steps (validation every 50) -> exit 130, the command that
+    resumes printed."""
+    demos = tmp_path / "demos.npz"
+    write_random_demos(demos, [0, 1, 2])
+    flags = ["--demos", str(demos), *TINY_REWARD, "--reward.epochs", "200000"]
+    flags += ["--reward.eval-every", "50", "--reward.patience", "1000000", "--torch-threads", "1"]
+    cmd = [sys.executable, str(Path(trex.__file__)), *flags, "--run-dir", "run"]
+    started = "run/events.out.tfevents*"  # the writer is made just before the first phase
+    rc, out, err, seconds = interrupt_when_found(cmd, tmp_path, started, after_s=3)
+    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
+    assert "reward learning interrupted" in err and "resume" in err, err[-2000:]
+    assert not (tmp_path / "run" / "reward_model.pt").exists()
+    assert out.splitlines()[-1] == "run directory: run", out[-2000:]
