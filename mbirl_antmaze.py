@@ -82,6 +82,8 @@ class ExpertArgs:
     """intermediate waypoints move by U(-j, j) x maze scaling in x and y"""
     action_noise: float = ranged(0.1, 0, 1)
     """std of Gaussian noise added to the expert's actions (executed and stored); 0 = none"""
+    only: bool = False
+    """make (or check) the expert data of the cache or --expert.expert-path, then exit 0: no run dir, no training"""
     reacher_reach: float = ranged(1.0, 0.01, 100)
     """AntMaze: the waypoint offset handed to the Ant controller is clipped to this many m (it was trained on goals
     up to 6 m away; a nearer target makes it walk slower and fall less, see docs/mbirl_antmaze.md)"""
@@ -631,10 +633,11 @@ DEMO_DTYPES = {
 }  # the columns of demos.npz (docs/mbirl_antmaze.md)
 
 
-def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.ndarray]:
+def record_episodes(env_id: str, controller, num_episodes: int, stop=None) -> dict[str, np.ndarray] | None:
     """Roll out `controller` (reset(maze, obs), __call__(obs) -> action) for complete episodes with
     reset seeds 0, 1, ...; record the shared npz layout plus the MuJoCo state before every step and
-    the goal."""
+    the goal. None when `stop()` turns true (asked every step: a signal is answered at once; the
+    episodes are made again, the same, by the next run)."""
     env = make_env(env_id)
     keys = tuple(DEMO_DTYPES)
     rows, returns = {k: [] for k in keys}, []
@@ -643,6 +646,9 @@ def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.
         controller.reset(getattr(env.unwrapped, "maze", None), obs)
         ret, t, done = 0.0, 0, False
         while not done:
+            if stop is not None and stop():
+                env.close()
+                return None
             action = np.asarray(controller(obs), dtype=np.float32)
             data = mujoco_data(env)
             state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
@@ -660,11 +666,12 @@ def record_episodes(env_id: str, controller, num_episodes: int) -> dict[str, np.
     return demos
 
 
-def make_expert_data(env_id: str, e: ExpertArgs, seed: int, reacher=None) -> dict[str, np.ndarray]:
+def make_expert_data(env_id: str, e: ExpertArgs, seed: int, reacher=None, stop=None) -> dict[str, np.ndarray] | None:
     """Maze expert data for `num_demos` episodes: the planner + PD controller (PointMaze) or + the
-    goal-reaching Ant controller (AntMaze)."""
+    goal-reaching Ant controller (AntMaze); None when `stop()` turned true."""
     rng = np.random.default_rng(seed)
-    return record_episodes(env_id, PlannerPD(e, rng) if reacher is None else PlannerAnt(e, rng, reacher), e.num_demos)
+    controller = PlannerPD(e, rng) if reacher is None else PlannerAnt(e, rng, reacher)
+    return record_episodes(env_id, controller, e.num_demos, stop)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1500,18 +1507,28 @@ def main(args: Args) -> None:
         raise SystemExit(2)
     except AlreadyFinished as e:
         return print(e)
-    run.start()
+    if args.expert.only:
+        run.listen()
+    else:
+        run.start()
     try:
         # Phase 1: the expert data (the cache, your file, or the planner makes and caches them).
         demos = run.demos
         if demos is None:
             n, env_id = args.expert.num_demos, args.env_id
             print(f"[expert] planner + {run.controller}: {n} episodes on {env_id}", flush=True)
-            demos = make_expert_data(env_id, args.expert, args.seed, run.reacher)
+            demos = make_expert_data(env_id, args.expert, args.seed, run.reacher, run.stop_requested)
+            if demos is None:
+                again = "the same command" if args.expert.only else f"with --run-dir {run.run_dir}"
+                print(f"interrupted while making the expert data (none cached); re-run {again}", file=sys.stderr)
+                raise SystemExit(130)
             run.save_expert_cache(demos)
         run.demos_used = demos
         n, rows, score = len(demos["returns"]), len(demos["observations"]), run.expert_score
         print(f"[expert] {n} episodes, {rows} transitions, {run.metric} {score:.2f}", flush=True)
+        if args.expert.only:
+            source = args.expert.expert_path or run.cache / "demos.npz"
+            return print(f"[expert] --expert.only: the expert data are ready in {source}; no run", flush=True)
         # Phase 2: the model, pretrained on the expert data (mazes) unless a run dir holds it.
         model, elites = run.load_pretrained()
         if model is None:
@@ -1577,10 +1594,11 @@ class RunContext:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
         check_numbers(args)
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-        if self.run_dir.exists() and not self.run_dir.is_dir():
+        if self.run_dir.exists() and not self.run_dir.is_dir() and not args.expert.only:
             raise UsageError(f"--run-dir {self.run_dir} is a file; pass a directory")
-        check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
-        check_writable(self.run_dir, "--run-dir")
+        if not args.expert.only:  # (--expert.only writes no run dir)
+            check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
+            check_writable(self.run_dir, "--run-dir")
         self.cache = Path(args.expert.experts_dir) / args.env_id
         path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
@@ -1617,20 +1635,24 @@ class RunContext:
             self.controller = f"goal-reaching Ant controller {path.name}"
         return self
 
-    def start(self, script: str = SCRIPT) -> None:
-        """Signals, seeds, device, the run dir with its args.json (naming the script), TensorBoard."""
-        args = self.args
+    def listen(self) -> None:
+        """SIGINT and SIGTERM set the stop flag that every phase asks (stop_requested)."""
         import signal
-
-        from torch.utils.tensorboard import SummaryWriter
 
         self.stop = False
 
-        def handler(signum, frame):  # noqa: ARG001 - first, so a signal during set-up is not a kill
+        def handler(signum, frame):  # noqa: ARG001
             self.stop = True
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+
+    def start(self, script: str = SCRIPT) -> None:
+        """Signals, seeds, device, the run dir with its args.json (naming the script), TensorBoard."""
+        args = self.args
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.listen()  # first, so a signal during set-up is not a kill
 
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
@@ -1885,8 +1907,8 @@ def check_finished(run_dir: Path, args) -> None:
         saved = settings(json.loads((run_dir / "args.json").read_text()))
     except (OSError, ValueError, AttributeError):
         raise UsageError(f"{run_dir} holds results.json but no readable args.json; pass a new --run-dir") from None
-    now = settings(args)
-    differ = [k for k in sorted(now.keys() | saved.keys()) if k not in NOT_SETTINGS and now.get(k) != saved.get(k)]
+    now = settings(args)  # (a setting args.json lacks is newer than the run: its default applies)
+    differ = [k for k in sorted(now.keys() & saved.keys()) if k not in NOT_SETTINGS and now[k] != saved[k]]
     if differ:
         flags = ", ".join(f"--{k.replace('_', '-')} {now.get(k)} (args.json: {saved.get(k)})" for k in differ)
         raise UsageError(f"{run_dir} holds a finished run with other settings: {flags}; pass a new --run-dir")
@@ -2203,19 +2225,23 @@ def eval_only(args: Args, run: RunContext) -> None:
     actor = run.policy
     r = evaluate(actor, actor.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
     out_dir = run.run_dir / "evaluations"
-    number = len(list(out_dir.glob("eval_*.json"))) if out_dir.exists() else 0
+    number = 1 + max((int(p.stem[5:]) for p in out_dir.glob("eval_[0-9][0-9][0-9].json")), default=0)
     result = {
         "env_id": actor.env_id,
         "success_rate": r["success_rate"],
         "mean_return": r["mean_return"],
+        "std_return": float(np.std(r["returns"])),
         "returns": r["returns"],
         "episodes": args.eval.episodes,
         "episode_lengths": r["episode_lengths"],
         "seed": args.seed + 10_000,
         "p_tremble": args.hyper.p_tremble,
     }
-    atomic_json(out_dir / f"eval_{number:03d}.json", result)
-    print(json.dumps({k: result[k] for k in ("env_id", "success_rate", "mean_return", "episodes")}))
+    out = out_dir / f"eval_{number:03d}.json"
+    atomic_json(out, result)
+    success = "" if r["success_rate"] is None else f"success rate {r['success_rate']:.2f}, "
+    ret = f"return {result['mean_return']:.1f} +- {result['std_return']:.1f}"
+    print(f"eval {success}{ret} over {args.eval.episodes} episodes -> {out}")
 
 
 def save_curve(path: Path, history: list[dict], pretrain: dict | None, expert: float, env_id: str, metric: str) -> None:

@@ -466,7 +466,7 @@ def test_smoke_run_writes_artifacts_and_keeps_the_contract(run_script, run_dir, 
     rc, out, err = run_script("mbirl_antmaze.py", "--eval-only", run_dir, "--eval.episodes", "2", timeout=120)
     assert rc == 0, err
     mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "3"]))
-    for n, episodes in enumerate((2, 3)):
+    for n, episodes in enumerate((2, 3), start=1):
         assert json.loads((run_dir / "evaluations" / f"eval_{n:03d}.json").read_text())["episodes"] == episodes
     # a finished run is never overwritten: the same command has nothing to do, another seed is refused
     mb.main(mb.cli(["--run-dir", str(run_dir)]))
@@ -623,6 +623,53 @@ def test_a_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_
         assert code == 2 and len(line.splitlines()) == 1, err
         assert "--seed 7 (args.json: 1)" in line and "--eval.log-frequency 500" in line, line
         assert file_bytes(run_dir) == before and not (run_dir / "evaluations").exists()
+
+
+def test_eval_only_prints_the_summary_and_numbers_from_eval_001(tmp_path):
+    """Issue 48 item 11: --eval-only prints one human line as the other scripts do (not a JSON line) and writes
+    evaluations/eval_001.json, then eval_002.json; results.json is untouched (conftest's eval_only_twice)."""
+    from conftest import eval_only_twice
+
+    run_dir = tmp_path / "finished"
+    mb.save_policy(run_dir / "policy.pt", mb.Actor(6, 2, 8), ENV)
+    (run_dir / "results.json").write_text("{}")
+    printed = []
+
+    def run_eval_only():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "2"]))
+        printed.append(out.getvalue().strip())
+        return 0, printed[-1], ""
+
+    records = eval_only_twice(run_eval_only, run_dir)
+    assert all(r["episodes"] == 2 and 0 <= r["success_rate"] <= 1 for r in records)
+    for number, line in enumerate(printed, start=1):
+        assert line.startswith("eval success rate ") and " over 2 episodes -> " in line, line
+        assert line.endswith(f"eval_{number:03d}.json") and len(line.splitlines()) == 1, line
+
+
+def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_path, experts_dir):
+    """Issue 48 item 11: --expert.only makes the planner's expert data into the cache (or checks the cache or
+    --expert.expert-path) and exits 0 without a run dir; a bad expert file is still exit 2."""
+    from conftest import keep_signals, one_line_exit_2
+
+    run_dir, cache = tmp_path / "run", tmp_path / "new-cache"
+    argv = ["--expert.only", "--expert.experts-dir", str(cache), "--expert.num-demos", "2", "--run-dir", str(run_dir)]
+    keep_signals(lambda: mb.main(mb.cli(argv)))  # (it answers SIGINT/SIGTERM while making the data)
+    with np.load(cache / ENV / "demos.npz") as f:
+        assert len(f["returns"]) == 2 and str(f["env_id"]) == ENV
+    made = (cache / ENV / "demos.npz").read_bytes()
+    keep_signals(lambda: mb.main(mb.cli(argv)))  # the cache exists: checked, kept
+    assert (cache / ENV / "demos.npz").read_bytes() == made
+    given = ["--expert.only", "--expert.expert-path", str(experts_dir / ENV / "demos.npz")]
+    keep_signals(lambda: mb.main(mb.cli(given)))
+    assert not run_dir.exists()
+
+    bad = tmp_path / "bad.npz"
+    with np.load(experts_dir / ENV / "demos.npz") as f:
+        np.savez(bad, **{k: f[k] for k in f.files if k != "qpos"})
+    assert "qpos" in one_line_exit_2(lambda: mb.main(mb.cli(["--expert.only", "--expert.expert-path", str(bad)])))
 
 
 # ------------------------------------------------------------------------------------------------ bad input
