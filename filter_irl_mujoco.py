@@ -165,6 +165,27 @@ class Interrupted(Exception):
 STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
 
 
+def check_stop() -> None:
+    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
+    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
+    if STOP.is_set():
+        raise Interrupted(None, None)
+
+
+@contextlib.contextmanager
+def saved_on_stop(phase: str, progress: dict, checkpoint=None):
+    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
+    Interrupted(phase, step)."""
+    try:
+        yield
+    except Interrupted as e:
+        if e.args[0] is not None:
+            raise
+        if checkpoint is not None:
+            checkpoint()
+        raise Interrupted(phase, progress["step"]) from None
+
+
 def pick_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
@@ -552,6 +573,7 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
         obs, _ = env.reset(seed=seed + i)
         ret, done = 0.0, False
         while not done:
+            check_stop()
             action = tremble(actor.act(obs[None])[0], rng, p_tremble, low, high)
             obs, reward, terminated, truncated, _ = env.step(action)
             ret, done = ret + float(reward), terminated or truncated
@@ -580,7 +602,8 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
     checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb)  # everything, every RNG
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
-    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", **PROGRESS_BAR) as bar:
+    stop = saved_on_stop("expert phase", progress, checkpoint)
+    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", **PROGRESS_BAR) as bar, stop:
         while step < args.expert.timesteps:
             if STOP.is_set():
                 checkpoint()
@@ -626,6 +649,7 @@ def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
         obs, _ = env.reset(seed=ep)
         t, ret, done = 0, 0.0, False
         while not done:
+            check_stop()
             state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
             action = np.clip(agent.act(obs, deterministic=True), low, high)
             next_obs, reward, terminated, truncated, _ = env.step(action.astype(np.float32))
@@ -649,6 +673,7 @@ def collect_learner_pairs(agent: SAC, env: LearnerEnv, num_traj: int) -> tuple[n
     for _ in range(num_traj):
         obs, done = env.reset(), False
         while not done:
+            check_stop()
             action, next_obs, _, terminated, truncated = env.step(agent.act(obs))
             pairs.append(np.concatenate([obs, action]).astype(np.float32))
             obs, done = next_obs, terminated or truncated
@@ -662,7 +687,11 @@ def update_discriminator(disc, expert_pairs, learner_pairs, k: int, cfg: DiscArg
     lr = disc_learning_rate(cfg.lr, k)
     optimizer = torch.optim.Adam(disc.parameters(), lr=lr, betas=(0.9, 0.999))
     device, n = expert_pairs.device, cfg.batch_size
+    before = {k: v.clone() for k, v in disc.state_dict().items()}
     for _ in range(cfg.steps):
+        if STOP.is_set():  # the checkpoint keeps the discriminator of the last whole outer iteration
+            disc.load_state_dict(before)
+            check_stop()
         xe = expert_pairs[torch.randint(len(expert_pairs), (n,), device=device)]
         xl = learner_pairs[torch.randint(len(learner_pairs), (n,), device=device)]
         alpha = torch.rand(n, 1, device=device)
@@ -731,7 +760,8 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
     obs = learner_env.reset(seed=args.seed + progress["episodes"])
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
     desc = f"IRL (reset {cfg.reset_prob})"
-    with tqdm(total=cfg.total_timesteps, initial=step, desc=desc, **PROGRESS_BAR) as bar:
+    stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
+    with tqdm(total=cfg.total_timesteps, initial=step, desc=desc, **PROGRESS_BAR) as bar, stop():
         while step < cfg.total_timesteps:
             if STOP.is_set():
                 checkpoint()
@@ -774,7 +804,8 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
                 checkpoint()
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
-        evaluate_learner(agent, args, progress, expert_return, writer)
+        with stop():
+            evaluate_learner(agent, args, progress, expert_return, writer)
     progress["SPS"] = meter.sps(progress["step"])
     plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
     checkpoint()
@@ -812,7 +843,8 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
     expert_curve = []
     if demos is None:  # train the expert on the true reward and record its demos in the cache
         expert, expert_curve = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
-        demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
+        with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
+            demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
         demos = write_expert_cache(args, expert, demos)
     if args.expert.only:
         return
@@ -856,7 +888,8 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         raise SystemExit(3)
     except Interrupted as e:
         phase, step = e.args
-        saved = f"interrupted in the {phase} at step {step}: checkpoint saved"
+        where = f"in the {phase} at step {step}" if phase else "while recording the final video"
+        saved = f"interrupted {where}: checkpoint saved"
         finish_run(run_dir, writer, f"{saved}; resume with: {resume_command(run_dir, argv)}")
         raise SystemExit(130)
     finish_run(run_dir, writer)

@@ -30,8 +30,10 @@ import shlex
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -190,7 +192,32 @@ class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint
 
     def __str__(self) -> str:
         phase, step = self.args
-        return f"interrupted in the {phase} at step {step}: checkpoint saved"
+        where = f"in the {phase} at step {step}" if phase else "while recording the final video"
+        return f"interrupted {where}: checkpoint saved"
+
+
+STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
+
+
+def check_stop() -> None:
+    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
+    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
+    if STOP.is_set():
+        raise Interrupted(None, None)
+
+
+@contextlib.contextmanager
+def saved_on_stop(phase: str, progress: dict, checkpoint=None):
+    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
+    Interrupted(phase, step)."""
+    try:
+        yield
+    except Interrupted as e:
+        if e.args[0] is not None:
+            raise
+        if checkpoint is not None:
+            checkpoint()
+        raise Interrupted(phase, progress["step"]) from None
 
 
 # ---------------------------------------------------------------------- Environments
@@ -596,13 +623,12 @@ class Storage:
 # ---------------------------------------------------------------------- Run and logging
 @dataclass
 class Run:
-    """Where a phase writes: the run dir, TensorBoard and the device. SIGINT/SIGTERM set
-    `stop_requested`; the loops then save a checkpoint and stop at the next step."""
+    """Where a phase writes: the run dir, TensorBoard and the device. SIGINT/SIGTERM set STOP;
+    the loops then save a checkpoint and stop within the step."""
 
     dir: Path
     writer: object  # torch.utils.tensorboard.SummaryWriter
     device: torch.device
-    stop_requested: bool = False
 
 
 class SPSMeter:
@@ -683,6 +709,7 @@ def evaluate(actor, env_id, episodes, seed, p_tremble, max_episode_steps=None, v
         obs, _ = env.reset(seed=seed + ep)
         ret, success = 0.0, False
         for _ in range(horizon):
+            check_stop()
             action = tremble(actor.act(obs[None])[0], rng, p_tremble, low, high)
             obs, reward, terminated, _, info = env.step(action)
             ret, success = ret + float(reward), success or bool(info.get("success", False))
@@ -723,9 +750,11 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
     obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
     progress["episodes"] += 1
     ep_return, losses = 0.0, {}
-    with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar:
+    checkpoint = partial(save_checkpoint, ckpt_path, sac, storage, np_rng, progress)
+    stop = saved_on_stop("expert phase", progress, checkpoint)
+    with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar, stop:
         while progress["step"] < args.expert.timesteps:
-            if run.stop_requested:
+            if STOP.is_set():
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
                 raise Interrupted("expert phase", progress["step"])
             learn_started = progress["step"] >= args.sac.learning_starts
@@ -767,6 +796,7 @@ def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps=None) -
         obs, _ = env.reset(seed=ep)
         ret = 0.0
         for t in range(horizon):
+            check_stop()
             # the MuJoCo state before the step
             state = (data.qpos.copy(), data.qvel.copy(), data.qacc_warmstart.copy())
             action = np.clip(np.asarray(policy(obs), dtype=np.float32), low, high)
@@ -791,10 +821,14 @@ def collect_disc_pairs(actor: Actor, env: gym.Env, horizon: int, args: Args, rng
     """(s, a) pairs of `disc.trajectories` fresh episodes of the current policy from the env's
     own start states; their steps are counted in progress["disc_env_steps"]."""
     pairs, low, high = [], env.action_space.low, env.action_space.high
+    counters = {k: progress[k] for k in ("episodes", "disc_env_steps")}  # kept on a signal: the checkpoint's
     for _ in range(args.disc.trajectories):
         obs, t = start_episode(env, args.seed + progress["episodes"], None, 0.0, rng)
         progress["episodes"] += 1
         while t < horizon:
+            if STOP.is_set():
+                progress.update(counters)
+                check_stop()
             action = tremble(actor.act(obs[None], False)[0], rng, args.irl.p_tremble, low, high)
             pairs.append(np.concatenate([obs, action]).astype(np.float32))
             obs, _, terminated, _, _ = env.step(action)
@@ -809,7 +843,11 @@ def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg
     expert and batch_size learner pairs. Returns the last step's statistics."""
     lr, device = disc_lr_at(k, cfg.lr), expert_sa.device
     optimizer = torch.optim.Adam(disc.parameters(), lr=lr)
+    before = {k: v.clone() for k, v in disc.state_dict().items()}
     for _ in range(cfg.steps):
+        if STOP.is_set():  # the checkpoint keeps the discriminator of the last whole outer iteration
+            disc.load_state_dict(before)
+            check_stop()
         x_e = expert_sa[torch.randint(0, len(expert_sa), (cfg.batch_size,), device=device)]
         x_l = learner_sa[torch.randint(0, len(learner_sa), (cfg.batch_size,), device=device)]
         loss, ipm, gp = discriminator_loss(disc, x_e, x_l, cfg.gp_weight, cfg.gp_target)
@@ -879,10 +917,12 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
     progress["episodes"] += 1
     ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
     next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
-    with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar:
+    checkpoint = partial(save_checkpoint, ckpt_path, sac, storage, np_rng, progress, disc)
+    stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
+    with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar, stop():
         while progress["step"] < args.irl.total_timesteps:
             step = progress["step"]
-            if run.stop_requested:
+            if STOP.is_set():
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
                 raise Interrupted("IRL phase", step)
             # 1. an outer iteration starts: fresh learner episodes, then the discriminator's steps
@@ -927,7 +967,8 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
     if losses:
         check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
     if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
-        evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
+        with stop():
+            evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
     progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
     save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
@@ -953,7 +994,8 @@ def pipeline(args: Args, info: EnvInfo, demos: Optional[dict], checkpoints: dict
     if demos is None:
         expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
         num_demos = args.expert.num_demos or 64
-        demos = collect_demos(args.env_id, expert.actor.act, num_demos, args.max_episode_steps)
+        with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
+            demos = collect_demos(args.env_id, expert.actor.act, num_demos, args.max_episode_steps)
         demos = write_expert_cache(args, expert, demos)
     sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
     results = irl_results(args, demos, progress, time.time() - start, run.device)
@@ -1604,8 +1646,9 @@ def start_run(args: Args, run_dir: Path) -> Run:
     run.writer = SummaryWriter(str(run.dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     run.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop at the next step
-        signal.signal(signum, lambda *_: setattr(run, "stop_requested", True))
+    STOP.clear()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop within the step
+        signal.signal(signum, lambda *_: STOP.set())
     print(f"run dir: {run.dir}")
     return run
 

@@ -15,6 +15,7 @@ to bottom down to main; below `# ---- run management ----`: validation, checkpoi
 """
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import difflib
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -391,7 +393,15 @@ class Interrupted(Exception):
     """SIGINT/SIGTERM: a snapshot was saved; main exits 130."""
 
 
-STOP = {"signal": 0}  # set by the SIGINT/SIGTERM handler that start_run installs
+STOP = {"signal": 0, "solo": True}  # set by the SIGINT/SIGTERM handler that start_run installs
+
+
+def check_stop(where: str) -> None:
+    """Inside an iteration (the rollout, each PPO minibatch, each evaluation step): a signal stops a single-process
+    run at once (train then saves the snapshot of the last whole iteration). The ranks of a torchrun job stop
+    together at the end of an iteration instead (each checks its flag there; stopping apart would hang them)."""
+    if STOP["signal"] and STOP["solo"]:
+        raise Interrupted(f"stopped by signal {where}")
 
 
 def progress(total: int, desc: str, enabled: bool, initial: int = 0):
@@ -472,6 +482,7 @@ class Player:
         actions out and the frames in. Returns the finished episodes (step, score, length)."""
         buf.state0, episodes = self.state.clone(), []
         for step in range(buf.actions.shape[0]):
+            check_stop("during a rollout")
             buf.obs[step] = self.next_obs.permute(0, 2, 3, 1)
             buf.firsts[step] = self.next_first
             with torch.no_grad():
@@ -535,6 +546,7 @@ def ppo_update(agent, rnd, optimizer, batch: dict, args: Args, world: "World", p
         sums = {}
         perm = torch.randperm(N, device=device)
         for start in range(0, N, mb_envs):
+            check_stop("during a PPO update")
             mb_inds = perm[start : start + mb_envs]
             mb = {k: batch[k][:, mb_inds] for k in keys}
             obs = mb.pop("obs").permute(0, 1, 4, 2, 3)  # NHWC storage, (T, B, 4, 84, 84) view
@@ -637,21 +649,25 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
     show = args.progress_bar and world.rank == 0
     bar = progress(num_iterations * batch_size, "training", show, run["global_step"])
     sps_start = None
+    save_snapshot = partial(checkpoint, run_dir, rom, args, learner, world=world)
     try:
         for iteration in range(start + 1, num_iterations + 1):
             if ppo.anneal_lr:
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = ppo.learning_rate * frac
-            for step, score, length in player.rollout(agent, buf):
-                recent.append(score)
-                if writer is not None:
-                    at_step = run["global_step"] + (step + 1) * N * world.size
-                    writer.add_scalar("charts/episodic_return", score, at_step)
-                    writer.add_scalar("charts/episodic_length", length, at_step)
-            run["global_step"] += batch_size
-
-            batch, filter_state = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
-            losses = ppo_update(agent, rnd, optimizer, batch, args, world, params)
+            # a signal inside the iteration: the snapshot of the last whole one (a copy, taken here) is saved
+            last = snapshot_state(learner, run, recent, filter_state, copied=True) if STOP["solo"] else None
+            with saved_on_stop(lambda: save_snapshot(state=last)):
+                for step, score, length in player.rollout(agent, buf):
+                    recent.append(score)
+                    if writer is not None:
+                        at_step = run["global_step"] + (step + 1) * N * world.size
+                        writer.add_scalar("charts/episodic_return", score, at_step)
+                        writer.add_scalar("charts/episodic_length", length, at_step)
+                run["global_step"] += batch_size
+                scored = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
+                batch, filter_state = scored
+                losses = ppo_update(agent, rnd, optimizer, batch, args, world, params)
 
             # one host sync per iteration: the logs, the NaN guard and every rank's stop flags
             logs = diagnostics(losses, batch, reward_rms)
@@ -674,11 +690,12 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             if writer is not None:
                 log_iteration(writer, bar, run, logs, avg_return, optimizer.param_groups[0]["lr"])
                 if args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
-                    evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
+                    with saved_on_stop(lambda: save_snapshot(run=run, recent=recent, filter_state=filter_state)):
+                        evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
             stop = flags[0].item() > 0
             reached = ppo.target_score is not None and avg_return >= ppo.target_score
             if stop or reached or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
-                checkpoint(run_dir, rom, args, learner, run, recent, filter_state, world)
+                save_snapshot(run=run, recent=recent, filter_state=filter_state)
             if stop:
                 raise Interrupted(f"stopped by signal at iteration {iteration}; a snapshot is saved")
             if reached:
@@ -722,7 +739,9 @@ def main(args: Args) -> Optional[dict]:
         raise SystemExit(3) from None
     except Interrupted as e:
         if world.rank == 0:
-            print(f"interrupted: {e}; resume with: {resume_command(run_dir, world.size)}", file=sys.stderr)
+            again = "re-run the same command to evaluate" if args.eval_only else "resume with: "
+            again += "" if args.eval_only else resume_command(run_dir, world.size)
+            print(f"interrupted: {e}; {again}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         if writer is not None:
@@ -920,21 +939,50 @@ def latest_snapshot(run_dir: Path) -> Optional[dict]:
     return load(paths[-1], "snapshot") if paths else None
 
 
-def checkpoint(
-    run_dir: Path, rom: str, args: Args, learner: dict, run: dict, recent, filter_state, world: "World"
-) -> None:
-    """Rank 0: model, optimizer, normalisers, reward filter, RNG states, counters; keeps the newest snapshots."""
-    if world.rank != 0:
-        return
+def snapshot_state(learner: dict, run: dict, recent, filter_state, copied: bool = False) -> dict:
+    """What a snapshot holds: model, optimizer, normalisers, reward filter, RNG states, counters; `copied`: a copy
+    that later training does not change (kept to be saved if a signal comes inside the next iteration)."""
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     rng["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     state = {k: v.state_dict() for k, v in learner.items()} | {"iteration": run["iteration"], "rng": rng}
     state |= {"global_step": run["global_step"], "filter_state": filter_state.cpu(), "recent_returns": list(recent)}
     state |= {"history": run["history"], "rooms_seen": sorted(run["rooms_seen"]), "config": learner["agent"].config}
-    save(run_dir / "checkpoints" / f"ckpt_{run['iteration']:08d}.pt", "snapshot", **state)
+    if copied:
+        state = {k: copy.deepcopy(v) if k in learner or k == "filter_state" else v for k, v in state.items()}
+        state["history"] = {k: list(v) for k, v in run["history"].items()}
+    return state
+
+
+def checkpoint(
+    run_dir: Path,
+    rom: str,
+    args: Args,
+    learner: dict,
+    run=None,
+    recent=None,
+    filter_state=None,
+    *,
+    world: "World",
+    state: Optional[dict] = None,
+) -> None:
+    """Rank 0: the snapshot (`state`, or the learner's now) into checkpoints/; keeps the newest snapshots."""
+    if world.rank != 0:
+        return
+    state = state if state is not None else snapshot_state(learner, run, recent, filter_state)
+    save(run_dir / "checkpoints" / f"ckpt_{state['iteration']:08d}.pt", "snapshot", **state)
     for old in checkpoint_paths(run_dir)[: -args.keep_checkpoints]:
         old.unlink(missing_ok=True)
-    plot_curves(run["history"], rom, args.env_id, run_dir)
+    plot_curves(state["history"], rom, args.env_id, run_dir)
+
+
+@contextlib.contextmanager
+def saved_on_stop(save_snapshot):
+    """A signal noticed inside an iteration (check_stop raised): save_snapshot(), then the stop goes on to main."""
+    try:
+        yield
+    except Interrupted as e:
+        save_snapshot()
+        raise Interrupted(f"{e}; the snapshot of the last whole iteration is saved") from None
 
 
 def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, filter_state: torch.Tensor):
@@ -1009,6 +1057,7 @@ def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, s
     rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
     state, first = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
     while active.any():
+        check_stop("during an evaluation")
         logits, _, _, state = agent(torch.as_tensor(obs, device=device)[None], state, first)
         first = torch.zeros_like(first)
         actions = Categorical(logits=logits).sample().cpu().numpy()
@@ -1178,7 +1227,7 @@ def start_run(args: Args, inputs: Inputs, world: "World"):
     keep_freed_memory()
     signals = (signal.SIGINT, signal.SIGTERM)
     handlers = {s: signal.signal(s, lambda signum, _: STOP.update(signal=signum)) for s in signals}
-    STOP["signal"] = 0
+    STOP["signal"], STOP["solo"] = 0, world.size == 1
     writer, run_dir = None, inputs.run_dir
     if world.rank == 0:
         print(f"run dir: {run_dir}", flush=True)

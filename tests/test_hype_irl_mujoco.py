@@ -811,3 +811,29 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, expe
     assert rc == 130 and f"resuming from step {step}" in out, err[-2000:]
     assert list((tmp_path / "runs").iterdir()) == [run_dir]  # no new run dir
     assert torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"] > step
+
+
+@pytest.mark.parametrize(
+    "phase, flags",
+    [
+        ("discriminator rollouts", ["--disc.trajectories", "1000"]),
+        ("discriminator update", ["--disc.steps", "10000", "--disc.batch-size", "20000"]),
+    ],
+)
+def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, experts_dir, phase, flags):
+    """Issue 48 item 9: the stop flag is checked inside each env step batch and update, not once per policy step: a
+    SIGTERM while the first outer iteration's PHASE runs (minutes with these flags) ends the run with exit 130 within
+    10 s, the checkpoint holding the state before that outer iteration."""
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / SCRIPT),
+        "--env-id",
+        PENDULUM,
+        "--expert.experts-dir",
+        str(experts_dir),
+        *TINY,
+    ]
+    cmd += ["--sac.learning-starts", "50", "--irl.train-every", "100", "--run-dir", str(tmp_path / "run"), *flags]
+    rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, "run/events.out.tfevents*", after_s=3)
+    assert rc == 130 and seconds < 10 and "interrupted in the IRL phase at step 0" in err, (seconds, err[-2000:])
+    assert torch.load(tmp_path / "run" / "checkpoints" / "irl.pt", weights_only=False)["progress"]["k"] == 0

@@ -567,3 +567,23 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path):
     assert rc == 130 and f"resumed from iteration {k} " in out, err[-2000:]
     assert [p.parent.name for p in (tmp_path / "runs").glob("*/args.json")] == [run_dir.name]  # no new run dir
     assert rnd.load(rnd.checkpoint_paths(run_dir)[-1], "snapshot")["iteration"] > k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "phase, flags, wait_for, saved",
+    [  # (the phase signalled, its flags, the file whose appearance starts the 2 s wait, the snapshot left)
+        ("PPO update", ["--ppo.update-epochs", "40"], "run/checkpoints/ckpt_00000001.pt", 1),
+        ("observation-normalisation warm-up", ["--rnd.num-iterations-obs-norm-init", "100000"], "run/args.json", None),
+    ],
+)
+def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, phase, flags, wait_for, saved):
+    """Issue 48 item 9: the stop flag is checked per env step batch and per PPO minibatch, not once per iteration:
+    a SIGTERM inside a long update or warm-up ends the run with exit 130 within 10 s; inside an update, the snapshot
+    of the last whole iteration is saved."""
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", "BreakoutNoFrameskip-v4", *TINY, *flags]
+    cmd += ["--checkpoint-every", "1", "--ppo.total-timesteps", "64000", "--run-dir", str(tmp_path / "run")]
+    rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, wait_for, after_s=2)
+    assert rc == 130 and seconds < 10 and f"during {'a' if saved else 'the'} {phase}" in err, (seconds, err[-2000:])
+    snapshots = rnd.checkpoint_paths(tmp_path / "run")
+    assert (rnd.load(snapshots[-1], "snapshot")["iteration"] if snapshots else None) == saved
