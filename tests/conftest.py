@@ -558,3 +558,11 @@ def interrupt_when_found(cmd: list, cwd: Path, pattern: str, wait_s: float = 180
     if seconds >= exit_s:
         pytest.fail(f"{' '.join(map(str, cmd))} did not exit within {exit_s:.0f}s of SIGTERM\n{stderr[-2000:]}")
     return proc.returncode, stdout, stderr, seconds
+
+
+def assert_run_directory_printed_at_start_and_end(out: str, run_dir: Path) -> None:
+    """The run directory is the first and the last line a run prints on stdout, worded "run directory: PATH" (issue
+    48: one wording in every script)."""
+    lines = out.splitlines()
+    expected = f"run directory: {run_dir}"
+    assert lines[0] == expected and lines[-1] == expected, out[-2000:]
