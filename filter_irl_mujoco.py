@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -45,7 +45,6 @@ from tqdm import tqdm
 
 SCRIPT = "filter_irl_mujoco.py"
 VIDEO_SIZE = 240  # rendered frame width and height
-PROGRESS_BAR = dict(dynamic_ncols=True, mininterval=2)
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
 DEMO_FORMAT = {  # key: (dtype, shape) in N transitions, E episodes and the env's sizes
@@ -138,7 +137,7 @@ class Args:
     save_model: bool = True  # save the final learner policy to `{run_dir}/policy.pt` (needed by --eval-only)
     run_dir: Optional[str] = None  # run dir (default runs/{env_id}__{exp_name}__{seed}__{unix_time}); resumed if found
     env_id: str = "Hopper-v5"  # gymnasium MuJoCo v5 env id (Hopper, Walker2d, HalfCheetah, Ant, Humanoid, ...)
-    torch_threads: Annotated[int, tyro.conf.arg(aliases=("--threads",))] = ranged(0, "[0, 1024]")
+    torch_threads: int = ranged(0, "[0, 1024]")
     """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
     log_frequency: int = ranged(100, "[1, 1e9]")  # log losses and SPS every this many env steps
     checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # write a checkpoint every this many env steps
@@ -148,6 +147,54 @@ class Args:
     disc: DiscArgs = field(default_factory=DiscArgs)
     irl: IRLArgs = field(default_factory=IRLArgs)
     eval: EvalArgs = field(default_factory=EvalArgs)
+
+
+PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
+
+
+class LogLines:
+    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
+    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = ""):
+        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
+        self.t0 = self.last = time.monotonic()
+        self.n0 = initial
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.show()
+
+    def show(self) -> None:
+        self.last = time.monotonic()
+        rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+        done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
+        print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
+
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        if self.n != self.n0:
+            self.show()
+            self.n0 = self.n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
+    if not sys.stderr.isatty():
+        return LogLines(total, initial, desc)
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
 
 
 class UsageError(Exception):
@@ -603,7 +650,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
     stop = saved_on_stop("expert phase", progress, checkpoint)
-    with tqdm(total=args.expert.timesteps, initial=step, desc="expert SAC", **PROGRESS_BAR) as bar, stop:
+    with progress_bar(args.expert.timesteps, step, "expert SAC") as bar, stop:
         while step < args.expert.timesteps:
             if STOP.is_set():
                 checkpoint()
@@ -761,7 +808,7 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
     ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
     desc = f"IRL (reset {cfg.reset_prob})"
     stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
-    with tqdm(total=cfg.total_timesteps, initial=step, desc=desc, **PROGRESS_BAR) as bar, stop():
+    with progress_bar(cfg.total_timesteps, step, desc) as bar, stop():
         while step < cfg.total_timesteps:
             if STOP.is_set():
                 checkpoint()
@@ -865,6 +912,7 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
 # Everything below is plumbing a reader of the algorithm can skip: the command line and exit codes,
 # saving and loading, plots, video, the expert cache, validation.
 MINARI_PREFIX = "minari:"
+RETIRED_FLAGS = {"--threads": "--torch-threads"}  # an old spelling -> the flag its one-line hint names
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -1349,6 +1397,10 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     """The command line; when --run-dir names an existing run of this script, its args.json supplies the defaults,
     so `--run-dir X` alone resumes it and flags passed again win."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    retired = [a.split("=")[0] for a in argv if a.split("=")[0] in RETIRED_FLAGS]
+    if retired:
+        new = RETIRED_FLAGS[retired[0]]
+        raise UsageError(f"{retired[0]} was renamed: use {new} (the same flag in every script)")
     args = tyro_cli(argv, None)
     saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
     if saved_path is None or not saved_path.exists():
@@ -1440,7 +1492,7 @@ def start_run(args: Args, run_dir: Path):
     STOP.clear()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: STOP.set())
-    print(f"run dir: {run_dir}")
+    print(f"run directory: {run_dir}")
     return writer
 
 
@@ -1448,7 +1500,7 @@ def finish_run(run_dir: Path, writer, message: Optional[str] = None) -> None:
     writer.close()
     if message:
         print(message, file=sys.stderr)
-    print(f"run dir: {run_dir}")
+    print(f"run directory: {run_dir}")
 
 
 if __name__ == "__main__":

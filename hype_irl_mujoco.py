@@ -652,8 +652,53 @@ class SPSMeter:
             return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused)
 
 
+PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
+
+
+class LogLines:
+    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
+    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = ""):
+        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
+        self.t0 = self.last = time.monotonic()
+        self.n0 = initial
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.show()
+
+    def show(self) -> None:
+        self.last = time.monotonic()
+        rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+        done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
+        print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
+
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        if self.n != self.n0:
+            self.show()
+            self.n0 = self.n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def progress_bar(total: int, initial: int, desc: str):
+    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
     from tqdm import tqdm
+
+    if not sys.stderr.isatty():
+        return LogLines(total, initial, desc)
 
     return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
 
@@ -1649,7 +1694,7 @@ def start_run(args: Args, run_dir: Path) -> Run:
     STOP.clear()
     for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop within the step
         signal.signal(signum, lambda *_: STOP.set())
-    print(f"run dir: {run.dir}")
+    print(f"run directory: {run.dir}")
     return run
 
 
@@ -1657,7 +1702,7 @@ def finish_run(run: Run, message: Optional[str] = None) -> None:
     run.writer.close()
     if message:
         print(message, file=sys.stderr)
-    print(f"run dir: {run.dir}")
+    print(f"run directory: {run.dir}")
 
 
 if __name__ == "__main__":

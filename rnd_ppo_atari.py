@@ -108,7 +108,8 @@ class Args:
     eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json
     checkpoint_every: int = 10  # iterations between snapshots (also written at the end and on SIGINT/SIGTERM)
     keep_checkpoints: int = 3  # snapshots kept in checkpoints/ (older ones are deleted)
-    progress_bar: bool = True  # show tqdm progress bars
+    progress_bar: bool = True  # show progress (tqdm on a terminal; a plain line every 30 s in a log file)
+    torch_threads: int = 0  # torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs
     env: EnvArgs = field(default_factory=EnvArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)
     rnd: RNDArgs = field(default_factory=RNDArgs)
@@ -404,7 +405,51 @@ def check_stop(where: str) -> None:
         raise Interrupted(f"stopped by signal {where}")
 
 
+PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
+
+
+class LogLines:
+    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
+    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = ""):
+        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
+        self.t0 = self.last = time.monotonic()
+        self.n0 = initial
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.show()
+
+    def show(self) -> None:
+        self.last = time.monotonic()
+        rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+        done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
+        print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
+
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        if self.n != self.n0:
+            self.show()
+            self.n0 = self.n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def progress(total: int, desc: str, enabled: bool, initial: int = 0):
+    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
+    if enabled and not sys.stderr.isatty():
+        return LogLines(total, initial, desc)
     return tqdm(
         total=total,
         initial=initial,
@@ -749,7 +794,7 @@ def main(args: Args) -> Optional[dict]:
         restore_signals()
         world.close()
         if world.rank == 0:
-            print(f"run dir: {run_dir}", flush=True)
+            print(f"run directory: {run_dir}", flush=True)
 
 
 # ---- run management ----
@@ -765,7 +810,7 @@ OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimm
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
 # Every numeric flag's valid range, "name low high" (NaN fails every range test).
 RANGES = """
-seed 0 4294967295 | checkpoint_every 1 1e9 | keep_checkpoints 1 1e6 | env.sticky_action_prob 0 1
+seed 0 4294967295 | torch_threads 0 1024 | checkpoint_every 1 1e9 | keep_checkpoints 1 1e6 | env.sticky_action_prob 0 1
 env.max_episode_frames 4 1e8 | env.env_threads 0 1024 | ppo.total_timesteps 1 1e12 | ppo.learning_rate 1e-12 1
 ppo.adam_eps 1e-12 1 | ppo.num_envs 1 4096 | ppo.num_steps 1 1e5 | ppo.gamma 0 1 | ppo.gae_lambda 0 1
 ppo.num_minibatches 1 4096 | ppo.update_epochs 1 1000 | ppo.clip_coef 1e-6 10 | ppo.ent_coef 0 100 | ppo.vf_coef 0 100
@@ -1225,12 +1270,14 @@ def start_run(args: Args, inputs: Inputs, world: "World"):
     if inputs.device.type == "cuda":
         torch.cuda.set_device(inputs.device)
     keep_freed_memory()
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     signals = (signal.SIGINT, signal.SIGTERM)
     handlers = {s: signal.signal(s, lambda signum, _: STOP.update(signal=signum)) for s in signals}
     STOP["signal"], STOP["solo"] = 0, world.size == 1
     writer, run_dir = None, inputs.run_dir
     if world.rank == 0:
-        print(f"run dir: {run_dir}", flush=True)
+        print(f"run directory: {run_dir}", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in run_dir.rglob("*.tmp*"):
             stale.unlink()

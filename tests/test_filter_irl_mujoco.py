@@ -24,7 +24,7 @@ from conftest import (
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_mujoco_irl_artifacts,
-    assert_run_dir_printed_at_start_and_end,
+    assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
     check_help_groups,
@@ -383,7 +383,9 @@ def test_smoke_full_pipeline_writes_all_artifacts_and_a_vp9_video(run_script, ru
     video = ["--capture-video"] if rendering_available() else []
     rc, out, err = run_script(SCRIPT, *mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), *video, *TINY, timeout=300)
     assert rc == 0, err[-2000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
+    # stderr is not a terminal: plain progress lines (one every 30 s and one at the end of a phase), no tqdm bars
+    assert "\r" not in err and "expert SAC: 300/300 (100 %" in err and "): 300/300 (100 %" in err, err[-2000:]
     assert_mujoco_irl_artifacts(run_dir, experts, SCRIPT, PENDULUM)
     res = json.loads((run_dir / "results.json").read_text())
     for key in ("eval_mean", "eval_std", "normalized_return", "expert_return", "total_env_steps", "SPS"):
@@ -408,7 +410,7 @@ def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
     """A finished tiny run on cached demos (no expert phase): (run dir, demos file, its command's arguments)."""
     root = tmp_path_factory.mktemp("finished")
     demos = save_npz(root / "demos.npz", pendulum_demos)
-    args = ["--env-id", PENDULUM, "--expert.path", demos, *MUJOCO_IRL_FINISHED_RUN, "--threads", 1, *TINY]
+    args = ["--env-id", PENDULUM, "--expert.path", demos, *MUJOCO_IRL_FINISHED_RUN, "--torch-threads", 1, *TINY]
     rc, _, err = run_script_quietly(args + ["--run-dir", root / "run"])
     assert rc == 0, err[-2000:]
     return root / "run", demos, args
@@ -451,7 +453,7 @@ def test_resume_continues_from_saved_step(run_dir, demos_file):
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, on_demos(*flags)(run_dir, demos_file)), *TINY]
     ckpt = run_dir / "checkpoints" / "irl.pt"
     rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
-    assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run dir: {run_dir}", err[-2000:]
+    assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run directory: {run_dir}", err[-2000:]
     step = torch.load(ckpt, weights_only=False)["progress"]["step"]
     assert step >= 100 and not (run_dir / "results.json").exists()
     (run_dir / "checkpoints" / "irl.pt.tmp").write_bytes(b"left by a killed write")
@@ -481,7 +483,6 @@ def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, demos
         validate=fi.validate,
         unparsed=lambda flag, value: fi.main([*base, flag, value]),  # e.g. NaN for an int: the command line's turn
         created=tmp_path / "run",
-        aliases={"--torch-threads": "--threads"},
     )
 
 
@@ -653,3 +654,26 @@ def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, demos_file
     rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, "run/events.out.tfevents*", after_s=3)
     assert rc == 130 and seconds < 10 and "interrupted in the IRL phase at step 0" in err, (seconds, err[-2000:])
     assert torch.load(tmp_path / "run" / "checkpoints" / "irl.pt", weights_only=False)["progress"]["k"] == 0
+
+
+@pytest.mark.parametrize("flag", [["--threads", "2"], ["--threads=2"]])
+def test_the_retired_threads_flag_is_refused_with_a_hint(tmp_path, demos_file, flag):
+    """Issue 48 item 8: one flag name per concept; FILTER's old --threads alias exits 2 naming --torch-threads."""
+    argv = ["--env-id", PENDULUM, "--expert.path", str(demos_file), *flag, "--run-dir", str(tmp_path / "run")]
+    assert "use --torch-threads" in one_line_exit_2(lambda: fi.main(argv))
+    assert not (tmp_path / "run").exists()
+
+
+def test_progress_in_a_log_file_is_a_plain_line_every_period(monkeypatch, capsys):
+    """Issue 48 item 11: stderr not a terminal -> LogLines: a line when PROGRESS_EVERY_S has passed and one at the
+    end, never a carriage return."""
+    monkeypatch.setattr(fi.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr(fi, "PROGRESS_EVERY_S", 1e9)
+    with fi.progress_bar(10, 2, "phase") as bar:
+        bar.update(3)
+        assert capsys.readouterr().err == ""  # the period has not passed
+        monkeypatch.setattr(fi, "PROGRESS_EVERY_S", 0.0)
+        bar.set_postfix(ret="7")
+        bar.update(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("phase: 6/10 (60 %") and lines[0].endswith(", ret 7") and len(lines) == 2, lines

@@ -23,7 +23,7 @@ from conftest import (
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_mujoco_irl_artifacts,
-    assert_run_dir_printed_at_start_and_end,
+    assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
     check_help_groups,
@@ -373,7 +373,9 @@ def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_d
     smoke = [*mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), "--checkpoint-frequency", 100, *video, *TINY]
     rc, out, err = run_script(SCRIPT, *smoke, timeout=300)
     assert rc == 0, err[-2000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
+    # stderr is not a terminal: plain progress lines (one every 30 s and one at the end of a phase), no tqdm bars
+    assert "\r" not in err and "expert: 300/300 (100 %" in err and "irl: 300/300 (100 %" in err, err[-2000:]
     assert_mujoco_irl_artifacts(run_dir, experts, SCRIPT, PENDULUM)
     res = json.loads((run_dir / "results.json").read_text())
     for key in ("eval_mean", "eval_std", "expert_return", "normalized_return", "SPS", "final_rho", "wall_time_s"):
@@ -465,7 +467,7 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
     ]
     ckpt = run_dir / "checkpoints" / "irl.pt"
     rc, out, err = interrupt_when_exists(args, ckpt, wait_s=120, exit_s=60)
-    assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run dir: {run_dir}", err[-2000:]
+    assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run directory: {run_dir}", err[-2000:]
     step = torch.load(ckpt, weights_only=False)["progress"]["step"]
     assert 100 <= step < 700 and not (run_dir / "results.json").exists()
     (run_dir / "checkpoints" / "irl.pt.tmp").write_bytes(b"left by a killed write")
@@ -706,7 +708,7 @@ def test_maze_smoke_run_on_mbirl_data_writes_success_rates(run_script, run_dir, 
     flags = ["--env-id", MAZE, "--expert.expert-path", demos, "--run-dir", run_dir, "--irl.reset-prob", 0.5]
     rc, out, err = run_script(SCRIPT, *flags, *MAZE_TINY, timeout=240)
     assert rc == 0, err[-2000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
     res = json.loads((run_dir / "results.json").read_text())
     assert res["method"] == "HyPE+FILTER" and res["terminal_reward"] == "none" and res["expert_return"] == 1.0
     assert res["success_rate"] in (0.0, 0.5, 1.0) and [h["step"] for h in res["history"]] == [150, 300]

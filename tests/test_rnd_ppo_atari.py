@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
-    assert_run_dir_printed_at_start_and_end,
+    assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
     check_foreign_run_dirs_refused,
     check_help_groups,
@@ -231,6 +231,9 @@ def build_finished_run(tmp_path_factory):
         "--env-id",
         "MontezumaRevengeNoFrameskip-v4",
         *TINY,
+        "--progress-bar",
+        "--torch-threads",
+        "1",
         "--ppo.total-timesteps",
         "192",
         "--capture-video",
@@ -239,7 +242,10 @@ def build_finished_run(tmp_path_factory):
         timeout=240,
     )
     assert rc == 0, err[-3000:]
-    assert_run_dir_printed_at_start_and_end(out, run_dir)
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
+    # stderr is not a terminal: plain progress lines (one every 30 s and one at the end), no tqdm bars
+    assert "\r" not in err and "training: 192/192 (100 %" in err, err[-3000:]
+    assert json.loads((run_dir / "args.json").read_text())["args"]["torch_threads"] == 1
     return run_dir
 
 
@@ -426,6 +432,7 @@ def test_non_finite_loss_exits_3(tmp_path, monkeypatch):
 # Values of the generated cases that are valid, with their documented meaning (the test checks they validate).
 DOCUMENTED_VALID = {
     ("--seed", "0"),
+    ("--torch-threads", "0"),
     ("--env.sticky-action-prob", "0"),
     ("--env.env-threads", "0"),
     ("--ppo.gamma", "0"),
