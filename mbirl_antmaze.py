@@ -908,9 +908,9 @@ def train_ensemble(
     cosine_from: int | None = None,
 ):
     """Bootstrap minibatches per member (Adam, NLL) until no member improves its validation MSE by
-    1 % for `patience` epochs (or max_epochs, or `stop()` turns true); every member keeps its best
-    weights; elites = lowest validation MSE. `cosine_from`: minibatches already run on the cosine
-    learning-rate schedule (None: off)."""
+    1 % for `patience` epochs (or max_epochs, or `stop()` turns true: asked every minibatch, an
+    epoch cut short is not scored); every member keeps its best weights; elites = lowest validation
+    MSE. `cosine_from`: minibatches already run on the cosine learning-rate schedule (None: off)."""
     model.set_normaliser(inputs[train_idx])
     # a tensor lr and capturable Adam: a CUDA graph can replay the step
     cuda = inputs.device.type == "cuda"
@@ -939,7 +939,11 @@ def train_ensemble(
         # bootstrap indices of every member, one copy to the device per epoch
         boot = train_idx[torch.randint(n, (E, n), generator=generator)].to(inputs.device)
         finite.fill_(True)
+        cut = False
         for start in range(0, n, m.batch_size):
+            cut = bool(stop and stop())  # a signal is answered within one minibatch (an epoch can take minutes)
+            if cut:
+                break
             idx = boot[:, start : start + m.batch_size]
             if cosine_from is not None:
                 lr.fill_(cosine_lr(m.lr, cosine_from + batches))
@@ -947,6 +951,8 @@ def train_ensemble(
             graphs(idx.shape[1], (idx,))
         if not finite:
             raise NonFiniteLoss(f"model training: non-finite NLL in epoch {epoch + 1}; check the expert data")
+        if cut:
+            break
         with torch.no_grad():
             mean, logvar = model(x_val)
             val_mse = (mean - y_val).pow(2).mean(dim=(1, 2)).cpu()
@@ -1436,13 +1442,7 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
     stop flag of SIGINT/SIGTERM, logging, evaluation and checkpoints. Returns (counters, agent), or
     None when interrupted."""
     h, device, gen, rng = args.hyper, run.device, run.generator, run.rng
-    env = make_env(args.env_id)
-    disc_envs = [make_env(args.env_id) for _ in range(min(args.disc.trajectories, REAL_ENVS))]
-    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    low, high = env.action_space.low, env.action_space.high
-    s = make_hyper_state(args, demos, model, elites, obs_dim, act_dim, device)
-    expert_sa = torch.cat(s.expert.all()[:2], -1)
-    reset_states = torch.as_tensor(padded_reset_states(demos), device=device)
+    s = make_hyper_state(args, demos, model, elites, run.obs_dim, run.act_dim, device)
     c = run.resume(s)
     # 0. Mazes: behaviour cloning of the TD3+BC actor on the expert data before any real step.
     while env_family(args.env_id) != "mujoco" and c["bc_steps"] < h.bc_init_steps:
@@ -1450,6 +1450,13 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
             return run.checkpoint(s, c)
         s.agent.bc_update(*s.expert.sample(args.actor.batch_size, gen)[:2])
         c["bc_steps"] += 1
+    if run.stop_requested():  # (before the envs are built: a maze takes ~0.7 s each)
+        return run.checkpoint(s, c)
+    env = make_env(args.env_id)
+    disc_envs = [make_env(args.env_id) for _ in range(min(args.disc.trajectories, REAL_ENVS))]
+    low, high = env.action_space.low, env.action_space.high
+    expert_sa = torch.cat(s.expert.all()[:2], -1)
+    reset_states = torch.as_tensor(padded_reset_states(demos), device=device)
     # the real episode: a fresh run's first reset, or a resumed run's episode in progress
     obs = restore_episode(env, c, s.policy, args.seed) if c["step"] else new_episode(env, c, 0, args.seed)
     last = {}

@@ -672,6 +672,35 @@ def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_p
     assert "qpos" in one_line_exit_2(lambda: mb.main(mb.cli(["--expert.only", "--expert.expert-path", str(bad)])))
 
 
+def test_sigterm_in_a_long_pretraining_epoch_is_answered_within_10_s(run_dir, experts_dir):
+    """Issue 48 item 9: an epoch of minibatches of one row on a 512-wide ensemble takes about a minute on a CPU;
+    stop() is asked every minibatch, so SIGTERM inside the first epoch exits 130 within 10 s (it waited for the
+    epoch's end), the pretraining saved as stopped by the signal."""
+    import subprocess
+    import time
+
+    from conftest import subprocess_env
+
+    cmd = [sys.executable, str(REPO_ROOT / "mbirl_antmaze.py"), "--run-dir", str(run_dir)]
+    cmd += ["--expert.experts-dir", str(experts_dir), *TINY, "--model.hidden", "512", "--model.batch-size", "1"]
+    cmd += ["--model.pretrain-max-epochs", "0", "--model.patience", "1000000"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (run_dir / "args.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(3.0)  # into the first epoch of pretraining
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("no exit within 60 s of SIGTERM")
+    elapsed = time.time() - t0
+    assert proc.returncode == 130 and elapsed < 10, (elapsed, err.decode()[-2000:])
+    assert torch.load(run_dir / "model_pretrained.pt", weights_only=False)["info"]["stopped"]
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 def _validate(tmp_path, **overrides):
     args = mb.Args(run_dir=str(tmp_path / "run"), **overrides)
@@ -830,9 +859,13 @@ def test_pretraining_has_its_own_epoch_cap(umaze_demos):
 
     info = pretrain()
     assert info["epochs"] == 3 and not info["stopped"]
-    calls = iter(range(100))
-    info = pretrain(stop=lambda: next(calls) >= 2)
-    assert info["epochs"] == 2 and info["stopped"]  # stop() is asked before each epoch
+    per_epoch = 1 + info["batches"] // 3  # stop() is asked before each epoch and each of its minibatches
+    calls = iter(range(1000))
+    info = pretrain(stop=lambda: next(calls) >= 2 * per_epoch)
+    assert info["epochs"] == 2 and info["stopped"]
+    calls = iter(range(1000))
+    info = pretrain(stop=lambda: next(calls) >= 2 * per_epoch + 2)  # mid-epoch: that epoch is not scored
+    assert info["epochs"] == 2 and info["stopped"] and info["batches"] == 2 * (per_epoch - 1) + 1
 
 
 def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run_dir, tmp_path, umaze_demos):
