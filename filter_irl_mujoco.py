@@ -1437,6 +1437,7 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT}; pass another --run-dir")
     if (run_dir / "results.json").exists():
         load(run_dir / "results.json", "results")
+        check_finished_with_same_flags(run_dir, load(run_dir / "args.json", "args").get("args", {}), args)
         return run_dir, None, None, {}
     check_writable(run_dir, "--run-dir")
     cache, path = Path(args.expert.experts_dir) / args.env_id / "demos.npz", args.expert.path
@@ -1458,6 +1459,29 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
     if not args.expert.only:
         checkpoints["irl"] = load_checkpoint(run_dir / "checkpoints" / "irl.pt", args, info, "irl_checkpoint")
     return run_dir, info, demos, checkpoints
+
+
+def changed_flags(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """The flags whose value in this command differs from the run's args.json ("--flag NEW (was OLD)"); the run dir
+    and --eval-only aside, and settings args.json lacks (added since) count as unchanged."""
+    changed = []
+    for key, was in saved.items():
+        if key not in now or (not prefix and key in ("run_dir", "eval_only")):
+            continue
+        if isinstance(was, dict) and isinstance(now[key], dict):
+            changed += changed_flags(was, now[key], f"{prefix}{key}.")
+        elif was != now[key]:
+            changed.append(f"--{(prefix + key).replace('_', '-')} {now[key]} (was {was})")
+    return changed
+
+
+def check_finished_with_same_flags(run_dir: Path, saved: dict, args) -> None:
+    """A finished run re-run: the same flags -> nothing to do (exit 0); other flags -> UsageError naming them."""
+    changed = changed_flags(saved, json.loads(json.dumps(dataclasses.asdict(args))))
+    if changed:
+        flags = ", ".join(changed)
+        fix = "re-run with the flags of args.json, or pass a new --run-dir"
+        raise UsageError(f"{run_dir} holds a finished run with other settings: {flags}; {fix}")
 
 
 # ---- starting and ending a run

@@ -895,7 +895,9 @@ def validate_run_dir(args: Args, device, rom: str) -> Inputs:
     run_dir = Path(args.run_dir or default)
     check_run_dir(run_dir, args.env_id)
     if (run_dir / "results.json").exists():
-        return Inputs(run_dir, device, rom, finished=read_json(run_dir / "results.json"))
+        finished = read_json(run_dir / "results.json")
+        check_finished_with_same_flags(run_dir, read_json(run_dir / "args.json").get("args", {}), args)
+        return Inputs(run_dir, device, rom, finished=finished)
     snapshot = latest_snapshot(run_dir)
     changed = [k for k in ARCHITECTURE if snapshot and snapshot["config"][k] != getattr(args.policy, k)]
     if changed:
@@ -945,6 +947,29 @@ def resume_command(run_dir: Path, world_size: int = 1, argv: Optional[list] = No
             kept.append(arg)
     launcher = ["torchrun", f"--nproc-per-node={world_size}"] if world_size > 1 else ["python"]
     return shlex.join([*launcher, script, *kept, "--run-dir", str(run_dir)])
+
+
+def changed_flags(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """The flags whose value in this command differs from the run's args.json ("--flag NEW (was OLD)"); the run dir
+    and --eval-only aside, and settings args.json lacks (added since) count as unchanged."""
+    changed = []
+    for key, was in saved.items():
+        if key not in now or (not prefix and key in ("run_dir", "eval_only")):
+            continue
+        if isinstance(was, dict) and isinstance(now[key], dict):
+            changed += changed_flags(was, now[key], f"{prefix}{key}.")
+        elif was != now[key]:
+            changed.append(f"--{(prefix + key).replace('_', '-')} {now[key]} (was {was})")
+    return changed
+
+
+def check_finished_with_same_flags(run_dir: Path, saved: dict, args) -> None:
+    """A finished run re-run: the same flags -> nothing to do (exit 0); other flags -> UsageError naming them."""
+    changed = changed_flags(saved, json.loads(json.dumps(dataclasses.asdict(args))))
+    if changed:
+        flags = ", ".join(changed)
+        fix = "re-run with the flags of args.json, or pass a new --run-dir"
+        raise UsageError(f"{run_dir} holds a finished run with other settings: {flags}; {fix}")
 
 
 def read_json(path: Path):

@@ -677,3 +677,14 @@ def test_progress_in_a_log_file_is_a_plain_line_every_period(monkeypatch, capsys
         bar.update(1)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("phase: 6/10 (60 %") and lines[0].endswith(", ret 7") and len(lines) == 2, lines
+
+
+def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run):
+    """Issue 48 item 6: the same flags -> exit 0 "nothing to do" (the test above); a flag that differs from args.json
+    -> exit 2, one line naming each such flag with both values; nothing written."""
+    run_dir = finished_run[0]
+    before = file_bytes(run_dir)
+    argv = ["--run-dir", str(run_dir), "--seed", "4", "--irl.total-timesteps", "240"]
+    line = one_line_exit_2(lambda: fi.main(argv))
+    assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
+    assert file_bytes(run_dir) == before

@@ -839,3 +839,14 @@ def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, experts_di
     rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, "run/events.out.tfevents*", after_s=3)
     assert rc == 130 and seconds < 10 and "interrupted in the IRL phase at step 0" in err, (seconds, err[-2000:])
     assert torch.load(tmp_path / "run" / "checkpoints" / "irl.pt", weights_only=False)["progress"]["k"] == 0
+
+
+def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run):
+    """Issue 48 item 6: the same flags -> exit 0 "nothing to do" (the test above); a flag that differs from args.json
+    -> exit 2, one line naming each such flag with both values; nothing written."""
+    run_dir = finished_run[0]
+    before = file_bytes(run_dir)
+    argv = ["--run-dir", str(run_dir), "--seed", "4", "--irl.total-timesteps", "240"]
+    line = one_line_exit_2(lambda: hy.main(argv))
+    assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
+    assert file_bytes(run_dir) == before

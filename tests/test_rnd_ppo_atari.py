@@ -26,6 +26,7 @@ from conftest import (
     each_file_corrupted,
     eval_only_twice,
     exit_2_naming_the_file,
+    file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
     numeric_flag_cases,
@@ -222,25 +223,15 @@ def test_gru_policy_act_keeps_and_resets_its_state():
 # ---------------------------------------------------------------------------------------------------------------
 # Subprocess runs of the real command, and the user contract
 # ---------------------------------------------------------------------------------------------------------------
+FINISHED_RUN = ["--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--progress-bar", "--torch-threads", "1"]
+FINISHED_RUN += ["--ppo.total-timesteps", "192", "--capture-video"]  # the command of the finished tiny run
+
+
 def build_finished_run(tmp_path_factory):
     from conftest import run_script_subprocess
 
     run_dir = tmp_path_factory.mktemp("rnd") / "run"
-    rc, out, err = run_script_subprocess(
-        SCRIPT,
-        "--env-id",
-        "MontezumaRevengeNoFrameskip-v4",
-        *TINY,
-        "--progress-bar",
-        "--torch-threads",
-        "1",
-        "--ppo.total-timesteps",
-        "192",
-        "--capture-video",
-        "--run-dir",
-        run_dir,
-        timeout=240,
-    )
+    rc, out, err = run_script_subprocess(SCRIPT, *FINISHED_RUN, "--run-dir", run_dir, timeout=240)
     assert rc == 0, err[-3000:]
     assert_run_directory_printed_at_start_and_end(out, run_dir)
     # stderr is not a terminal: plain progress lines (one every 30 s and one at the end), no tqdm bars
@@ -280,11 +271,14 @@ def check_smoke_run_writes_all_artifacts(finished_run, run_script):
         assert tag in tags and all(math.isfinite(v) for _, v in tags[tag]), tag
     assert [s for s, _ in tags["charts/SPS"]] == [128, 192]  # SPS starts after the first iteration
     assert (run_dir / "curves.png").stat().st_size > 1000
-    # a finished run is never overwritten: exit 0, nothing changed
-    before = (run_dir / "results.json").read_bytes()
-    rc, out, err = run_script(SCRIPT, "--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--run-dir", run_dir)
+    # a finished run is never overwritten: the same command exits 0, nothing changed; other flags exit 2 naming them
+    before = file_bytes(run_dir)
+    rc, out, err = run_script(SCRIPT, *FINISHED_RUN, "--run-dir", run_dir)
     assert rc == 0 and "finished" in out, err
-    assert (run_dir / "results.json").read_bytes() == before
+    changed = [*FINISHED_RUN, "--seed", "2", "--ppo.total-timesteps", "256", "--run-dir", str(run_dir)]
+    line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(changed)))
+    assert "--seed 2 (was 1)" in line and "--ppo.total-timesteps 256 (was 192)" in line, line
+    assert file_bytes(run_dir) == before
 
 
 def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch):
