@@ -987,14 +987,17 @@ def model_rollout(
     done_fn,
     generator=None,
     goal: int = 2,
+    stop=None,
 ):
     """Batched rollouts in the model: each row's next state comes from a uniformly random elite
     (rows are shuffled and split into one equal group per elite, so only the elites run), sampled
     from its Gaussian; the goal is kept. Actions: the actor's (TD3: plus N(0, expl_noise^2); SAC:
-    sampled). Rows that terminate stop."""
+    sampled). Rows that terminate stop. None when `stop()` turns true (asked every rollout step)."""
     obs, out = start_obs, []
     k = len(elites)
     for _ in range(length):
+        if stop is not None and stop():
+            return None
         act = actor.rollout_action(obs, expl_noise, generator)
         x = torch.cat([obs, act], -1)
         B = len(x)
@@ -1326,9 +1329,7 @@ def make_hyper_state(args: Args, demos: dict, model, elites, obs_dim: int, act_d
 
 def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict | None:
     """Step 2a: the ensemble on the whole hybrid buffer (a random validation split); new elites.
-    None when a signal stopped it: the model, elites and generator are put back as they were, so
-    the resumed run retrains from the same point (resume is exact)."""
-    before = {k: v.clone() for k, v in s.model.state_dict().items()}, s.elites, gen.get_state()
+    None when a signal stopped it."""
     o, a, no, _ = s.hybrid.all()
     inputs, targets = model_io(o, a, no, goal_dims(args.env_id))
     perm = torch.randperm(len(inputs), generator=gen)
@@ -1338,9 +1339,6 @@ def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict | None:
         s.model, inputs, targets, perm[n_val:], perm[:n_val], args.model, gen, stop=stop, cosine_from=cosine_from
     )
     if info["stopped"]:
-        s.model.load_state_dict(before[0])
-        s.elites = before[1]
-        gen.set_state(before[2])
         return None
     c["model_trainings"] += 1
     c["model_batches"] += info["batches"]
@@ -1348,7 +1346,7 @@ def retrain_model(s: HyperState, c: dict, args: Args, gen, stop) -> dict | None:
     return out | {"model_epochs": info["epochs"], "model_val_mse": float(np.mean(info["val_mse"]))}
 
 
-def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Tensor, gen, rng) -> dict:
+def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Tensor, gen, rng, stop=None) -> dict:
     """Step 2b: model rollouts into the learner buffer, started from expert states in the window
     sliding back over expert time (mazes) or from expert OR policy states (MuJoCo: one coin flip per
     refill, as the reference)."""
@@ -1374,10 +1372,30 @@ def refill_rollouts(s: HyperState, args: Args, step: int, reset_states: torch.Te
         termination_fn(args.env_id),
         gen,
         goal_dims(args.env_id),
+        stop,
     )
+    if rollouts is None:  # a signal: nothing added
+        return None
     # (the rollout's own early stop syncs with the device, so the clock is honest)
     s.learner.add(*rollouts)
     return out | {"rollout_length": length, "rollout_sps": len(rollouts[0]) / (time.perf_counter() - t0)}
+
+
+def model_phase(s: HyperState, c: dict, args: Args, step: int, reset_states, gen, rng, stop) -> dict | None:
+    """Step 2: retrain the model (2a), refill the model rollouts (2b). None when a signal stopped either: the
+    model, elites, generators and counters are put back as they were, so the resumed run redoes step 2 from the
+    same point (resume is exact) while the signal is answered within one minibatch or rollout step."""
+    model = {k: v.clone() for k, v in s.model.state_dict().items()}
+    before = model, s.elites, gen.get_state(), rng.bit_generator.state, c["model_trainings"], c["model_batches"]
+    trained = retrain_model(s, c, args, gen, stop)
+    rolled = None if trained is None else refill_rollouts(s, args, step, reset_states, gen, rng, stop)
+    if rolled is None:
+        s.model.load_state_dict(before[0])
+        s.elites, rng.bit_generator.state = before[1], before[3]
+        gen.set_state(before[2])
+        c["model_trainings"], c["model_batches"] = before[4], before[5]
+        return None
+    return trained | rolled
 
 
 def update_actor(s: HyperState, args: Args, gen, timed: bool) -> dict:
@@ -1481,12 +1499,11 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
         if step > h.exploration_steps:
             # 2. Every freq_train_model steps (but the last): retrain the model, refill rollouts.
             if (step % h.freq_train_model == 0 and step < h.total_timesteps) or s.learner.size == 0:
-                trained = retrain_model(s, c, args, gen, run.stop_requested)
-                if trained is None:  # stopped by a signal and undone: redone first when the run resumes
+                done = model_phase(s, c, args, step, reset_states, gen, rng, run.stop_requested)
+                if done is None:  # stopped by a signal and undone: redone first when the run resumes
                     c["pending"] = True
                     continue
-                last.update(trained)
-                last.update(refill_rollouts(s, args, step, reset_states, gen, rng))
+                last.update(done)
             # 3. The actor learns on model rollouts, rewarded by -f.
             last.update(update_actor(s, args, gen, timed=step % args.eval.log_frequency == 0))
             # 4. The discriminator f on fresh real trajectories of the policy (their steps counted).

@@ -527,9 +527,9 @@ def _same_final_state(first: Path, second: Path) -> None:
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts_dir, monkeypatch):
     """Issue 48 item 7: resume is exact on the CPU. Killed (SIGTERM) at the first checkpoint (mid-loop, mid-episode)
-    or in the middle of the loop's second model retraining, then resumed: the same counters (4 model trainings, not
-    5), evaluations and weights as the uninterrupted run. The model rollouts are saved, the real episode in progress
-    is replayed, and a retraining a signal stopped is undone and redone on resume."""
+    or in the middle of the loop's second model retraining or second refill of model rollouts, then resumed: the
+    same counters (4 model trainings, not 5), evaluations and weights as the uninterrupted run. The model rollouts
+    are saved, the real episode in progress is replayed, and a model phase a signal stopped is undone and redone."""
     flags = ["--expert.experts-dir", str(experts_dir), *TINY, "--hyper.total-timesteps", "800", "--torch-threads", "1"]
     flags += ["--eval.checkpoint-frequency", "200", "--eval.frequency", "400"]
     script = str(REPO_ROOT / "mbirl_antmaze.py")
@@ -545,32 +545,34 @@ def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts
     rc, out, err = run_script_subprocess(script, "--run-dir", tmp_path / "killed", timeout=240)
     assert rc == 0 and "resumed at real step" in out and "warning" not in out, err[-2000:]
     _same_final_state(tmp_path / "whole", tmp_path / "killed")
-    # SIGTERM in the middle of the third call of train_ensemble (pretraining, then the loop's first two retrainings)
-    train, calls = mb.train_ensemble, []
+    # SIGTERM in the middle of the third call of train_ensemble (pretraining, then the loop's first two retrainings),
+    # and in the second refill of model rollouts (after its retraining: both are undone and redone)
+    for name, call, poll in (("train_ensemble", 3, 1), ("model_rollout", 2, 0)):
+        original, calls = getattr(mb, name), []
 
-    def signalled(*a, **kw):
-        calls.append(1)
-        bound, polls = inspect.signature(train).bind(*a, **kw), iter(range(10**6))
-        stop = bound.arguments["stop"]
+        def signalled(*a, original=original, calls=calls, call=call, poll=poll, **kw):
+            calls.append(1)
+            bound, polls = inspect.signature(original).bind(*a, **kw), iter(range(10**6))
+            stop = bound.arguments["stop"]
 
-        def stop_after_one_epoch():
-            if len(calls) == 3 and next(polls) == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return stop()
+            def stop_then():
+                if len(calls) == call and next(polls) == poll:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return stop()
 
-        bound.arguments["stop"] = stop_after_one_epoch
-        return train(*bound.args, **bound.kwargs)
+            bound.arguments["stop"] = stop_then
+            return original(*bound.args, **bound.kwargs)
 
-    monkeypatch.setattr(mb, "train_ensemble", signalled)
-    main = ["--run-dir", str(tmp_path / "mid-training"), *flags]
-    code, err = quiet_main(lambda: mb.main(mb.cli(main)))
-    assert code == 130 and len(calls) == 3, err[-2000:]
-    saved = torch.load(tmp_path / "mid-training" / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
-    assert saved["pending"] and saved["model_trainings"] == 1 and saved["step"] == 250, saved
-    monkeypatch.setattr(mb, "train_ensemble", train)
-    code, err = quiet_main(lambda: mb.main(mb.cli(main[:2])))
-    assert code == 0, err[-2000:]
-    _same_final_state(tmp_path / "whole", tmp_path / "mid-training")
+        monkeypatch.setattr(mb, name, signalled)
+        main = ["--run-dir", str(tmp_path / name), *flags]
+        code, err = quiet_main(lambda: mb.main(mb.cli(main)))  # noqa: B023
+        assert code == 130 and len(calls) == call, err[-2000:]
+        saved = torch.load(tmp_path / name / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
+        assert saved["pending"] and saved["model_trainings"] == 1 and saved["step"] == 250, saved
+        monkeypatch.setattr(mb, name, original)
+        code, err = quiet_main(lambda: mb.main(mb.cli(main[:2])))  # noqa: B023
+        assert code == 0, err[-2000:]
+        _same_final_state(tmp_path / "whole", tmp_path / name)
 
 
 def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_resumes(run_dir, experts_dir):
@@ -674,8 +676,8 @@ def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_p
 
 def test_sigterm_in_a_long_pretraining_epoch_is_answered_within_10_s(run_dir, experts_dir):
     """Issue 48 item 9: an epoch of minibatches of one row on a 512-wide ensemble takes about a minute on a CPU;
-    stop() is asked every minibatch, so SIGTERM inside the first epoch exits 130 within 10 s (it waited for the
-    epoch's end), the pretraining saved as stopped by the signal."""
+    stop() is asked every minibatch, so SIGTERM inside the first epoch cuts it short and exits 130 within 10 s on an
+    idle machine (it waited for the epoch's end), the pretraining saved as stopped by the signal."""
     import subprocess
     import time
 
@@ -697,8 +699,11 @@ def test_sigterm_in_a_long_pretraining_epoch_is_answered_within_10_s(run_dir, ex
         proc.kill()
         pytest.fail("no exit within 60 s of SIGTERM")
     elapsed = time.time() - t0
-    assert proc.returncode == 130 and elapsed < 10, (elapsed, err.decode()[-2000:])
-    assert torch.load(run_dir / "model_pretrained.pt", weights_only=False)["info"]["stopped"]
+    info = torch.load(run_dir / "model_pretrained.pt", weights_only=False)["info"]
+    # the first epoch (641 minibatches) cut short: the signal did not wait for its end, whatever the machine's load
+    assert proc.returncode == 130 and info["stopped"] and info["epochs"] == 0 and info["batches"] < 641, info
+    idle = os.getloadavg()[0] < (os.cpu_count() or 1)  # (10 s is the promise on an idle machine)
+    assert elapsed < (10 if idle else 60), (elapsed, err.decode()[-2000:])
 
 
 # ------------------------------------------------------------------------------------------------ bad input
