@@ -1934,7 +1934,7 @@ def check_finished(run_dir: Path, args) -> None:
     now = settings(args)  # (a setting args.json lacks is newer than the run: its default applies)
     differ = [k for k in sorted(now.keys() & saved.keys()) if k not in NOT_SETTINGS and now[k] != saved[k]]
     if differ:
-        flags = ", ".join(f"--{k.replace('_', '-')} {now.get(k)} (args.json: {saved.get(k)})" for k in differ)
+        flags = ", ".join(f"--{k.replace('_', '-')} {now[k]} (was {saved[k]})" for k in differ)
         raise UsageError(f"{run_dir} holds a finished run with other settings: {flags}; pass a new --run-dir")
     raise AlreadyFinished(f"{run_dir} already holds a finished run (results.json); nothing to do")
 

@@ -623,7 +623,7 @@ def test_a_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_
         code, err = quiet_main(lambda: module.main(module.cli(argv)))  # noqa: B023
         line = err.strip()
         assert code == 2 and len(line.splitlines()) == 1, err
-        assert "--seed 7 (args.json: 1)" in line and "--eval.log-frequency 500" in line, line
+        assert "--seed 7 (was 1)" in line and "--eval.log-frequency 500" in line, line
         assert file_bytes(run_dir) == before and not (run_dir / "evaluations").exists()
 
 
