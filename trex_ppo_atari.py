@@ -1150,7 +1150,7 @@ def refuse_changed_flags(run_dir: Path, saved: dict, args: Args) -> None:
     diff, missing = [], object()
     for key, value in now.items():
         if key not in RERUN_FREE and old.get(key, missing) != value:
-            diff.append(f"--{key.replace('_', '-')} {old.get(key)} -> {value}")
+            diff.append(f"--{key.replace('_', '-')} {value} (was {old.get(key)})")
     if diff:
         raise UsageError(
             f"{run_dir} holds a finished run made with other flags ({', '.join(diff)} against its "

@@ -663,10 +663,10 @@ def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_ch
     assert code == 0 and "nothing to do" in out, out
     assert out.startswith(f"run directory: {run_dir}\n"), out
     for extra, named in (
-        (["--loop.real-steps", "256"], "--loop.real-steps 128 -> 256"),
-        (["--seed", "2"], "--seed 1 -> 2"),
-        (["--env.num-envs", "4", "--ppo.num-envs", "4"], "--env.num-envs 2 -> 4, --ppo.num-envs 2 -> 4"),
-        (["--eval.grid-noops", "3"], "--eval.grid-noops [8, 0] -> [3]"),
+        (["--loop.real-steps", "256"], "--loop.real-steps 256 (was 128)"),
+        (["--seed", "2"], "--seed 2 (was 1)"),
+        (["--env.num-envs", "4", "--ppo.num-envs", "4"], "--env.num-envs 4 (was 2), --ppo.num-envs 4 (was 2)"),
+        (["--eval.grid-noops", "3"], "--eval.grid-noops [3] (was [8, 0])"),
     ):
         line = one_line_exit_2(lambda: sw.main(tyro.cli(sw.Args, args=argv + extra)))
         assert named in line and "finished" in line, line

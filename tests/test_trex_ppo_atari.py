@@ -343,7 +343,7 @@ def check_whole_pipeline_smoke(finished_run, run_script):
     rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, *FINISHED_RUN_FLAGS, timeout=60)
     assert rc == 0 and "nothing to do" in out, err[-2000:]
     rc, out, err = run_script(SCRIPT, "--run-dir", run_dir, timeout=60)
-    assert rc == 2 and "--ppo.num-envs 2 -> 8" in err and len(err.strip().splitlines()) == 1, err
+    assert rc == 2 and "--ppo.num-envs 8 (was 2)" in err and len(err.strip().splitlines()) == 1, err
     assert {p: p.read_bytes() for p in run_dir.glob("*.json")} == before
 
 
@@ -627,9 +627,9 @@ def test_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_ch
     code, _ = quiet_main(lambda: trex.main(trex.parse_args(same)))
     assert code == 0
     for extra, named in (
-        (["--policy.total-timesteps", "512"], "--policy.total-timesteps 256 -> 512"),
-        (["--seed", "2"], "--seed 1 -> 2"),
-        (["--ppo.num-envs", "4", "--eval.seeds", "7"], "--ppo.num-envs 2 -> 4, --eval.seeds [1234"),
+        (["--policy.total-timesteps", "512"], "--policy.total-timesteps 512 (was 256)"),
+        (["--seed", "2"], "--seed 2 (was 1)"),
+        (["--ppo.num-envs", "4", "--eval.seeds", "7"], "--ppo.num-envs 4 (was 2), --eval.seeds [7] (was [1234"),
     ):
         line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv + extra)))
         assert named in line and "finished" in line, line
