@@ -20,6 +20,7 @@ import io
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -566,3 +567,11 @@ def assert_run_directory_printed_at_start_and_end(out: str, run_dir: Path) -> No
     lines = out.splitlines()
     expected = f"run directory: {run_dir}"
     assert lines[0] == expected and lines[-1] == expected, out[-2000:]
+
+
+def printed_resume_command(err: str) -> list[str]:
+    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
+    line = next(x for x in err.splitlines() if "resume with: " in x)
+    command = shlex.split(line.split("resume with: ", 1)[1])
+    assert command[0] == "python", line
+    return [sys.executable, *command[1:]]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -39,6 +38,7 @@ from conftest import (
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
+    printed_resume_command,
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
@@ -608,14 +608,6 @@ def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finishe
     assert code == 3 and len(errors) == 1, err[-2000:]
     assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
     assert not (tmp_path / "nan" / "results.json").exists()
-
-
-def printed_resume_command(err: str) -> list[str]:
-    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
-    line = next(x for x in err.splitlines() if "resume with: " in x)
-    command = shlex.split(line.split("resume with: ", 1)[1])
-    assert command[0] == "python", line
-    return [sys.executable, *command[1:]]
 
 
 def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, demos_file):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ from conftest import (
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
+    printed_resume_command,
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
@@ -785,14 +785,6 @@ def test_antmaze_layout_expert_reset_and_a_tiny_run(tmp_path):
     assert code == 0, err[-2000:]
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert res["env_id"] == ant and res["success_rate"] in (0.0, 1.0) and res["policy_env_steps"] == 150
-
-
-def printed_resume_command(err: str) -> list[str]:
-    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
-    line = next(x for x in err.splitlines() if "resume with: " in x)
-    command = shlex.split(line.split("resume with: ", 1)[1])
-    assert command[0] == "python", line
-    return [sys.executable, *command[1:]]
 
 
 def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, experts_dir):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from conftest import (
     interrupt_when_found,
     numeric_flag_cases,
     one_line_exit_2,
+    printed_resume_command,
     quiet_main,
     run_contract_snippet,
     subprocess_env,
@@ -542,14 +542,6 @@ def test_help_is_grouped_by_phase():
         groups=("env", "ppo", "rnd", "policy", "eval"),
         absent=("--batch-size", "--num-iterations "),  # derived values are not flags
     )
-
-
-def printed_resume_command(err: str) -> list[str]:
-    """The command an interrupted run printed after "resume with: ", ready to run (python -> this interpreter)."""
-    line = next(x for x in err.splitlines() if "resume with: " in x)
-    command = shlex.split(line.split("resume with: ", 1)[1])
-    assert command[0] == "python", line
-    return [sys.executable, *command[1:]]
 
 
 @pytest.mark.slow
