@@ -1692,7 +1692,7 @@ class RunContext:
             stale.unlink()
         if not (self.run_dir / "args.json").exists():
             atomic_json(self.run_dir / "args.json", {"script": script, **dataclasses.asdict(args)})
-        print(f"run dir: {self.run_dir}", flush=True)
+        print(f"run directory: {self.run_dir}", flush=True)
         if args.track:
             import wandb
 

@@ -271,10 +271,6 @@ def check_numeric_flag_cases(defaults, cases, valid, *, main, validate, unparsed
 
 
 # ---- the run contract (docs/CONTRACT.md): mechanics shared by the scripts' tests
-def assert_run_dir_printed_at_start_and_end(out: str, run_dir: Path) -> None:
-    """The run dir is the first and the last line a run prints on stdout."""
-    lines = out.splitlines()
-    assert lines[0] == f"run dir: {run_dir}" and lines[-1] == f"run dir: {run_dir}", out[-2000:]
 
 
 def file_bytes(folder: Path) -> dict[Path, bytes]:
