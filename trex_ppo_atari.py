@@ -22,6 +22,7 @@ import math
 import os
 import random
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -981,7 +982,7 @@ def main(args: Args) -> Optional[dict]:
         return run_pipeline(args, game, run_dir, found, device, writer)
     # a UsageError here: the collected demos are unusable
     except (UsageError, NonFiniteLoss, Interrupted) as e:
-        resume = "; re-run the same command to resume" if isinstance(e, Interrupted) else ""
+        resume = f"; resume with: {resume_command(run_dir)}" if isinstance(e, Interrupted) else ""
         print(f"{'interrupted' if resume else 'error'}: {e}{resume}", file=sys.stderr)
         raise SystemExit(e.exit_code) from None
     finally:
@@ -997,6 +998,19 @@ class UsageError(Exception):  # bad input: main prints the one-line message and 
 
 class NonFiniteLoss(Exception):  # a loss became NaN or infinite
     exit_code = 3
+
+
+def resume_command(run_dir: Path) -> str:
+    """The exact command that resumes this run: its own flags with --run-dir set (the default run
+    dir ends in a timestamp, so the same command alone would start a new run)."""
+    argv, kept = list(sys.argv[1:]), []
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("--run-dir", "--run_dir"):
+            argv = argv[1:]
+        elif not arg.startswith(("--run-dir=", "--run_dir=")):
+            kept.append(arg)
+    return shlex.join(["python", sys.argv[0], *kept, "--run-dir", str(run_dir)])
 
 
 class Interrupted(Exception):  # SIGINT/SIGTERM arrived; the phase saved what it could

@@ -30,6 +30,7 @@ from conftest import (
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
+    printed_resume_command,
     quiet_main,
     run_contract_snippet,
 )
@@ -429,7 +430,8 @@ def test_resume_between_phases_and_inside_ppo(run_dir, tmp_path, run_script):
     ckpt = run_dir / "checkpoints" / "policy.pt"
     rc, out, err = interrupt_when_exists([sys.executable, str(REPO_ROOT / SCRIPT), *flags], ckpt, wait_s=240)
     assert rc == 130, err[-2000:]
-    assert "re-run the same command to resume" in err
+    resume = printed_resume_command(err)  # the exact command, --run-dir included
+    assert resume[2:] == [*map(str, flags[2:]), "--run-dir", str(run_dir)], resume
     assert (run_dir / "learning_curve.png").exists()  # plotted during training
     state = torch.load(ckpt, weights_only=False)["state"]
     k = state["iteration"]
