@@ -571,3 +571,27 @@ def printed_resume_command(err: str) -> list[str]:
     command = shlex.split(line.split("resume with: ", 1)[1])
     assert command[0] == "python", line
     return [sys.executable, *command[1:]]
+
+
+def check_printed_command_resumes(cmd: list, cwd: Path, resumed) -> None:
+    """A run started without --run-dir (its default dir ends in a timestamp) is interrupted once
+    runs/*/checkpoints/irl.pt exists; the command its message prints, run exactly as printed, resumes in the
+    same run dir: `resumed(step, stdout + stderr)` sees the resume message, and the step counter goes on."""
+    import torch
+
+    rc, _, err, _ = interrupt_when_found(cmd, cwd, "runs/*/checkpoints/irl.pt")
+    assert rc == 130, err[-2000:]
+    (run_dir,) = (cwd / "runs").iterdir()
+
+    def step_of() -> int:
+        return torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
+
+    step = step_of()
+    resume = printed_resume_command(err)
+    assert resume[-2:] == ["--run-dir", str(run_dir.relative_to(cwd))], resume
+    for events in run_dir.glob("events.out.tfevents*"):  # its next one shows the resumed run has started
+        events.unlink()
+    rc, out, err, _ = interrupt_when_found(resume, cwd, "runs/*/events.out.tfevents*", after_s=2)
+    assert rc == 130 and resumed(step, out + err), err[-2000:]
+    assert list((cwd / "runs").iterdir()) == [run_dir]  # no new run dir
+    assert step_of() > step

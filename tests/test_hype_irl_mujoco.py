@@ -28,6 +28,7 @@ from conftest import (
     check_help_groups,
     check_irl_run_files_corrupted,
     check_numeric_flag_cases,
+    check_printed_command_resumes,
     eval_only_twice,
     file_bytes,
     interrupt_when_exists,
@@ -37,7 +38,6 @@ from conftest import (
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
-    printed_resume_command,
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
@@ -793,18 +793,7 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, expe
     flags = ["--env-id", PENDULUM, "--expert.experts-dir", experts_dir, "--irl.total-timesteps", 100000, *TINY]
     flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-frequency", 100]
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--eval.frequency", "100000"]
-    rc, _, err, _ = interrupt_when_found(cmd, tmp_path, "runs/*/checkpoints/irl.pt")
-    assert rc == 130, err[-2000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    step = torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
-    resume = printed_resume_command(err)
-    assert resume[-2:] == ["--run-dir", str(run_dir.relative_to(tmp_path))], resume
-    for events in run_dir.glob("events.out.tfevents*"):  # its next one shows the resumed run has started
-        events.unlink()
-    rc, out, err, _ = interrupt_when_found(resume, tmp_path, "runs/*/events.out.tfevents*", after_s=2)
-    assert rc == 130 and f"resuming from step {step}" in out, err[-2000:]
-    assert list((tmp_path / "runs").iterdir()) == [run_dir]  # no new run dir
-    assert torch.load(run_dir / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"] > step
+    check_printed_command_resumes(cmd, tmp_path, lambda step, text: f"resuming from step {step}" in text)
 
 
 @pytest.mark.parametrize(
