@@ -74,3 +74,10 @@ def test_readme_table_cells_are_short():
         cells = [c.strip() for c in row.strip("|").split("|")]
         for cell in cells[1:]:
             assert words(re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", cell)) <= 15, cell
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=[*SCRIPTS, "README"])
+def test_code_blocks_copy_as_they_are(page):
+    """A fence indented inside a list item copies with its indentation (IndentationError in Python)."""
+    indented = [line for line in page.read_text().splitlines() if re.match(r"^\s+```", line)]
+    assert indented == []
