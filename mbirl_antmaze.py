@@ -1302,7 +1302,7 @@ class HyperState:
 
     model: GaussianEnsemble
     elites: torch.Tensor
-    agent: "TD3BC | SAC"
+    agent: TD3BC | SAC
     disc: Discriminator
     expert: Buffer  # the demonstrations
     hybrid: Buffer  # the model's data: expert transitions, then learner and expert transitions 1:1
