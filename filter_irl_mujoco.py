@@ -778,6 +778,16 @@ def evaluate_learner(agent: SAC, args: Args, progress: dict, expert_return: floa
     return entry
 
 
+def log_episode(writer, bar, from_expert: bool, ret: float, length: int, step: int) -> None:
+    """A finished learner episode's true return; one started from an expert state is partial, logged apart."""
+    if from_expert:
+        writer.add_scalar("irl/reset_episodic_return", ret, step)
+    else:
+        writer.add_scalar("charts/episodic_return", ret, step)
+        writer.add_scalar("charts/episodic_length", length, step)
+        bar.set_postfix(ret=f"{ret:.0f}")
+
+
 def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=make_env):
     """IRL phase: outer iterations of one discriminator update, then `train_every` SAC steps on
     rewards relabelled by the current discriminator -> (agent, progress). `env_fn`: tests."""
@@ -823,12 +833,7 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
             rb.add(obs, action, next_obs, terminated)  # no reward: the discriminator gives it
             ret, length, obs = ret + float(env_reward), length + 1, next_obs  # logged only
             if terminated or truncated:
-                if learner_env.from_expert:  # a partial return, logged apart
-                    writer.add_scalar("irl/reset_episodic_return", ret, step)
-                else:
-                    writer.add_scalar("charts/episodic_return", ret, step)
-                    writer.add_scalar("charts/episodic_length", length, step)
-                    bar.set_postfix(ret=f"{ret:.0f}")
+                log_episode(writer, bar, learner_env.from_expert, ret, length, step)
                 progress["episodes"] += 1
                 obs, ret, length = learner_env.reset(), 0.0, 0
             progress["step"] = step = step + 1

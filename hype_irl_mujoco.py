@@ -937,6 +937,17 @@ def expert_storage(demos: dict, info: EnvInfo, capacity: int, device) -> Storage
     return Storage(info.obs_dim, info.act_dim, capacity, device, rows)
 
 
+def run_outer_iteration(sac, disc, disc_env, horizon, expert_sa, args, np_rng, progress, writer, step):
+    """Fresh learner episodes, then the discriminator's steps on them (logged under irl/*)."""
+    k = progress["k"]
+    pairs = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress)
+    stats = update_discriminator(disc, expert_sa, pairs.to(expert_sa.device), k, args.disc)
+    stats.update(outer_iteration=k, disc_env_steps=progress["disc_env_steps"])
+    for name, value in stats.items():
+        writer.add_scalar(f"irl/{name}", value, step)
+    progress["k"] += 1
+
+
 def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, ckpt) -> tuple:
     """IRL phase (HyPE), resumable from checkpoints/irl.pt; returns (learner, progress). Each
     policy step: (1) every `irl.train_every` steps, an outer iteration: fresh learner episodes
@@ -971,14 +982,9 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
                 raise Interrupted("IRL phase", step)
             # 1. an outer iteration starts: fresh learner episodes, then the discriminator's steps
-            k = progress["k"]
-            if step % args.irl.train_every == 0 and k <= step // args.irl.train_every:
-                pairs = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress)
-                stats = update_discriminator(disc, expert_sa, pairs.to(run.device), k, args.disc)
-                stats.update(outer_iteration=k, disc_env_steps=progress["disc_env_steps"])
-                for name, value in stats.items():
-                    run.writer.add_scalar(f"irl/{name}", value, step)
-                progress["k"] += 1
+            if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
+                disc_args = (disc_env, horizon, expert_sa, args, np_rng, progress, run.writer)
+                run_outer_iteration(sac, disc, *disc_args, step)
             # 2. act; the env reward is NOT stored (NaN in its column): rewards come from f only
             learn_started = step >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)

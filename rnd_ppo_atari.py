@@ -667,6 +667,15 @@ def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: flo
     bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
 
 
+def measure_sps(run: dict, sps_start):
+    """SPS is measured from the end of iteration 1 (after warm-up): returns the start mark."""
+    if sps_start is None:
+        return time.perf_counter(), run["global_step"]
+    if run["global_step"] > sps_start[1]:
+        run["sps"] = (run["global_step"] - sps_start[1]) / (time.perf_counter() - sps_start[0])
+    return sps_start
+
+
 def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World", writer):
     """PPO + RND until the budget, the target score or a signal, resuming from `snapshot`.
     Returns the agent and the run's record (counters, scores, why it stopped)."""
@@ -727,11 +736,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             logs = dict(zip(logs, values.tolist()))
             run["iteration"] = iteration
             avg_return = float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
-            if sps_start is None:  # SPS is measured from the end of iteration 1
-                sps_start = (time.perf_counter(), run["global_step"])
-            elif run["global_step"] > sps_start[1]:
-                seconds = time.perf_counter() - sps_start[0]
-                run["sps"] = (run["global_step"] - sps_start[1]) / seconds
+            sps_start = measure_sps(run, sps_start)
             if writer is not None:
                 log_iteration(writer, bar, run, logs, avg_return, optimizer.param_groups[0]["lr"])
                 if args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
