@@ -578,7 +578,7 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
     for _epoch in range(ppo.update_epochs):
         perm = torch.randperm(batch_size)
         for start in range(0, batch_size, minibatch_size):
-            mb = perm[start : start + minibatch_size]
+            mb = perm[start : start + minibatch_size].to(b_obs.device)  # drawn on the CPU: one RNG stream anywhere
             logits, new_value = agent(b_obs.index_select(0, mb).permute(0, 3, 1, 2))
             dist = Categorical(logits=logits)
             new_logp, entropy = dist.log_prob(b_actions[mb]), dist.entropy()

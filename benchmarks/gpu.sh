@@ -41,6 +41,7 @@ step() {  # step SECONDS COMMAND...: run (or, with DRY=1, print) one measurement
   local secs=$1; shift
   if [ -n "${DRY:-}" ]; then echo "[$secs s] $*"; return 0; fi
   timeout -s KILL $((secs + 60)) "$@" 2>&1 | tail -4 | tee -a "$OUT/all.log"
+  cp benchmarks/results/throughput.jsonl "$OUT/throughput.jsonl"  # after each step: a command cut at its limit keeps them
 }
 harness() {  # harness FAMILY ENV_ID NUM_ENVS LABEL SECONDS [harness flags] -- COMMAND...
   local family=$1 env_id=$2 n=$3 label=$4 secs=$5; shift 5
