@@ -100,3 +100,19 @@ python benchmarks/alternate.py --window 20 --seconds 480 \
 
 # 5. Test-suite runtime of this script's tests.
 /usr/bin/time -v python -m pytest tests/test_trex_ppo_atari.py -q
+
+# 4. Issue 44's paper-budget run (Breakout, one seed): the demonstrator as in run 2 (491,520 agent steps), 6,000
+#    reward pairs for one epoch, then the policy phase at the paper's 50M frames (the default 12,500,000 agent
+#    steps). Niced, one torch thread, in the background; killed by a session's end, it resumes from its checkpoints
+#    with this same command. Curves and results: benchmarks/results/trex_paper_breakout_s1/ (copied at each check).
+nice -n 19 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
+    --reward.epochs 1 --torch-threads 1 --checkpoint-every 10 --run-dir runs/trex_paper_breakout_s1
+# 4b. Its records, copied at each check (small files only): the TensorBoard curves as CSV, the arguments, the
+#     learning-curve figure, and results.json once the run has finished.
+mkdir -p benchmarks/results/trex_paper_breakout_s1
+python benchmarks/tb_to_csv.py runs/trex_paper_breakout_s1 benchmarks/results/trex_paper_breakout_s1/curves.csv
+cp runs/trex_paper_breakout_s1/args.json runs/trex_paper_breakout_s1/learning_curve.png \
+    benchmarks/results/trex_paper_breakout_s1/
+if [ -f runs/trex_paper_breakout_s1/results.json ]; then
+    cp runs/trex_paper_breakout_s1/results.json benchmarks/results/trex_paper_breakout_s1/
+fi

@@ -169,3 +169,31 @@ def test_gpu_all_uses_only_flags_the_scripts_know():
         ).stdout
         for flag in re.findall(r"(--[a-z][\w.-]*)", rest):
             assert flag in help_text, f"{script} has no {flag}"
+
+
+def test_tb_to_csv_merges_a_resumed_runs_event_files_and_keeps_the_last_value(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "run"
+    first = SummaryWriter(run)
+    first.add_scalar("charts/episodic_return", 1.5, 100)
+    first.add_scalar("charts/episodic_return", 2.0, 200)
+    first.add_scalar("losses/value", 9.0, 200)
+    first.close()
+    os.utime(next(run.glob("events.*")), (1, 1))  # older than the resumed run's file
+    second = SummaryWriter(run, filename_suffix=".resumed")  # a resume re-logs step 200 and goes on
+    second.add_scalar("charts/episodic_return", 3.0, 200)
+    second.add_scalar("charts/episodic_return", 4.25, 300)
+    second.close()
+    out = tmp_path / "records" / "curves.csv"
+    spec = importlib.util.spec_from_file_location("tb_to_csv", REPO_ROOT / "benchmarks" / "tb_to_csv.py")
+    tb_to_csv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tb_to_csv)
+    assert tb_to_csv.main([str(run), str(out), "--prefix", "charts/"]) == 0
+    assert out.read_text().splitlines() == [
+        "tag,step,value",
+        "charts/episodic_return,100,1.5",
+        "charts/episodic_return,200,3",
+        "charts/episodic_return,300,4.25",
+    ]
+    assert tb_to_csv.main([str(tmp_path / "missing"), str(out)]) == 2
