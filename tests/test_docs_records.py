@@ -80,6 +80,19 @@ def slope(label: str) -> float:
     return statistics.mean(d["train_sps_slope"] for d in throughput(label))
 
 
+def to_raw_env(label: str) -> list[float]:
+    """[train_sps_slope, its ratio to the raw env SPS of the same harness run] of the latest `label` line."""
+    line = throughput(label)[-1]
+    return [line["train_sps_slope"], line["train_sps_slope"] / line["raw_env_sps"]]
+
+
+def median_to_raw_env(label: str) -> list[float]:
+    """[median of the tag, its ratio to the raw env] of the latest `label` line: the rates that are not agent steps
+    (SimPLe's sim/SPS, HyPER's model rollouts) are published as the median, as benchmarks/README.md says."""
+    line = throughput(label)[-1]
+    return [line["train_sps"], line["train_sps"] / line["raw_env_sps"]]
+
+
 def slope_ratio(ours: str, baseline: str) -> float:
     """Mean train_sps_slope of `ours` over that of `baseline`, measured in the same window on the same machine."""
     return slope(ours) / slope(baseline)
@@ -120,6 +133,13 @@ DERIVED = {
     ),
     ("README", "1.46× CleanRL SAC"): lambda: [slope_ratio("filter-irl-ab", "cleanrl-sac-ab")],
     ("README", "1.50× CleanRL SAC"): lambda: [slope_ratio("hype-irl-ab", "cleanrl-sac-ab")],
+    # README's GPU figures (one H200): the slope, and its ratio to the raw env of the same harness run
+    ("README", "H200 1,777 SPS, 0.32× raw env"): lambda: to_raw_env("trex-policy-gpu"),
+    ("README", "H200 at 128 envs 9,427 SPS, 0.62× raw env"): lambda: [128, *to_raw_env("rnd-128envs-gpu")],
+    ("README", "H200 121 SPS, 0.031× raw env"): lambda: to_raw_env("filter-irl-gpu"),
+    ("README", "H200 118 SPS, 0.027× raw env"): lambda: to_raw_env("hype-irl-gpu"),
+    ("README", "H200 1,775×"): lambda: median_to_raw_env("mbirl-antmaze-rollout-gpu")[1:],
+    ("README", "H200 at paper sizes 1,238 SPS, 0.080×"): lambda: median_to_raw_env("simple-paper-gpu"),
     # means (and population stds) over seeds
     ("README", "0.12 ± 0.09"): lambda: mean_pstd([r[SUCCESS] for r in HYPER]),  # HyPER, Large-Diverse, final
     ("trex_ppo_atari", "mean 11.04"): lambda: [statistics.mean(printed(*TREX_SEED_MEANS))],
