@@ -12,7 +12,8 @@ Kaiser et al. (2020), "Model-Based Reinforcement Learning for Atari", ICLR. Defa
     python simple_worldmodel_atari.py --eval-only runs/X [--eval.grid]  # -> runs/X/evaluations/eval_NNN.json
     python simple_worldmodel_atari.py --mode play --world-model runs/X/world_model.pt   # play inside the model
 Run dir: args.json, TensorBoard events, data/collection_NNN.npz, world_model.pt, policy.pt, checkpoints/state.pt,
-wm_strip.png (real / predicted / difference), learning_curve.png, results.json, videos/ (--capture-video).
+wm_strip.png (real / predicted / difference), learning_curve.png and .csv (per epoch: world-model error vs copy,
+returns), results.json, videos/ (--capture-video).
 Progress: a bar on a terminal; stderr to a file or pipe: a line every 30 s (env PROGRESS_EVERY_S).
 """
 
@@ -202,6 +203,8 @@ class EvalArgs:
     """max no-ops of the grid"""
     debug_steps: int = ranged(200, 1, 10**6)
     """--eval-only --capture-video with a world_model.pt: steps of the model / real / difference video"""
+    policy: Literal["trained", "uniform-random"] = "trained"
+    """--eval-only: the run's policy.pt, or uniform-random actions in its envs (the random baseline, same games)"""
 
 
 @dataclass
@@ -1134,13 +1137,13 @@ def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     for epoch in range(start, args.loop.epochs):
         if todo("world_model"):
             wm_eval = world_model_phase(epoch, modules, data, args, ctx, state)
-            history.append({"epoch": epoch, "world_model": wm_eval})
+            history.append({"epoch": epoch, "world_model": wm_eval, "world_model_steps": state["wm_step"]})
             end_phase(state, phases, ctx, modules)
         if todo("policy"):
             opt = modules["ppo_opt"]
             iterations = ppo_iterations(epoch, args.loop.epochs, args.ppo.iterations)
             sim_return = train_policy_in_model(policy, opt, model, data, args, state, iterations, ctx)
-            history[-1]["sim_return"] = sim_return
+            history[-1].update(sim_return=sim_return, ppo_iterations=state["ppo_iter"])
             end_phase(state, phases, ctx, modules)
         if todo("collect"):
             collect_phase(policy, data, args, ctx, random_policy=args.mode == "world-model-only")
@@ -1375,6 +1378,8 @@ def validate(args: Args) -> dict:
         raise UsageError(f"--wm.bits must be a multiple of {BitPrior.GROUP} (got {args.wm.bits})")
     if args.eval_only:
         return validate_eval_only(args)
+    if args.eval.policy != "trained":
+        raise UsageError("--eval.policy uniform-random is for --eval-only RUN_DIR (the random baseline in its envs)")
     rom, sticky_default = resolve_env_id(args.env_id)
     sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
     if args.mode == "play":
@@ -1577,6 +1582,8 @@ def eval_only(args: Args, ctx: dict):
     taken = [int(p.stem[5:]) for p in out_dir.glob("eval_*.json") if p.stem[5:].isdigit()]
     n = max(taken, default=0) + 1  # eval_001.json first, as every script; nothing is overwritten
     cfg, policy = args.eval, ctx["policy"]
+    if cfg.policy == "uniform-random":
+        policy = UniformRandomPolicy(policy.config["num_actions"], policy.env_config, args.seed)
     video = run_dir / "videos" / f"eval_only_{n:03d}.webm" if args.capture_video else None
     pairs = [(cfg.temperature, cfg.noop_max)]
     if cfg.grid:
@@ -1592,14 +1599,28 @@ def eval_only(args: Args, ctx: dict):
         mean = ev.get("mean", float("nan"))
         print(f"eval T={temperature} max no-ops={noops}: {mean:.2f} over {cfg.episodes} games{games}")
     out = {**grid[0], "grid": grid} if cfg.grid else grid[0]
-    out.update(env_id=policy.env_config["env_id"], seed=args.seed, episodes=cfg.episodes)
-    if args.capture_video and (run_dir / "world_model.pt").exists():
+    out.update(env_id=policy.env_config["env_id"], seed=args.seed, episodes=cfg.episodes, policy=cfg.policy)
+    if args.capture_video and cfg.policy == "trained" and (run_dir / "world_model.pt").exists():
         model = world_model_from(load(run_dir / "world_model.pt", "world_model", "pass a run dir of this script"))
         frames = model_vs_real_frames(model, policy, cfg.debug_steps, cfg.temperature, args.seed)
         write_video(frames, run_dir / "videos" / f"debug_model_real_diff_{n:03d}.webm")
         out["debug_video"] = f"videos/debug_model_real_diff_{n:03d}.webm"
     write_json(out_dir / f"eval_{n:03d}.json", out)
     print(f"-> {out_dir}/eval_{n:03d}.json")
+
+
+class UniformRandomPolicy:
+    """The random baseline: uniform actions, played through evaluate_policy in a trained policy's envs."""
+
+    def __init__(self, num_actions: int, env_config: dict, seed: int):
+        self.num_actions, self.env_config = num_actions, env_config
+        self.rng = np.random.default_rng(seed)
+
+    def eval(self):
+        return self
+
+    def act(self, obs, temperature: float = 1.0):
+        return self.rng.integers(0, self.num_actions, size=len(obs))
 
 
 @torch.no_grad()
@@ -1790,6 +1811,7 @@ def end_phase(state: dict, phases: tuple, ctx: dict, modules: dict):
         state["phase"], state["epoch"] = 0, state["epoch"] + 1
     save_state(ctx, state, modules)
     plot_learning_curve(state["history"], ctx["run_dir"] / "learning_curve.png", ctx["env_config"]["env_id"])
+    write_learning_curve_csv(state["history"], ctx["run_dir"] / "learning_curve.csv")
 
 
 def checkpoint(ctx: dict, state: dict, step: int):
@@ -1947,6 +1969,35 @@ def write_strip(run_dir: Path, strip, env_id: str, epoch: int, steps: int = 10, 
     tmp = run_dir / "wm_strip.png.tmp"
     tmp.write_bytes(png.tobytes())
     os.replace(tmp, run_dir / "wm_strip.png")
+
+
+def learning_curve_rows(history: list) -> list[dict]:
+    """One flat row per epoch: world-model steps, open-loop errors (eval_*: model and copy per horizon), the last
+    simulated return, the real score (mean, std, games) and the real steps so far; blank where not reached."""
+    rows = []
+    for h in history:
+        row = {k: h.get(k) for k in ("epoch", "world_model_steps", "ppo_iterations", "real_steps")}
+        row.update({f"wm_{k}": v for k, v in (h.get("world_model") or {}).items()})
+        ev = h.get("eval") or {}
+        row.update(sim_return=h.get("sim_return"), eval_mean=ev.get("mean"), eval_std=ev.get("std"))
+        row["eval_games"] = len(ev["returns"]) if ev else None
+        rows.append(row)
+    return rows
+
+
+def write_learning_curve_csv(history: list, path: Path):
+    import csv
+    import io
+
+    rows = learning_curve_rows(history)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text.getvalue())
+    os.replace(tmp, path)
 
 
 def plot_learning_curve(history: list, path: Path, env_id: str):

@@ -364,6 +364,11 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     assert json.loads((run_dir / "args.json").read_text())["script"] == SCRIPT
     for name in ("policy.pt", "world_model.pt", "wm_strip.png", "learning_curve.png", "checkpoints/state.pt"):
         assert (run_dir / name).stat().st_size > 0, name
+    curve = (run_dir / "learning_curve.csv").read_text().splitlines()  # the per-epoch record, one row an epoch
+    header, last = curve[0].split(","), dict(zip(curve[0].split(","), curve[-1].split(",")))
+    assert len(curve) == 3 and {"wm_frame_mse_8", "wm_copy_frame_mse_8", "eval_mean", "eval_std"} <= set(header)
+    assert float(last["wm_frame_mse_8"]) == wm["frame_mse_8"] and float(last["eval_mean"]) == res["eval"]["mean"]
+    assert int(last["world_model_steps"]) == 6 and int(last["ppo_iterations"]) == 8
     logged = tags(run_dir)
     wm_tags = "loss steps_per_s eval_frame_mse_8 eval_copy_frame_mse_8 eval_reward_accuracy_8".split()
     other_tags = ["sim/rollout_return", "sim/SPS", "charts/SPS", "eval/episodic_return"]
@@ -511,6 +516,7 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
         (["--loop.real-steps", "20"], "training sequence"),
         (["--eval-only", "/nonexistent/run"], "policy.pt"),
         (["--world-model", "/nonexistent/wm.pt"], "world_model.pt"),
+        (["--eval.policy", "uniform-random"], "--eval-only"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(extra, needle, tmp_path):
@@ -725,6 +731,45 @@ def test_eval_only_numbers_its_files_from_001(tmp_path, capsys):
     for _ in range(2):
         sw.main(sw.Args(eval_only=str(tmp_path), eval=evaluation))
     assert sorted(os.listdir(tmp_path / "evaluations")) == ["eval_001.json", "eval_002.json"]
+
+
+def test_uniform_random_baseline_plays_every_action_alike_through_the_same_evaluation(tmp_path):
+    """--eval-only --eval.policy uniform-random: the random baseline in the run's envs and evaluation code. On
+    Freeway a policy that always presses UP crosses the road within 300 steps; uniform actions cancel out (0)."""
+    actions = sw.UniformRandomPolicy(3, {}, seed=0).act(np.zeros((30_000, 1)))
+    assert np.allclose(np.bincount(actions, minlength=3) / 30_000, 1 / 3, atol=0.01)
+    policy = sw.Policy(3)
+    with torch.no_grad():
+        policy.logits.weight.zero_()
+        policy.logits.bias.copy_(torch.tensor([0.0, 50.0, 0.0]))  # UP (Freeway's minimal set: NOOP, UP, DOWN)
+    policy.env_config = {"env_id": "FreewayNoFrameskip-v4", "rom": "freeway", "sticky": 0.0}
+    policy.env_config |= {"noop_max": 0, "max_episode_frames": 108_000}
+    sw.save(tmp_path / "policy.pt", "policy", **policy.to_file())
+    for who in ("trained", "uniform-random"):
+        evaluation = sw.EvalArgs(episodes=2, num_envs=2, max_steps=300, noop_max=0, policy=who)
+        sw.main(sw.Args(eval_only=str(tmp_path), eval=evaluation))
+    up, uniform = (json.loads((tmp_path / "evaluations" / f"eval_00{n}.json").read_text()) for n in (1, 2))
+    assert (up["policy"], uniform["policy"]) == ("trained", "uniform-random")
+    assert len(up["returns"]) == len(uniform["returns"]) == 2 and uniform["max_steps"] == 300
+    assert min(up["returns"]) >= 2 and uniform["mean"] == 0, (up, uniform)
+
+
+def test_learning_curve_rows_flatten_each_epoch_and_leave_unreached_phases_blank(tmp_path):
+    wm = {"horizon": 50, "frame_mse_1": 0.01, "copy_frame_mse_1": 0.02}
+    history = [
+        {"epoch": 0, "world_model": wm, "world_model_steps": 30, "sim_return": 0.5, "ppo_iterations": 4},
+        {"epoch": 1, "world_model": {**wm, "frame_mse_1": 0.005}, "world_model_steps": 40},
+    ]
+    history[0].update(eval={"mean": 2.0, "std": 1.0, "returns": [1.0, 3.0]}, real_steps=96)
+    path = tmp_path / "learning_curve.csv"
+    sw.write_learning_curve_csv(history, path)
+    import csv
+
+    rows = list(csv.DictReader(path.open()))
+    assert [r["epoch"] for r in rows] == ["0", "1"] and [r["wm_frame_mse_1"] for r in rows] == ["0.01", "0.005"]
+    assert rows[0]["wm_copy_frame_mse_1"] == "0.02" and rows[0]["world_model_steps"] == "30"
+    assert (rows[0]["eval_mean"], rows[0]["eval_std"], rows[0]["eval_games"]) == ("2.0", "1.0", "2")
+    assert rows[1]["eval_mean"] == rows[1]["sim_return"] == rows[1]["eval_games"] == ""
 
 
 def test_sigterm_inside_a_long_real_collection_exits_130_within_10_s(tmp_path):
