@@ -595,3 +595,30 @@ def check_printed_command_resumes(cmd: list, cwd: Path, resumed) -> None:
     assert rc == 130 and resumed(step, out + err), err[-2000:]
     assert list((cwd / "runs").iterdir()) == [run_dir]  # no new run dir
     assert step_of() > step
+
+
+def interrupt_when_printed(cmd: list, cwd: Path, text: str, signum=signal.SIGTERM, wait_s: float = 180.0, exit_s=60.0):
+    """Start ``cmd`` (CPU only) in ``cwd``, send ``signum`` once its stdout holds ``text`` (a phase that writes no
+    file, such as --eval-only, announces itself there); return (returncode, stdout, stderr, seconds from the signal
+    to the exit). A process that ignores the signal for ``exit_s`` is killed and the test fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as logs:
+        out_path, err_path = Path(logs) / "stdout", Path(logs) / "stderr"
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(), stdout=out, stderr=err, text=True)
+            deadline = time.time() + wait_s
+            while time.time() < deadline and proc.poll() is None and text not in out_path.read_text():
+                time.sleep(0.1)
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            try:
+                proc.wait(timeout=exit_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            seconds = time.monotonic() - sent
+        stdout, stderr = out_path.read_text(), err_path.read_text()
+    if seconds >= exit_s:
+        pytest.fail(f"{' '.join(map(str, cmd))} did not exit within {exit_s:.0f}s of signal {signum}\n{stderr[-2000:]}")
+    return proc.returncode, stdout, stderr, seconds
