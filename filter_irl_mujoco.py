@@ -19,7 +19,6 @@ import ctypes
 import dataclasses
 import difflib
 import importlib.util
-import io
 import json
 import math
 import os
@@ -140,7 +139,7 @@ class Args:
     torch_threads: int = ranged(0, "[0, 1024]")
     """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
     log_frequency: int = ranged(100, "[1, 1e9]")  # log losses and SPS every this many env steps
-    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # write a checkpoint every this many env steps
+    checkpoint_every: int = ranged(25_000, "[1, 1e9]")  # write a checkpoint every this many env steps (and on SIGINT)
     eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt into RUN_DIR/evaluations/eval_NNN.json (no training)
     expert: ExpertArgs = field(default_factory=ExpertArgs)
     sac: SACArgs = field(default_factory=SACArgs)
@@ -673,7 +672,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
                 losses = sac_train_step(agent, rb, step)
                 if step % args.log_frequency == 0:
                     log_losses(writer, "expert", losses, agent, step, meter.sps(step))
-            if step % args.checkpoint_frequency == 0:
+            if step % args.checkpoint_every == 0:
                 checkpoint()
                 plot_curves(run_dir, args, [], float("nan"), progress["curve"])
             bar.update(1)
@@ -852,7 +851,7 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
                 bar.write(f"step {step}: eval return {mean:.1f} ({normalized:.2f} of expert)")
                 if cfg.stop_at_normalized is not None and normalized >= cfg.stop_at_normalized:
                     break
-            if step % args.checkpoint_frequency == 0:
+            if step % args.checkpoint_every == 0:
                 checkpoint()
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
@@ -917,7 +916,11 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
 # Everything below is plumbing a reader of the algorithm can skip: the command line and exit codes,
 # saving and loading, plots, video, the expert cache, validation.
 MINARI_PREFIX = "minari:"
-RETIRED_FLAGS = {"--threads": "--torch-threads"}  # an old spelling -> the flag its one-line hint names
+RETIRED_FLAGS = {  # an old spelling (or a sibling's) -> the flag its one-line hint names (docs/CONTRACT.md)
+    "--threads": "--torch-threads",
+    "--checkpoint-frequency": "--checkpoint-every",
+    "--expert.expert-path": "--expert.path",
+}
 
 
 def main(argv: Optional[list[str] | Args] = None) -> None:
@@ -930,6 +933,11 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except Interrupted:  # only --eval-only gets here: its evaluation file is written whole or not at all
+        print(
+            "interrupted during --eval-only: no evaluation written; the same command starts it again", file=sys.stderr
+        )
+        raise SystemExit(130)
     if info is None:
         print(f"{run_dir} already holds a finished run (results.json); nothing to do")
         return
@@ -1089,8 +1097,14 @@ def write_video(path: Path, frames: list, fps: int) -> None:
     tmp = path.with_name(path.stem + ".tmp.webm")  # opencv picks the container from the extension
     height, width = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, (width, height))
-    for frame in frames:
-        writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    try:
+        for frame in frames:
+            check_stop()  # VP9 encodes slowly on a busy CPU: a signal stops it, leaving no partial file
+            writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    except Interrupted:
+        writer.release()
+        tmp.unlink(missing_ok=True)
+        raise
     writer.release()
     os.replace(tmp, path)
 
@@ -1131,6 +1145,8 @@ def evaluate_saved_policy(args: Args) -> None:
     number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
     out, seed = run_dir / "evaluations" / f"eval_{number:03d}.json", args.seed + 20_000
     video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
+    answer_signals()  # a signal stops the episodes (or the video) within a step: nothing is written
+    print(f"evaluating {path}: {args.eval.episodes} episodes", flush=True)
     rets = evaluate(policy, policy.env_id, args.eval.episodes, seed, args.irl.p_tremble, video)
     record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
     record.update(episodes=args.eval.episodes, seed=seed, p_tremble=args.irl.p_tremble)
@@ -1369,19 +1385,30 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, kind: str) -> Optiona
 
 
 def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Args:
-    """tyro's parser with its multi-line error box turned into one line (help still goes to stdout)."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
-    except SystemExit as e:
-        if not e.code:
-            raise
-        lines = [ln.strip(" │╭╮╰╯─") for ln in err.getvalue().splitlines()]
-        line = ([ln for ln in lines if ln][1:2] or ["invalid command line"])[0]
+    """tyro's parser; a flag it rejects is a one-line UsageError built from the event tyro hands its parse-error
+    hook (the flag and the reason) before it prints anything, so its printed box is never parsed. --help still
+    prints and exits 0; a tyro without the hook prints its own box (exit 2)."""
+
+    def one_line(event) -> None:  # raising here replaces tyro's box
+        flag = getattr(event, "argument", None)
+        name = flag.display_name() if flag is not None else "a flag"
+        if getattr(event, "tokens", None):
+            reason = f"Unrecognized options: {' '.join(event.tokens)}"
+        elif getattr(event, "choices", None):
+            reason = f"{name}: {event.value!r} is not one of {', '.join(event.choices)}"
+        else:  # (the first line: for a union, tyro lists each member's failure below it)
+            message = getattr(event, "message", None) or "a missing or bad value"
+            reason = f"{name}: {message.splitlines()[0]}"
         raise UsageError(
-            f"{context} ({line}); delete it or pass another --run-dir" if context else f"{line} (see --help)"
+            f"{context} ({reason}); delete it or pass another --run-dir" if context else f"{reason} (see --help)"
         )
+
+    try:
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+    with on_parse_error(one_line):
+        return tyro.cli(Args, args=argv, **({"default": default} if default is not None else {}))
 
 
 def as_argv(saved: dict, prefix: str = "") -> list[str]:
@@ -1402,7 +1429,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     """The command line; when --run-dir names an existing run of this script, its args.json supplies the defaults,
     so `--run-dir X` alone resumes it and flags passed again win."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    retired = [a.split("=")[0] for a in argv if a.split("=")[0] in RETIRED_FLAGS]
+    retired = [flag for a in argv if (flag := a.split("=")[0].replace("_", "-")) in RETIRED_FLAGS]
     if retired:
         new = RETIRED_FLAGS[retired[0]]
         raise UsageError(f"{retired[0]} was renamed: use {new} (the same flag in every script)")
@@ -1518,11 +1545,16 @@ def start_run(args: Args, run_dir: Path):
     writer = SummaryWriter(str(run_dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
+    answer_signals()
+    print(f"run directory: {run_dir}")
+    return writer
+
+
+def answer_signals() -> None:
+    """SIGINT/SIGTERM set STOP; the loops notice it within a step (training saves its checkpoint first)."""
     STOP.clear()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: STOP.set())
-    print(f"run directory: {run_dir}")
-    return writer
 
 
 def finish_run(run_dir: Path, writer, message: Optional[str] = None) -> None:

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import mujoco
@@ -83,7 +83,6 @@ RHO_SCHEDULES.update(dict.fromkeys(("Ant", "Walker2d", "HalfCheetah"), "0.2,0.2,
 
 
 Terminal = Optional[Literal["min", "none"]]
-ExpertPath = Annotated[Optional[str], tyro.conf.arg(aliases=("--expert.expert-path",))]  # mbirl's name
 
 
 def ranged(default, interval: str):
@@ -94,7 +93,7 @@ def ranged(default, interval: str):
 @dataclass
 class ExpertArgs:  # the comment after each field is its --help line
     experts_dir: str = "experts"  # cache of experts and demos: {experts_dir}/{env_id}/demos.npz (shared with FILTER)
-    path: ExpertPath = None  # your own demos.npz (or minari:DATASET_ID, no MuJoCo states) instead of the cache
+    path: Optional[str] = None  # your own demos.npz (or minari:DATASET_ID, no MuJoCo states) instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # SAC expert training steps on the true reward (no cached demos)
     num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
 
@@ -156,7 +155,7 @@ class Args:
     max_episode_steps: Optional[int] = ranged(None, "[1, 1e6]")  # episode horizon (default: the env's, 1000 for MuJoCo)
     torch_threads: int = ranged(0, "[0, 1024]")  # CPU threads for torch (0 = torch's default; 1 on a shared CPU)
     log_frequency: int = ranged(1000, "[1, 1e9]")  # TensorBoard scalars (losses, SPS, rho) every this many env steps
-    checkpoint_frequency: int = ranged(25_000, "[1, 1e9]")  # checkpoint every this many env steps (and on SIGINT)
+    checkpoint_every: int = ranged(25_000, "[1, 1e9]")  # checkpoint every this many env steps (and on SIGINT)
     eval_only: Optional[str] = None  # evaluate {RUN_DIR}/policy.pt into {RUN_DIR}/evaluations/eval_NNN.json
     expert: ExpertArgs = field(default_factory=ExpertArgs)
     sac: SACArgs = field(default_factory=SACArgs)
@@ -192,8 +191,13 @@ class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint
 
     def __str__(self) -> str:
         phase, step = self.args
+        if phase == EVAL_ONLY:  # its evaluation file is written whole or not at all
+            return "interrupted during --eval-only: no evaluation written; the same command starts it again"
         where = f"in the {phase} at step {step}" if phase else "while recording the final video"
         return f"interrupted {where}: checkpoint saved"
+
+
+EVAL_ONLY = "--eval-only"  # Interrupted's phase when an --eval-only command is stopped
 
 
 STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
@@ -819,7 +823,7 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
                 losses = sac.update(b_obs, b_act, b_next, b_done, b_rew)
             if step % args.log_frequency == 0 and losses:
                 log_losses(run.writer, "expert", losses, args, step, meter)
-            if step % args.checkpoint_frequency == 0:
+            if step % args.checkpoint_every == 0:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
                 curve = progress["curve"]
                 plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), curve)
@@ -1012,7 +1016,7 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
                 next_eval += args.eval.frequency
                 evaluation = (sac, args, run, progress, expert_return, expert_curve, bar)
                 meter.pause_while(evaluate_learner, *evaluation)
-            if step % args.checkpoint_frequency == 0:
+            if step % args.checkpoint_every == 0:
                 save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
             bar.update(1)
     if losses:
@@ -1087,10 +1091,10 @@ def main(argv: Optional[list[str] | Args] = None) -> None:
         run = start_run(args, run_dir)
         pipeline(args, info, demos, checkpoints, run)
     except Stop as e:
-        resume = f"; resume with: {resume_command(run.dir, argv)}" if isinstance(e, Interrupted) else ""
-        if run is None:
+        if run is None:  # bad input, or a signal during --eval-only: nothing to resume
             print(f"{e.prefix}{e}", file=sys.stderr)
         else:
+            resume = f"; resume with: {resume_command(run.dir, argv)}" if isinstance(e, Interrupted) else ""
             finish_run(run, f"{e.prefix}{e}{resume}")
         raise SystemExit(e.code)
     finish_run(run)
@@ -1264,8 +1268,14 @@ def write_video(path: Path, frames: list, fps: int) -> None:
     tmp = path.with_name(path.stem + ".tmp.webm")  # opencv picks the container from the extension
     height, width = frames[0].shape[:2]
     writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"VP90"), fps, (width, height))
-    for frame in frames:
-        writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    try:
+        for frame in frames:
+            check_stop()  # VP9 encodes slowly on a busy CPU: a signal stops it, leaving no partial file
+            writer.write(np.ascontiguousarray(frame[:, :, ::-1]))
+    except Interrupted:
+        writer.release()
+        tmp.unlink(missing_ok=True)
+        raise
     writer.release()
     os.replace(tmp, path)
 
@@ -1308,7 +1318,12 @@ def evaluate_saved_policy(args: Args) -> None:
     number = 1 + max([int(p.stem[5:]) for p in run_dir.glob("evaluations/eval_[0-9][0-9][0-9].json")], default=0)
     video = run_dir / "videos" / f"eval_{number:03d}.webm" if args.capture_video else None
     seed, episodes, p_tremble = args.seed + 20_000, args.eval.episodes, args.irl.p_tremble
-    rets, successes = evaluate(policy, policy.env_id, episodes, seed, p_tremble, policy.max_episode_steps, video)
+    answer_signals()  # a signal stops the episodes (or the video) within a step: nothing is written
+    print(f"evaluating {path}: {episodes} episodes", flush=True)
+    try:
+        rets, successes = evaluate(policy, policy.env_id, episodes, seed, p_tremble, policy.max_episode_steps, video)
+    except Interrupted:
+        raise Interrupted(EVAL_ONLY, None) from None
     record = dict(env_id=policy.env_id, mean=float(np.mean(rets)), std=float(np.std(rets)), returns=rets)
     record["success_rate"] = float(np.mean(successes)) if successes is not None else None
     record.update(episodes=episodes, seed=seed, p_tremble=p_tremble)
@@ -1562,6 +1577,13 @@ def load_checkpoint(path: Path, args: Args, info: EnvInfo, phase: str) -> Option
     return ckpt
 
 
+RETIRED_FLAGS = {  # an old spelling (or a sibling's) -> the flag its one-line hint names (docs/CONTRACT.md)
+    "--expert.expert-path": "--expert.path",
+    "--checkpoint-frequency": "--checkpoint-every",
+    "--threads": "--torch-threads",
+}
+
+
 def tyro_cli(argv: list[str], default: Optional[Args], context: str = "") -> Args:
     """tyro's parser; a flag it rejects is a one-line UsageError built from the event tyro hands its parse-error
     hook (the flag and the reason) before it prints anything, so its printed box is never parsed. --help still
@@ -1607,6 +1629,10 @@ def parse_args(argv: Optional[list[str]]) -> Args:
     """The command line; when --run-dir names an existing run of this script, its args.json supplies the defaults,
     so `--run-dir X` alone resumes it and flags passed again win."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    retired = [flag for a in argv if (flag := a.split("=")[0].replace("_", "-")) in RETIRED_FLAGS]
+    if retired:
+        new = RETIRED_FLAGS[retired[0]]
+        raise UsageError(f"{retired[0]} was renamed: use {new} (the same flag in every script)")
     args = tyro_cli(argv, None)
     saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
     if saved_path is None or not saved_path.exists():
@@ -1652,7 +1678,7 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
     path = path or (cache if cache.exists() else None)
     if path is None and is_maze(args.env_id):  # a sparse maze has no SAC expert phase
         make = f"python mbirl_antmaze.py --env-id {args.env_id}"
-        raise UsageError(f"no maze demos at {cache}: make them with `{make}` or pass --expert.expert-path FILE")
+        raise UsageError(f"no maze demos at {cache}: make them with `{make}` or pass --expert.path FILE")
     demos = load_demos(path, args.env_id, sizes, args.irl.reset_prob) if path else None
     if demos is not None and args.expert.num_demos not in (None, len(demos["returns"])):  # never a silent mismatch
         n, flag = len(demos["returns"]), f"--expert.num-demos {args.expert.num_demos}"
@@ -1721,11 +1747,16 @@ def start_run(args: Args, run_dir: Path) -> Run:
     run.writer = SummaryWriter(str(run.dir))
     rows = [f"|{name}|{value}|" for name, value, _ in flat_fields(args)]
     run.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(rows))
-    STOP.clear()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # save a checkpoint and stop within the step
-        signal.signal(signum, lambda *_: STOP.set())
+    answer_signals()
     print(f"run directory: {run.dir}")
     return run
+
+
+def answer_signals() -> None:
+    """SIGINT/SIGTERM set STOP; the loops notice it within a step (training saves its checkpoint first)."""
+    STOP.clear()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: STOP.set())
 
 
 def finish_run(run: Run, message: Optional[str] = None) -> None:

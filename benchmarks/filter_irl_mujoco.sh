@@ -9,7 +9,7 @@ EXPERT_STEPS=${EXPERT_STEPS:-20000}   # the reference trains 1M steps; this cont
 IRL_STEPS=${IRL_STEPS:-20000}         # equal budget for FILTER and MM (the reference: 1M)
 EVID2=runs/filter_evidence2           # evidence run 2: 100k-step expert, IRL2_STEPS learner steps per method
 IRL2_STEPS=${IRL2_STEPS:-20000}
-IRL_FLAGS=(--irl.train-every 1000 --eval.frequency 2500 --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-frequency 2500)
+IRL_FLAGS=(--irl.train-every 1000 --eval.frequency 2500 --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-every 2500)
 
 case "${1:-}" in
   expert)  # SAC expert on the true reward + 64 deterministic demos, cached in experts/Hopper-v5/ (shared with HyPE).

@@ -10,7 +10,7 @@ FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_
 # larger than the reference's 1 step at 8e-4 because the budget is 50x smaller) every 1,000 steps, evaluation every
 # 2,500 steps (5 deterministic episodes), 2,000 random steps first, seed 1.
 IRL_FLAGS=(--env-id Hopper-v5 --seed 1 --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 2500
-           --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-frequency 2500)
+           --eval.episodes 5 --sac.learning-starts 2000 --disc.lr 8e-3 --disc.steps 5 --checkpoint-every 2500)
 
 # 0. (EVIDENCE2=1 only) Evidence run 2 (third session): HyPE on the demos of the 100k-step expert in runs/filter_evidence2/experts
 #     (`bash benchmarks/filter_irl_mujoco.sh expert2`), the same flags and budget as FILTER/MM's `irl2`, run beside them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from conftest import (
     file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
+    interrupt_when_printed,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -333,7 +335,7 @@ def test_learner_never_reads_env_reward(tmp_path, pendulum_demos):
         disc=dict(batch_size=64),
         irl=dict(total_timesteps=300, train_every=100),
         eval=dict(episodes=1),
-        top=dict(checkpoint_frequency=10**9),
+        top=dict(checkpoint_every=10**9),
     )
     agents = []
     for name, env_fn in (("real", fi.make_env), ("nan", poisoned_env)):
@@ -368,7 +370,7 @@ def test_filter_learner_reaches_expert_on_inverted_pendulum_without_env_reward(t
         disc=dict(lr=8e-3, steps=5, trajectories=2),
         irl=dict(total_timesteps=20000, stop_at_normalized=0.9),
         eval=dict(frequency=2000),
-        top=dict(seed=1, checkpoint_frequency=10**9),
+        top=dict(seed=1, checkpoint_every=10**9),
     )
     _, progress = train_irl_in(tmp_path / "run", args, pendulum_demos, poisoned_env)
     res = fi.irl_results(args, pendulum_demos, progress)
@@ -449,7 +451,7 @@ def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_pat
 
 def test_resume_continues_from_saved_step(run_dir, demos_file):
     flags = ["--irl.total-timesteps", 100000, "--sac.learning-starts", 50, "--irl.train-every", 100]
-    flags += ["--checkpoint-frequency", 100, "--eval.frequency", 100000]
+    flags += ["--checkpoint-every", 100, "--eval.frequency", 100000]
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, on_demos(*flags)(run_dir, demos_file)), *TINY]
     ckpt = run_dir / "checkpoints" / "irl.pt"
     rc, out, err = interrupt_when_exists(cmd, ckpt, wait_s=180)
@@ -614,7 +616,7 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, demo
     """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
     with --run-dir, and running it exactly as printed resumes (the step counter continues)."""
     flags = ["--env-id", PENDULUM, "--expert.path", demos_file, "--irl.total-timesteps", 100000, *TINY]
-    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-frequency", 100]
+    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-every", 100]
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--eval.frequency", "100000"]
     check_printed_command_resumes(cmd, tmp_path, lambda step, text: f"IRL phase: resuming at step {step} " in text)
 
@@ -638,11 +640,21 @@ def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, demos_file
     assert saved["step"] == 100 * saved["k"], saved  # the outer iteration of that step is not counted: redone
 
 
-@pytest.mark.parametrize("flag", [["--threads", "2"], ["--threads=2"]])
-def test_the_retired_threads_flag_is_refused_with_a_hint(tmp_path, demos_file, flag):
-    """Issue 48 item 8: one flag name per concept; FILTER's old --threads alias exits 2 naming --torch-threads."""
+RETIRED = [
+    (["--threads", "2"], "--torch-threads"),
+    (["--threads=2"], "--torch-threads"),
+    (["--checkpoint-frequency", "100"], "--checkpoint-every"),
+    (["--checkpoint_frequency=100"], "--checkpoint-every"),
+    (["--expert.expert-path", "demos.npz"], "--expert.path"),
+]
+
+
+@pytest.mark.parametrize("flag, new", RETIRED)
+def test_old_flag_spellings_are_refused_with_a_hint_to_the_new_name(tmp_path, demos_file, flag, new):
+    """Issue 48 item 8: one flag name per concept across the scripts (--torch-threads, --checkpoint-every,
+    --expert.path); an old or a sibling's old spelling exits 2 naming the new one, before anything is created."""
     argv = ["--env-id", PENDULUM, "--expert.path", str(demos_file), *flag, "--run-dir", str(tmp_path / "run")]
-    assert "use --torch-threads" in one_line_exit_2(lambda: fi.main(argv))
+    assert f"use {new} " in one_line_exit_2(lambda: fi.main(argv))
     assert not (tmp_path / "run").exists()
 
 
@@ -670,3 +682,29 @@ def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run)
     line = one_line_exit_2(lambda: fi.main(argv))
     assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
     assert file_bytes(run_dir) == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_run, tmp_path, signum):
+    """Issue 48: --eval-only answers SIGINT/SIGTERM as training does: exit 130 within 10 s, one line saying nothing
+    was written, and the run dir byte for byte as before (no evaluation file, whole or half, no .tmp)."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run[0], run_dir)
+    before = file_bytes(run_dir)
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--eval-only", str(run_dir), "--eval.episodes", "100000"]
+    rc, out, err, seconds = interrupt_when_printed(cmd, tmp_path, "evaluating ", signum)
+    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
+    assert "interrupted during --eval-only: no evaluation written" in err and "Traceback" not in err, err[-2000:]
+    assert file_bytes(run_dir) == before
+
+
+def test_a_signal_while_a_video_is_encoded_leaves_no_file(tmp_path):
+    """A signal during VP9 encoding (slow on a busy CPU) stops it within a frame and removes the partial file."""
+    frames = [np.zeros((64, 64, 3), np.uint8)] * 5
+    fi.STOP.set()
+    try:
+        with pytest.raises(fi.Interrupted):
+            fi.write_video(tmp_path / "videos" / "v.webm", frames, fps=30)
+    finally:
+        fi.STOP.clear()
+    assert list((tmp_path / "videos").iterdir()) == []

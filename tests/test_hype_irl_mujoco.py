@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from conftest import (
     file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
+    interrupt_when_printed,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -370,7 +372,7 @@ def rendering_available() -> bool:
 def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_dir, tmp_path):
     experts = tmp_path / "experts"
     video = ["--capture-video"] if rendering_available() else []
-    smoke = [*mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), "--checkpoint-frequency", 100, *video, *TINY]
+    smoke = [*mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), "--checkpoint-every", 100, *video, *TINY]
     rc, out, err = run_script(SCRIPT, *smoke, timeout=300)
     assert rc == 0, err[-2000:]
     assert_run_directory_printed_at_start_and_end(out, run_dir)
@@ -459,7 +461,7 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
         "100",
         "--eval.frequency",
         "100000",
-        "--checkpoint-frequency",
+        "--checkpoint-every",
         "100",
         "--irl.reset-prob",
         "0.5",
@@ -705,7 +707,7 @@ def test_maze_evaluation_counts_an_episode_that_reaches_the_goal_as_a_success(ma
 
 def test_maze_smoke_run_on_mbirl_data_writes_success_rates(run_script, run_dir, tmp_path, maze_demos):
     demos = save_npz(tmp_path / "maze_demos.npz", maze_demos)
-    flags = ["--env-id", MAZE, "--expert.expert-path", demos, "--run-dir", run_dir, "--irl.reset-prob", 0.5]
+    flags = ["--env-id", MAZE, "--expert.path", demos, "--run-dir", run_dir, "--irl.reset-prob", 0.5]
     rc, out, err = run_script(SCRIPT, *flags, *MAZE_TINY, timeout=240)
     assert rc == 0, err[-2000:]
     assert_run_directory_printed_at_start_and_end(out, run_dir)
@@ -732,12 +734,12 @@ def test_maze_smoke_run_on_mbirl_data_writes_success_rates(run_script, run_dir, 
 MAZE_BAD_INPUTS = {  # case: (flags after --env-id, what the one line must say)
     "no demos": (lambda t, d: [], "python mbirl_antmaze.py --env-id PointMaze_UMaze-v3"),
     "another maze's demos": (
-        lambda t, d: ["--env-id", "PointMaze_Medium-v3", "--expert.expert-path", _demos_with(t, d)],
+        lambda t, d: ["--env-id", "PointMaze_Medium-v3", "--expert.path", _demos_with(t, d)],
         "holds demos of PointMaze_UMaze-v3",
     ),
-    "no goal": (lambda t, d: ["--expert.expert-path", _demos_with(t, d, drop=("goal",))], "lacks keys goal"),
+    "no goal": (lambda t, d: ["--expert.path", _demos_with(t, d, drop=("goal",))], "lacks keys goal"),
     "goal not in obs": (
-        lambda t, d: ["--expert.expert-path", _demos_with(t, d, goal=d["goal"] + 1.0)],
+        lambda t, d: ["--expert.path", _demos_with(t, d, goal=d["goal"] + 1.0)],
         "key goal must end every observation",
     ),
     "retired maze": (lambda t, d: ["--env-id", "PointMaze_UMaze-v2"], "did you mean PointMaze_UMaze-v3"),
@@ -748,7 +750,7 @@ MAZE_BAD_INPUTS = {  # case: (flags after --env-id, what the one line must say)
 def test_maze_bad_input_exits_2_with_one_line_and_creates_nothing(tmp_path, maze_demos, case):
     line = bad_input_line(tmp_path, MAZE, maze_demos, *MAZE_BAD_INPUTS[case])
     if case == "no demos":
-        assert "--expert.expert-path" in line, line
+        assert "--expert.path" in line, line
 
 
 class RandomAnt:
@@ -779,7 +781,7 @@ def test_antmaze_layout_expert_reset_and_a_tiny_run(tmp_path):
         np.testing.assert_allclose(env.step(d["actions"][i])[0], d["next_observations"][i], atol=1e-5)
     env.close()
     demos = save_npz(tmp_path / "ant.npz", d)
-    argv = ["--env-id", ant, "--expert.expert-path", demos, "--run-dir", tmp_path / "run", "--irl.reset-prob", 0.5]
+    argv = ["--env-id", ant, "--expert.path", demos, "--run-dir", tmp_path / "run", "--irl.reset-prob", 0.5]
     argv += [*MAZE_TINY, "--irl.total-timesteps", 150, "--eval.episodes", 1, "--max-episode-steps", 40]
     code, err = quiet_main(lambda: hy.main([str(a) for a in argv]))
     assert code == 0, err[-2000:]
@@ -791,7 +793,7 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, expe
     """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
     with --run-dir, and running it exactly as printed resumes (the step counter continues)."""
     flags = ["--env-id", PENDULUM, "--expert.experts-dir", experts_dir, "--irl.total-timesteps", 100000, *TINY]
-    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-frequency", 100]
+    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-every", 100]
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--eval.frequency", "100000"]
     check_printed_command_resumes(cmd, tmp_path, lambda step, text: f"resuming from step {step}" in text)
 
@@ -832,3 +834,47 @@ def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run)
     line = one_line_exit_2(lambda: hy.main(argv))
     assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
     assert file_bytes(run_dir) == before
+
+
+RETIRED = [
+    (["--expert.expert-path", "demos.npz"], "--expert.path"),
+    (["--expert.expert_path=demos.npz"], "--expert.path"),
+    (["--checkpoint-frequency", "100"], "--checkpoint-every"),
+    (["--threads", "2"], "--torch-threads"),
+]
+
+
+@pytest.mark.parametrize("flag, new", RETIRED)
+def test_old_flag_spellings_are_refused_with_a_hint_to_the_new_name(tmp_path, experts_dir, flag, new):
+    """Issue 48 item 8: one flag name per concept across the scripts (--expert.path, --checkpoint-every,
+    --torch-threads); an old spelling (--expert.expert-path was an alias here) exits 2 naming the new one, before
+    anything is created."""
+    argv = ["--env-id", PENDULUM, "--expert.experts-dir", str(experts_dir), *flag, "--run-dir", str(tmp_path / "run")]
+    assert f"use {new} " in one_line_exit_2(lambda: hy.main(argv))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_run, tmp_path, signum):
+    """Issue 48: --eval-only answers SIGINT/SIGTERM as training does: exit 130 within 10 s, one line saying nothing
+    was written, and the run dir byte for byte as before (no evaluation file, whole or half, no .tmp)."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run[0], run_dir)
+    before = file_bytes(run_dir)
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--eval-only", str(run_dir), "--eval.episodes", "100000"]
+    rc, out, err, seconds = interrupt_when_printed(cmd, tmp_path, "evaluating ", signum)
+    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
+    assert "interrupted during --eval-only: no evaluation written" in err and "Traceback" not in err, err[-2000:]
+    assert file_bytes(run_dir) == before
+
+
+def test_a_signal_while_a_video_is_encoded_leaves_no_file(tmp_path):
+    """A signal during VP9 encoding (slow on a busy CPU) stops it within a frame and removes the partial file."""
+    frames = [np.zeros((64, 64, 3), np.uint8)] * 5
+    hy.STOP.set()
+    try:
+        with pytest.raises(hy.Interrupted):
+            hy.write_video(tmp_path / "videos" / "v.webm", frames, fps=30)
+    finally:
+        hy.STOP.clear()
+    assert list((tmp_path / "videos").iterdir()) == []
