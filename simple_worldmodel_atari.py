@@ -1092,12 +1092,15 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
     envs = make_envs(c["rom"], n, c["sticky"], noop_max, frames_cap)
     obs, _ = envs.reset(seed=seed)
     ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
+    counts = np.zeros(policy.config["num_actions"], dtype=np.int64)
     bar = Progress(episodes, f"evaluate T={temperature}", unit="game")
     while (done_count < quota).any():
         if STOP["signal"]:
             envs.close()
             raise Interrupted("evaluation interrupted (it restarts on resume)")
-        obs, reward, term, trunc, _ = envs.step(policy.act(obs, temperature))
+        action = policy.act(obs, temperature)
+        counts += np.bincount(action, minlength=len(counts))
+        obs, reward, term, trunc, _ = envs.step(action)
         if video is not None:
             video.append(obs[0, -1])
         ret += reward
@@ -1114,7 +1117,8 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
     bar.close()
     mean, std = float(np.mean(returns)), float(np.std(returns))
     settings = {"temperature": temperature, "noop_max": noop_max, "max_steps": max_steps}
-    return {"mean": mean, "std": std, "returns": returns, **settings}
+    shares = (counts / counts.sum()).tolist()  # how often each action was chosen (of the game's minimal set)
+    return {"mean": mean, "std": std, "returns": returns, "action_shares": shares, **settings}
 
 
 def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
@@ -1146,7 +1150,8 @@ def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
             history[-1].update(sim_return=sim_return, ppo_iterations=state["ppo_iter"])
             end_phase(state, phases, ctx, modules)
         if todo("collect"):
-            collect_phase(policy, data, args, ctx, random_policy=args.mode == "world-model-only")
+            rewards = collect_phase(policy, data, args, ctx, random_policy=args.mode == "world-model-only")
+            history[-1]["collect_rewards"] = rewards
             end_phase(state, phases, ctx, modules)
         if todo("evaluate"):
             ev = evaluate_phase(epoch, policy, data, args, ctx)
@@ -1174,8 +1179,9 @@ def world_model_phase(epoch: int, modules: dict, data: RealData, args: Args, ctx
     return wm_eval
 
 
-def collect_phase(policy: Policy, data: RealData, args: Args, ctx: dict, random_policy: bool):
-    """Play one collection in the real game, save it as data/collection_NNN.npz, add it to the data."""
+def collect_phase(policy: Policy, data: RealData, args: Args, ctx: dict, random_policy: bool) -> float:
+    """Play one collection in the real game, save it as data/collection_NNN.npz, add it to the data. Returns the
+    sum of its game rewards (what the reward head can learn from: on Freeway, the road crossings)."""
     with redone_on_resume(ctx):  # the first collection makes the real envs: redone alike
         real, steps = real_envs(args, ctx), ctx["schedule"]["per_env"]
         temperature = args.ppo.collect_temperature
@@ -1189,11 +1195,14 @@ def collect_phase(policy: Policy, data: RealData, args: Args, ctx: dict, random_
     real["episodes"].clear()
     writer.add_scalar("charts/SPS", real["sps"], data.real_steps)
     writer.add_scalar("charts/real_steps", data.real_steps, len(data.collections))
+    writer.add_scalar("charts/collection_rewards", float(collection["rewards"].sum()), data.real_steps)
     who = "random" if random_policy else "policy"
     print(
         f"[collect] {who} play: {data.real_steps} real agent steps in all "
-        f"({len(data.collections)} collections, {real['sps']:.0f} steps/s)"
+        f"({len(data.collections)} collections, {real['sps']:.0f} steps/s; rewards in this one: "
+        f"{collection['rewards'].sum():g})"
     )
+    return float(collection["rewards"].sum())
 
 
 def evaluate_phase(epoch: int, policy: Policy, data: RealData, args: Args, ctx: dict) -> dict:
@@ -1613,14 +1622,14 @@ class UniformRandomPolicy:
     """The random baseline: uniform actions, played through evaluate_policy in a trained policy's envs."""
 
     def __init__(self, num_actions: int, env_config: dict, seed: int):
-        self.num_actions, self.env_config = num_actions, env_config
+        self.config, self.env_config = {"num_actions": num_actions}, env_config
         self.rng = np.random.default_rng(seed)
 
     def eval(self):
         return self
 
     def act(self, obs, temperature: float = 1.0):
-        return self.rng.integers(0, self.num_actions, size=len(obs))
+        return self.rng.integers(0, self.config["num_actions"], size=len(obs))
 
 
 @torch.no_grad()
@@ -1979,8 +1988,10 @@ def learning_curve_rows(history: list) -> list[dict]:
         row = {k: h.get(k) for k in ("epoch", "world_model_steps", "ppo_iterations", "real_steps")}
         row.update({f"wm_{k}": v for k, v in (h.get("world_model") or {}).items()})
         ev = h.get("eval") or {}
-        row.update(sim_return=h.get("sim_return"), eval_mean=ev.get("mean"), eval_std=ev.get("std"))
-        row["eval_games"] = len(ev["returns"]) if ev else None
+        row.update(sim_return=h.get("sim_return"), collect_rewards=h.get("collect_rewards"))
+        row.update(eval_mean=ev.get("mean"), eval_std=ev.get("std"), eval_games=len(ev["returns"]) if ev else None)
+        shares = ev.get("action_shares")
+        row["eval_action_shares"] = " ".join(f"{x:.3f}" for x in shares) if shares else None
         rows.append(row)
     return rows
 

@@ -367,6 +367,8 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     curve = (run_dir / "learning_curve.csv").read_text().splitlines()  # the per-epoch record, one row an epoch
     header, last = curve[0].split(","), dict(zip(curve[0].split(","), curve[-1].split(",")))
     assert len(curve) == 3 and {"wm_frame_mse_8", "wm_copy_frame_mse_8", "eval_mean", "eval_std"} <= set(header)
+    assert float(last["collect_rewards"]) == float(res["history"][-1]["collect_rewards"])
+    assert len(res["eval"]["action_shares"]) == 6 and math.isclose(sum(res["eval"]["action_shares"]), 1.0)
     assert float(last["wm_frame_mse_8"]) == wm["frame_mse_8"] and float(last["eval_mean"]) == res["eval"]["mean"]
     assert int(last["world_model_steps"]) == 6 and int(last["ppo_iterations"]) == 8
     logged = tags(run_dir)
@@ -752,6 +754,7 @@ def test_uniform_random_baseline_plays_every_action_alike_through_the_same_evalu
     assert (up["policy"], uniform["policy"]) == ("trained", "uniform-random")
     assert len(up["returns"]) == len(uniform["returns"]) == 2 and uniform["max_steps"] == 300
     assert min(up["returns"]) >= 2 and uniform["mean"] == 0, (up, uniform)
+    assert up["action_shares"] == [0.0, 1.0, 0.0] and all(0.25 < x < 0.42 for x in uniform["action_shares"])
 
 
 def test_learning_curve_rows_flatten_each_epoch_and_leave_unreached_phases_blank(tmp_path):
@@ -760,7 +763,8 @@ def test_learning_curve_rows_flatten_each_epoch_and_leave_unreached_phases_blank
         {"epoch": 0, "world_model": wm, "world_model_steps": 30, "sim_return": 0.5, "ppo_iterations": 4},
         {"epoch": 1, "world_model": {**wm, "frame_mse_1": 0.005}, "world_model_steps": 40},
     ]
-    history[0].update(eval={"mean": 2.0, "std": 1.0, "returns": [1.0, 3.0]}, real_steps=96)
+    history[0].update(eval={"mean": 2.0, "std": 1.0, "returns": [1.0, 3.0], "action_shares": [0.25, 0.75]})
+    history[0].update(real_steps=96, collect_rewards=3.0)
     path = tmp_path / "learning_curve.csv"
     sw.write_learning_curve_csv(history, path)
     import csv
@@ -769,7 +773,8 @@ def test_learning_curve_rows_flatten_each_epoch_and_leave_unreached_phases_blank
     assert [r["epoch"] for r in rows] == ["0", "1"] and [r["wm_frame_mse_1"] for r in rows] == ["0.01", "0.005"]
     assert rows[0]["wm_copy_frame_mse_1"] == "0.02" and rows[0]["world_model_steps"] == "30"
     assert (rows[0]["eval_mean"], rows[0]["eval_std"], rows[0]["eval_games"]) == ("2.0", "1.0", "2")
-    assert rows[1]["eval_mean"] == rows[1]["sim_return"] == rows[1]["eval_games"] == ""
+    assert (rows[0]["eval_action_shares"], rows[0]["collect_rewards"]) == ("0.250 0.750", "3.0")
+    assert rows[1]["eval_mean"] == rows[1]["sim_return"] == rows[1]["eval_games"] == rows[1]["collect_rewards"] == ""
 
 
 def test_sigterm_inside_a_long_real_collection_exits_130_within_10_s(tmp_path):
