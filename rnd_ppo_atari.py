@@ -48,6 +48,7 @@ class EnvArgs:
     sticky_action_prob: float = 0.25  # ALE repeat_action_probability, per emulator frame (paper: 0.25)
     max_episode_frames: int = 18_000  # episode cap in emulator frames (paper: 18K); the cap counts as a terminal
     env_threads: int = 0  # C++ threads of the vector env (0 = one per core)
+    track_rooms: bool = True  # Montezuma/Pitfall: train on Python envs that read the room from RAM (same frames)
 
 
 @dataclass
@@ -121,7 +122,10 @@ class Args:
 def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
     """ale-py's C++ vector env with every semantic choice of the paper set explicitly.
     Same-step autoreset: a done step returns the reset observation and puts the true
-    last one in info["final_obs"] (no wasted transition)."""
+    last one in info["final_obs"] (no wasted transition). Games with a room byte and
+    --env.track-rooms: RoomEnvs, the same frames from Python envs, rooms in info."""
+    if env_args.track_rooms and rom in ROOM_RAM_ADDRESS:
+        return RoomEnvs(env_args, rom, num_envs, seed)
     from ale_py.vector_env import AtariVectorEnv
 
     envs = AtariVectorEnv(
@@ -145,6 +149,79 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
     )
     envs.reset(seed=np.arange(seed, seed + num_envs, dtype=np.int64))
     return envs
+
+
+# The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
+# rooms are logged for these games only.
+ROOM_RAM_ADDRESS = {"montezuma_revenge": 3, "pitfall": 1}
+
+
+def rom_to_camel(rom: str) -> str:
+    return "".join(part.capitalize() for part in rom.split("_"))
+
+
+def make_python_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
+    """One gymnasium env with make_envs' preprocessing (a zero-padded frame stack, as
+    ale-py's vector env), whose RAM can be read: evaluation and RoomEnvs use it."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make(
+        f"ALE/{rom_to_camel(rom)}-v5",
+        render_mode="rgb_array" if render else None,
+        repeat_action_probability=env_args.sticky_action_prob,
+        frameskip=1,
+        full_action_space=False,
+        max_num_frames_per_episode=env_args.max_episode_frames,
+    )
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
+    env = gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+    env.reset(seed=seed)
+    return env
+
+
+class RoomEnvs:
+    """make_envs' vector env (same frames, episode ends, same-step autoreset and final_obs)
+    stepped one env at a time in Python, so each env's room can be read from RAM:
+    info["room"] (N,) is the room after the step (before an autoreset)."""
+
+    def __init__(self, env_args: EnvArgs, rom: str, num_envs: int, seed: int):
+        self.envs = [make_python_env(env_args, rom, seed + i) for i in range(num_envs)]
+        self.num_envs, self.ram_addr = num_envs, ROOM_RAM_ADDRESS[rom]
+        self.single_action_space = self.envs[0].action_space
+
+    def reset(self, seed=None):
+        """seed: one per env, or an int s for s, s + 1, ... (None: not reseeded)."""
+        if seed is None or isinstance(seed, (int, np.integer)):
+            seed = [None] * self.num_envs if seed is None else range(seed, seed + self.num_envs)
+        return np.stack([e.reset(seed=None if s is None else int(s))[0] for e, s in zip(self.envs, seed)]), {}
+
+    def step(self, actions: np.ndarray):
+        obs, final_obs, info = [], {}, {"room": np.zeros(self.num_envs, dtype=np.int64)}
+        rewards, terms, truncs = (np.zeros(self.num_envs, dtype=t) for t in (np.int32, bool, bool))
+        for i, env in enumerate(self.envs):
+            o, rewards[i], terms[i], truncs[i], _ = env.step(int(actions[i]))
+            info["room"][i] = env.unwrapped.ale.getRAM()[self.ram_addr]
+            if terms[i] or truncs[i]:
+                final_obs[i] = o
+                o, _ = env.reset()
+            obs.append(o)
+        obs = np.stack(obs)
+        if final_obs:
+            info["final_obs"] = np.zeros_like(obs)
+            info["final_obs"][list(final_obs)] = np.stack(list(final_obs.values()))
+        return obs, rewards, terms, truncs, info
+
+    def send(self, actions: np.ndarray):  # the vector env's split step, done at recv
+        self.actions = actions
+
+    def recv(self):
+        return self.step(self.actions)
+
+    def close(self):
+        for env in self.envs:
+            env.close()
 
 
 # ---- Networks
@@ -511,7 +588,7 @@ class Rollout:
 
 class Player:
     """The envs and what carries over between rollouts: next observation, episode starts,
-    GRU state, scores."""
+    GRU state, scores, and with RoomEnvs the rooms (of this process, and of each episode)."""
 
     def __init__(self, envs, agent: Agent, seed: int, device):
         obs, _ = envs.reset(seed=np.arange(seed, seed + envs.num_envs, dtype=np.int64))
@@ -521,10 +598,12 @@ class Player:
         self.state = agent.initial_state(envs.num_envs, device)
         self.score = np.zeros(envs.num_envs)
         self.length = np.zeros(envs.num_envs, dtype=np.int64)
+        self.rooms, self.episode_rooms = set(), [set() for _ in range(envs.num_envs)]
 
     def rollout(self, agent: Agent, buf: Rollout) -> list:
         """num_steps steps of every env; per step, the only host<->device traffic is the
-        actions out and the frames in. Returns the finished episodes (step, score, length)."""
+        actions out and the frames in. Returns the finished episodes (step, score, length,
+        distinct rooms or None)."""
         buf.state0, episodes = self.state.clone(), []
         for step in range(buf.actions.shape[0]):
             check_stop("during a rollout")
@@ -548,9 +627,13 @@ class Player:
             clipped = np.sign(reward)
             buf.ext_rewards[step] = torch.as_tensor(clipped, dtype=torch.float32, device=self.device)
             self.score, self.length = self.score + reward, self.length + 1
+            for i, room in enumerate(info["room"].tolist() if "room" in info else []):
+                self.episode_rooms[i].add(room)
+                self.rooms.add(room)
             for i in np.flatnonzero(done):
-                episodes.append((step, float(self.score[i]), int(self.length[i])))
-                self.score[i], self.length[i] = 0.0, 0
+                rooms = len(self.episode_rooms[i]) if "room" in info else None
+                episodes.append((step, float(self.score[i]), int(self.length[i]), rooms))
+                self.score[i], self.length[i], self.episode_rooms[i] = 0.0, 0, set()
         return episodes
 
 
@@ -650,6 +733,22 @@ def diagnostics(losses: dict, batch: dict, reward_rms: RunningMeanStd) -> dict:
     return logs
 
 
+def log_episodes(writer, run: dict, recent, episodes: list, steps_per_env_step: int) -> None:
+    """The finished episodes: scores for the target score; rank 0 logs each (score, length,
+    rooms) at the global step where it ended."""
+    for step, score, length, rooms in episodes:
+        recent.append(score)
+        if writer is None:
+            continue
+        at_step = run["global_step"] + (step + 1) * steps_per_env_step
+        writer.add_scalar("charts/episodic_return", score, at_step)
+        writer.add_scalar("charts/episodic_length", length, at_step)
+        if rooms is not None:
+            writer.add_scalar("charts/episodic_rooms", rooms, at_step)
+            run["history"]["episode_step"].append(at_step)
+            run["history"]["episode_rooms"].append(rooms)
+
+
 def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: float) -> None:
     """Rank 0: the scalars to TensorBoard, the progress bar, and the history the plot draws."""
     step = run["global_step"]
@@ -660,8 +759,8 @@ def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: flo
     if np.isfinite(run["sps"]):
         writer.add_scalar("charts/SPS", run["sps"], step)
     writer.flush()
-    int_reward = logs["rnd/intrinsic_reward"]
-    for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward)):
+    int_reward, rooms = logs["rnd/intrinsic_reward"], logs.get("charts/visited_rooms_train")
+    for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward), ("train_rooms", rooms)):
         run["history"][key].append(value)
     bar.update(step - bar.n)  # the bar counts global steps (and starts at the resumed one)
     bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
@@ -712,12 +811,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             # a signal inside the iteration: the snapshot of the last whole one (a copy, taken here) is saved
             last = snapshot_state(learner, run, recent, filter_state, copied=True) if STOP["solo"] else None
             with saved_on_stop(lambda: save_snapshot(state=last)):
-                for step, score, length in player.rollout(agent, buf):
-                    recent.append(score)
-                    if writer is not None:
-                        at_step = run["global_step"] + (step + 1) * N * world.size
-                        writer.add_scalar("charts/episodic_return", score, at_step)
-                        writer.add_scalar("charts/episodic_length", length, at_step)
+                log_episodes(writer, run, recent, player.rollout(agent, buf), N * world.size)
                 run["global_step"] += batch_size
                 scored = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
                 batch, filter_state = scored
@@ -734,7 +828,9 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
                 hint = "lower --ppo.learning-rate or set --ppo.max-grad-norm"
                 raise NonFiniteLoss(f"non-finite loss at iteration {iteration}: {hint}")
             logs = dict(zip(logs, values.tolist()))
-            run["iteration"] = iteration
+            run["iteration"], run["rooms_train"] = iteration, run["rooms_train"] | world.union(player.rooms)
+            if isinstance(envs, RoomEnvs):  # distinct rooms any env (of any rank) has been in so far
+                logs["charts/visited_rooms_train"] = len(run["rooms_train"])
             avg_return = float(flags[1] / flags[2]) if flags[2] > 0 else float("nan")
             sps_start = measure_sps(run, sps_start)
             if writer is not None:
@@ -809,7 +905,7 @@ REQUIRED = {  # the keys `load` checks for each kind of file
     "policy": {"env_id", "network", "config", "state_dict"},
     "snapshot": {"agent", "rnd", "optimizer", "obs_rms", "reward_rms", "filter_state", "rng", "iteration"},
 }
-REQUIRED["snapshot"] |= {"global_step", "recent_returns", "history", "rooms_seen", "config"}
+REQUIRED["snapshot"] |= {"global_step", "recent_returns", "history", "rooms_seen", "rooms_train", "config"}
 ARCHITECTURE = ("rnn_hidden_layers", "rnn_hidden_size")  # a snapshot cannot be resumed with other values
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
@@ -1022,6 +1118,7 @@ def snapshot_state(learner: dict, run: dict, recent, filter_state, copied: bool 
     state = {k: v.state_dict() for k, v in learner.items()} | {"iteration": run["iteration"], "rng": rng}
     state |= {"global_step": run["global_step"], "filter_state": filter_state.cpu(), "recent_returns": list(recent)}
     state |= {"history": run["history"], "rooms_seen": sorted(run["rooms_seen"]), "config": learner["agent"].config}
+    state["rooms_train"] = sorted(run["rooms_train"])
     if copied:
         state = {k: copy.deepcopy(v) if k in learner or k == "filter_state" else v for k, v in state.items()}
         state["history"] = {k: list(v) for k, v in run["history"].items()}
@@ -1064,13 +1161,15 @@ def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, fi
     """A fresh run record, or the snapshot loaded into the learner, the counters and the RNGs. Returns the record and
     the reward filter's state (the snapshot's when --ppo.num-envs is unchanged)."""
     run = {"iteration": 0, "global_step": 0, "rooms_seen": set(), "stop_reason": "budget", "sps": float("nan")}
-    run["history"] = {k: [] for k in ("step", "avg_return", "int_reward", "eval_step", "eval_return", "eval_rooms")}
+    run["rooms_train"] = set()  # rooms visited in training rollouts (RoomEnvs); rooms_seen: in evaluations
+    keys = ("step", "avg_return", "int_reward", "train_rooms", "eval_step", "eval_return", "eval_rooms")
+    run["history"] = {k: [] for k in (*keys, "episode_step", "episode_rooms")}
     if snapshot is None:
         return run, filter_state
     for name, obj in learner.items():
         obj.load_state_dict(snapshot[name])
     run.update(iteration=snapshot["iteration"], global_step=snapshot["global_step"], history=snapshot["history"])
-    run["rooms_seen"] = set(snapshot["rooms_seen"])
+    run["rooms_seen"], run["rooms_train"] = set(snapshot["rooms_seen"]), set(snapshot["rooms_train"])
     recent.extend(snapshot["recent_returns"])
     rng = snapshot["rng"]
     random.setstate(rng["python"])
@@ -1088,37 +1187,7 @@ def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, fi
     return run, filter_state
 
 
-# Evaluation: separate envs with RAM (for the rooms), the stochastic policy as trained
-def rom_to_camel(rom: str) -> str:
-    return "".join(part.capitalize() for part in rom.split("_"))
-
-
-def make_eval_env(env_args: EnvArgs, rom: str, seed: int, render: bool = False):
-    """One Python env with the same preprocessing, for evaluation: unlike ale-py 0.12.1's
-    vector env, it has RAM."""
-    import ale_py
-    import gymnasium as gym
-
-    gym.register_envs(ale_py)
-    env = gym.make(
-        f"ALE/{rom_to_camel(rom)}-v5",
-        render_mode="rgb_array" if render else None,
-        repeat_action_probability=env_args.sticky_action_prob,
-        frameskip=1,
-        full_action_space=False,
-        max_num_frames_per_episode=env_args.max_episode_frames,
-    )
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, terminal_on_life_loss=False)
-    env = gym.wrappers.FrameStackObservation(env, 4)
-    env.reset(seed=seed)
-    return env
-
-
-# The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
-# rooms are logged for these games only.
-ROOM_RAM_ADDRESS = {"montezuma_revenge": 3, "pitfall": 1}
-
-
+# Evaluation: separate Python envs with RAM (for the rooms), the stochastic policy as trained
 @torch.no_grad()
 def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False):
     """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms
@@ -1126,7 +1195,7 @@ def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, s
     if episodes == 0:
         return {"returns": [], "lengths": [], "rooms": [], "frames": []}
     ram_addr = ROOM_RAM_ADDRESS.get(rom)
-    envs = [make_eval_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
+    envs = [make_python_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
@@ -1184,12 +1253,19 @@ def finish(args: Args, agent: Agent, run: dict, rom: str, device, run_dir: Path,
     results |= {"eval_mean_return": mean, "eval_std_return": std, "eval_lengths": result["lengths"]}
     results |= {"eval_rooms_per_episode": result["rooms"], "visited_rooms": len(run["rooms_seen"]) if rooms else None}
     results |= {"rooms_seen": sorted(run["rooms_seen"]) if rooms else None, "sps": run["sps"]}
+    history, tracked = run["history"], rooms and any(r is not None for r in run["history"]["train_rooms"])
+    results |= {"visited_rooms_train": len(run["rooms_train"]) if tracked else None}
+    results |= {"rooms_seen_train": sorted(run["rooms_train"]) if tracked else None}
+    curve = {"step": history["step"], "visited_rooms": history["train_rooms"]}
+    episodes = {"step": history["episode_step"], "rooms": history["episode_rooms"]}
+    results |= {"train_rooms_curve": curve if tracked else None, "train_episode_rooms": episodes if tracked else None}
     results |= {k: run[k] for k in ("train_mean_return", "train_episodes_in_mean")}
     results |= {k: run[k] for k in ("rank_param_checksums", "rank_obs_checksums", "rank_normaliser_checksums")}
     results["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     plot_curves(run["history"], rom, args.env_id, run_dir, final_eval=mean)
     atomic_write(run_dir / "results.json", results)
     rooms_text = f", visited rooms {len(run['rooms_seen'])}" if rooms else ""
+    rooms_text += f" (in training {len(run['rooms_train'])})" if tracked else ""
     summary = f"{run['global_step']} steps, eval return {mean:.1f} over {len(returns)} episodes"
     print(f"done: {summary}{rooms_text}; results in {run_dir / 'results.json'}", flush=True)
     return results
@@ -1220,8 +1296,10 @@ def load_policy(path: str, device="cpu") -> Agent:
 
 
 def make_policy_envs(policy: Agent, num_envs: int):
-    """The vector envs a loaded policy was trained on, made with the settings saved in policy.pt."""
-    return make_envs(EnvArgs(**policy.env_config), resolve_env_id(policy.env_id), num_envs, seed=0)
+    """The vector envs a loaded policy was trained on, made with the settings saved in policy.pt (the C++ ones: the
+    same frames as RoomEnvs, faster)."""
+    env_args = EnvArgs(**policy.env_config | {"track_rooms": False})
+    return make_envs(env_args, resolve_env_id(policy.env_id), num_envs, seed=0)
 
 
 def atomic_write(path: Path, content, suffix: str = "") -> None:
@@ -1269,8 +1347,12 @@ def plot_curves(history: dict, rom: str, env_id: str, run_dir: Path, final_eval:
     axes[0].set_title("extrinsic score")
     axes[0].legend(fontsize=7)
     if rooms:
-        axes[1].plot(history["eval_step"][-len(history["eval_rooms"]) :], history["eval_rooms"], "o-")
-        axes[1].set_title("visited rooms (evaluation, cumulative)")
+        train = [(s, r) for s, r in zip(history["step"], history["train_rooms"]) if r is not None]
+        if train:
+            axes[1].plot(*zip(*train), label="training")
+        axes[1].plot(history["eval_step"][-len(history["eval_rooms"]) :], history["eval_rooms"], "o-", label="eval")
+        axes[1].set_title("visited rooms (cumulative)")
+        axes[1].legend(fontsize=7)
     axes[-1].plot(history["step"], history["int_reward"])
     axes[-1].set_title("normalised intrinsic reward / step")
     for ax in axes:
@@ -1372,6 +1454,10 @@ class World:
         if self.enabled:
             dist.all_gather_object(out, obj)
         return out
+
+    def union(self, items: set) -> set:
+        """The union of every rank's set."""
+        return set().union(*self.all_gather_object(sorted(items))) if self.enabled else set(items)
 
     def checksums(self, agent, next_obs, obs_rms, reward_rms) -> dict:
         """Every rank must end with the same weights and normalisers (and its own envs): checksums of each rank."""

@@ -221,6 +221,109 @@ def test_gru_policy_act_keeps_and_resets_its_state():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Rooms in training: RoomEnvs (Python envs with RAM) against ale-py's vector env, and the bookkeeping
+# ---------------------------------------------------------------------------------------------------------------
+def test_room_envs_give_the_vector_envs_frames_rewards_and_episode_ends():
+    """Without sticky actions both backends are deterministic: the same actions give bit-identical observations (the
+    zero-padded stack at a reset too), rewards, terminals, truncations (the frame cap) and final_obs, through step and
+    through send/recv; only RoomEnvs has info["room"]."""
+    settings = dict(sticky_action_prob=0.0, max_episode_frames=200)
+    vector = rnd.make_envs(rnd.EnvArgs(**settings, track_rooms=False), "montezuma_revenge", 3, 5)
+    python = rnd.make_envs(rnd.EnvArgs(**settings), "montezuma_revenge", 3, 5)
+    assert type(vector).__name__ == "AtariVectorEnv" and isinstance(python, rnd.RoomEnvs)
+    assert python.single_action_space == vector.single_action_space and python.num_envs == 3
+    first = [envs.reset(seed=np.arange(5, 8))[0] for envs in (vector, python)]
+    assert first[0].shape == (3, 4, 84, 84) and first[0].dtype == np.uint8 and np.array_equal(*first)
+    assert np.array_equal(python.reset(seed=5)[0], first[1])  # an int seeds envs 5, 6, 7 (as the contract's reset)
+    rng, ends = np.random.default_rng(0), 0
+    for t in range(120):
+        actions = rng.integers(0, 18, 3)
+        if t % 2:
+            for envs in (vector, python):
+                envs.send(actions)
+            a, b = vector.recv(), python.recv()
+        else:
+            a, b = vector.step(actions), python.step(actions)
+        for x, y in zip(a[:4], b[:4]):
+            assert x.dtype == y.dtype and np.array_equal(x, y), t
+        assert ("final_obs" in a[4]) == ("final_obs" in b[4]) and "room" in b[4] and "room" not in a[4]
+        done = a[2] | a[3]
+        if done.any():
+            assert np.array_equal(a[4]["final_obs"][done], b[4]["final_obs"][done]) and not (a[0][done] == 0).all()
+            ends += done.sum()
+    assert ends == 6  # 200 frames = 50 agent steps: each env's episode ended twice
+    assert type(rnd.make_envs(rnd.EnvArgs(), "breakout", 1, 0)).__name__ == "AtariVectorEnv"  # no room byte
+
+
+def test_rollouts_record_each_episodes_rooms_and_every_room_from_ram():
+    """Env 0 is moved to room 0 by writing RAM byte 3 between two rollouts (walking out of room 1 takes hundreds of
+    precise steps): its episode then counts 2 rooms, env 1's 1, and the process has seen {0, 1}."""
+    envs = rnd.RoomEnvs(rnd.EnvArgs(sticky_action_prob=0.0, max_episode_frames=40), "montezuma_revenge", 2, 3)
+    agent = rnd.Agent(envs.single_action_space.n)
+    player, buf = rnd.Player(envs, agent, 3, "cpu"), rnd.Rollout(6, 2, "cpu")
+    assert player.rollout(agent, buf) == [] and player.rooms == {1}  # 40 frames = 10 steps: no episode ended yet
+    envs.envs[0].unwrapped.ale.setRAM(3, 0)
+    episodes = player.rollout(agent, buf)
+    assert [(step, length, rooms) for step, _, length, rooms in episodes] == [(3, 10, 2), (3, 10, 1)]
+    assert player.rooms == {0, 1} and player.episode_rooms == [{1}, {1}]  # the new episodes start in room 1
+    run = {"global_step": 100, "history": {"episode_step": [], "episode_rooms": []}}
+    recent = []
+    rnd.log_episodes(None, run, recent, episodes, 2)
+    assert len(recent) == 2 and run["history"]["episode_rooms"] == []  # other ranks keep scores only
+
+
+def learner_for_snapshot():
+    agent, model = rnd.Agent(18), rnd.RNDModel()
+    optimizer = torch.optim.Adam([*agent.parameters(), *model.predictor.parameters()])
+    norms = dict(obs_rms=rnd.RunningMeanStd((84, 84)), reward_rms=rnd.RunningMeanStd(()))
+    return dict(agent=agent, rnd=model, optimizer=optimizer, **norms)
+
+
+def test_snapshot_keeps_training_rooms_and_their_curve_through_resume():
+    learner, world = learner_for_snapshot(), rnd.World()
+    run, _ = rnd.resume(None, learner, [], world, 1, torch.zeros(2))
+    run |= {"iteration": 4, "global_step": 256, "rooms_train": {0, 1, 4}}
+    run["history"]["train_rooms"] = [1, 1, 2, 3]
+    state = rnd.snapshot_state(learner, run, [], torch.zeros(2), copied=True)
+    run["rooms_train"].add(7)  # after the copy: not in the snapshot
+    resumed, _ = rnd.resume(state, learner_for_snapshot(), [], world, 1, torch.zeros(2))
+    assert resumed["rooms_train"] == {0, 1, 4} and resumed["history"]["train_rooms"] == [1, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_training_rooms_survive_an_interrupt_and_reach_results_and_events(tmp_path, monkeypatch):
+    """In process: the first start reads the 'room' from RAM byte 42 (the player's x, which random play changes) and
+    is stopped as by SIGTERM in iteration 3; the resumed start reads the true byte 3. Its results keep every x seen
+    before the stop, the curve continues, and TensorBoard has the per-iteration and per-episode room counts."""
+    command = ["--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--env.max-episode-frames", "40"]
+    command += ["--eval.episodes", "0", "--ppo.total-timesteps", "256", "--run-dir", str(tmp_path / "run")]
+    measure_sps = rnd.measure_sps
+
+    def stop_after_two(run, sps_start):
+        if run["iteration"] == 2:
+            rnd.STOP["signal"] = 15
+        return measure_sps(run, sps_start)
+
+    with monkeypatch.context() as patch:
+        patch.setitem(rnd.ROOM_RAM_ADDRESS, "montezuma_revenge", 42)
+        patch.setattr(rnd, "measure_sps", stop_after_two)
+        code, err = quiet_main(lambda: rnd.main(rnd.parse_args(command)))
+    assert code == 130 and "resume with" in err, err
+    before = set(rnd.load(rnd.checkpoint_paths(tmp_path / "run")[-1], "snapshot")["rooms_train"])
+    assert len(before) > 2, before
+    code, _ = quiet_main(lambda: rnd.main(rnd.parse_args(command)))
+    assert code == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert set(res["rooms_seen_train"]) == before | {1} and res["visited_rooms_train"] == len(before | {1})
+    curve = res["train_rooms_curve"]
+    assert curve["step"] == [64, 128, 192, 256] and curve["visited_rooms"][2:] == [len(before | {1})] * 2
+    assert curve["visited_rooms"][1] == len(before) and len(res["train_episode_rooms"]["step"]) >= 4
+    tags = scalars(tmp_path / "run")
+    assert [s for s, _ in tags["charts/visited_rooms_train"]] == [64, 128, 192, 256]
+    assert [v for _, v in tags["charts/episodic_rooms"]] == res["train_episode_rooms"]["rooms"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Subprocess runs of the real command, and the user contract
 # ---------------------------------------------------------------------------------------------------------------
 FINISHED_RUN = ["--env-id", "MontezumaRevengeNoFrameskip-v4", *TINY, "--progress-bar", "--torch-threads", "1"]
@@ -528,7 +631,7 @@ def test_resume_with_a_different_network_is_refused(tmp_path):
     (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "MontezumaRevengeNoFrameskip-v4"}))
     snapshot = {k: {} for k in ("agent", "rnd", "optimizer", "obs_rms", "reward_rms", "rng", "history")}
     snapshot |= {"filter_state": torch.zeros(4), "iteration": 3, "global_step": 192, "recent_returns": []}
-    snapshot |= {"rooms_seen": [], "config": {"rnn_hidden_layers": 0, "rnn_hidden_size": 256}}
+    snapshot |= {"rooms_seen": [], "rooms_train": [], "config": {"rnn_hidden_layers": 0, "rnn_hidden_size": 256}}
     rnd.save(run_dir / "checkpoints" / "ckpt_00000003.pt", "snapshot", **snapshot)
     inputs = rnd.validate_run_dir(rnd.parse_args(["--run-dir", str(run_dir)]), "cpu", "montezuma_revenge")
     assert inputs.snapshot["iteration"] == 3
