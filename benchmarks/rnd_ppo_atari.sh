@@ -66,6 +66,61 @@ case "${1:-}" in
     done
     wait
     ;;
+  room-envs-cost)  # env steps/s of RoomEnvs (--env.track-rooms: Python envs, rooms from RAM) against ale-py's C++
+    # vector env, random actions, 32 envs, alternating 15 s rounds in one window: report the ratio, not the rates.
+    python - <<'PY'
+import time, numpy as np, rnd_ppo_atari as r
+rates = {True: [], False: []}
+for _ in range(3):
+    for track in (False, True):
+        envs = r.make_envs(r.EnvArgs(track_rooms=track), "montezuma_revenge", 32, 1)
+        rng, steps, t0 = np.random.default_rng(0), 0, time.perf_counter()
+        while time.perf_counter() - t0 < 15:
+            envs.step(rng.integers(0, 18, 32))
+            steps += 32
+        rates[track].append(steps / (time.perf_counter() - t0))
+        envs.close()
+for track, label in ((False, "AtariVectorEnv"), (True, "RoomEnvs")):
+    print(label, " ".join(f"{x:.0f}" for x in rates[track]), "env steps/s")
+print("RoomEnvs / AtariVectorEnv, per round:", " ".join(f"{a / b:.2f}" for a, b in zip(rates[True], rates[False])))
+PY
+    ;;
+  montezuma)  # montezuma {rnd|ppo} SEED [flags...]: Montezuma's Revenge, RND against plain PPO (--rnd.int-coef 0, the
+    # script's own baseline: no bonus, predictor not trained), the same flags otherwise. 611 iterations x 4,096 agent
+    # steps = 2,502,656 steps = 10.0M frames. The paper's 128 envs x 128 steps would only make each iteration 4x longer
+    # on this 2-core CPU (SPS barely depends on num_envs: throughput-128 above); 32 envs x 128 steps keep an iteration
+    # (and a checkpoint's lost work) small, and --rnd.update-proportion 1.0 trains the predictor on as many samples per
+    # iteration as the paper's 0.25 of 128 envs (its App. A.4). --env.track-rooms (the default) logs the rooms visited
+    # in training from RAM. Niced, one torch thread, at most two of the four at a time; the process becomes python
+    # (exec), so a SIGTERM to its pid saves a snapshot and exits 130; the same command resumes (a finished run exits
+    # 0). Its output goes to RUN_DIR.log. RUN_ROOT (default runs) moves the run dir;
+    # flags after SEED override the ones here. A tiny check of the plumbing (seconds per start; SIGTERM it, re-run it):
+    #   RUN_ROOT=/tmp/rnd_check benchmarks/rnd_ppo_atari.sh montezuma rnd 1 --ppo.num-envs 4 --ppo.num-steps 16 \
+    #     --ppo.total-timesteps 640 --rnd.num-iterations-obs-norm-init 1 --checkpoint-every 1 --eval.episodes 1
+    name=${2:?montezuma rnd|ppo SEED}; seed=${3:?montezuma rnd|ppo SEED}; shift 3
+    case "$name" in rnd) coef=1.0 ;; ppo) coef=0.0 ;; *) echo "montezuma: rnd or ppo, not $name" >&2; exit 2 ;; esac
+    dir="${RUN_ROOT:-runs}/rnd_montezuma_${name}_s${seed}"
+    mkdir -p "$(dirname "$dir")"
+    exec env OMP_NUM_THREADS=1 nice -n 19 python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --seed "$seed" \
+      --rnd.int-coef "$coef" --ppo.num-envs 32 --ppo.num-steps 128 --rnd.update-proportion 1.0 \
+      --ppo.total-timesteps 2502656 --checkpoint-every 10 --keep-checkpoints 2 --torch-threads 1 \
+      --run-dir "$dir" "$@" >> "$dir.log" 2>&1
+    ;;
+  montezuma-records)  # each montezuma run's small records into benchmarks/results/rnd_montezuma_<name>_s<seed>/ (or
+    # RESULTS_ROOT/...), at any time (a run still going gives its curves so far): the
+    # charts/, eval/ and rnd/ curves as CSV (rooms in training: charts/visited_rooms_train per iteration and
+    # charts/episodic_rooms per episode), args.json, curves.png, and results.json once the run has finished.
+    for dir in "${RUN_ROOT:-runs}"/rnd_montezuma_*_s*; do
+      [ -f "$dir/args.json" ] || continue
+      out="${RESULTS_ROOT:-benchmarks/results}/$(basename "$dir")"
+      mkdir -p "$out"
+      python benchmarks/tb_to_csv.py "$dir" "$out/curves.csv" --prefix charts/ --prefix eval/ --prefix rnd/
+      cp "$dir/args.json" "$out/"
+      for f in curves.png results.json; do
+        if [ -f "$dir/$f" ]; then cp "$dir/$f" "$out/"; fi
+      done
+    done
+    ;;
   plot)  # docs/assets/rnd_ppo_atari/montezuma_cpu_evidence.png from the two evidence runs' TensorBoard events
     python - <<'PY'
 import matplotlib; matplotlib.use("Agg")
@@ -95,5 +150,5 @@ fig.savefig(out, dpi=70); print(out, out.stat().st_size)
 PY
     ;;
   *)
-    echo "usage: $0 {throughput-8|throughput-128|throughput-128-int0|warmup|evidence|evidence-finish|plot}" >&2; exit 2 ;;
+    echo "usage: $0 {throughput-8|throughput-128|throughput-128-int0|warmup|room-envs-cost|montezuma|montezuma-records|evidence|evidence-finish|plot}" >&2; exit 2 ;;
 esac
