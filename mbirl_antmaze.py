@@ -68,12 +68,12 @@ class ExpertArgs:
 
     experts_dir: str = "experts"
     """cache shared with the sibling scripts: {experts_dir}/{env_id}/demos.npz and expert_meta.json"""
-    expert_path: str | None = None
+    path: str | None = None
     """a demos.npz of your own (format in docs/mbirl_antmaze.md), or minari:DATASET_ID for a downloaded Minari maze
     dataset (e.g. minari:D4RL/antmaze/umaze-v1 with --env-id AntMaze_UMaze-v4); overrides the cache"""
     num_demos: int | None = ranged(None, 1, 1e6)
     """expert episodes the planner generates when the cache is empty (reset seeds 0, 1, ...; default 64); data that
-    exist (the cache, --expert.expert-path) holding another number of episodes: exit 2, never a silent mismatch"""
+    exist (the cache, --expert.path) holding another number of episodes: exit 2, never a silent mismatch"""
     kp: float = ranged(10.0, 0, 1e4)
     """PD controller's position gain (D4RL maze2d's)"""
     kd: float = ranged(1.0, 0, 1e4)
@@ -83,7 +83,7 @@ class ExpertArgs:
     action_noise: float = ranged(0.1, 0, 1)
     """std of Gaussian noise added to the expert's actions (executed and stored); 0 = none"""
     only: bool = False
-    """make (or check) the expert data of the cache or --expert.expert-path, then exit 0: no run dir, no training"""
+    """make (or check) the expert data of the cache or --expert.path, then exit 0: no run dir, no training"""
     reacher_reach: float = ranged(1.0, 0.01, 100)
     """AntMaze: the waypoint offset handed to the Ant controller is clipped to this many m (it was trained on goals
     up to 6 m away; a nearer target makes it walk slower and fall less, see docs/mbirl_antmaze.md)"""
@@ -234,8 +234,6 @@ class EvalArgs:
     return)"""
     log_frequency: int = ranged(1000, 1, 1e10)
     """TensorBoard scalars every this many real steps"""
-    checkpoint_frequency: int = ranged(5000, 1, 1e10)
-    """checkpoint every this many real steps (and on SIGINT/SIGTERM)"""
 
 
 @dataclass
@@ -259,7 +257,7 @@ class Args:
     save_model: bool = True
     """write policy.pt at the end"""
     env_id: str = "PointMaze_UMaze-v3"
-    """PointMaze_*, AntMaze_* (expert data from the Ant controller of --reacher.path, or --expert.expert-path),
+    """PointMaze_*, AntMaze_* (expert data from the Ant controller of --reacher.path, or --expert.path),
     Hopper-v5, Walker2d-v5, Ant-v5 or Humanoid-v5 (these on the siblings' SAC expert cache)"""
     run_dir: str | None = None
     """run directory; default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one is resumed"""
@@ -270,6 +268,8 @@ class Args:
     """evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json; no training"""
     torch_threads: int = 0
     """CPU threads for torch; 0 = torch's default"""
+    checkpoint_every: int = ranged(5000, 1, 1e10)
+    """checkpoint every this many real steps (and on SIGINT/SIGTERM)"""
     expert: ExpertArgs = field(default_factory=ExpertArgs)
     model: ModelArgs = field(default_factory=ModelArgs)
     hyper: HyperArgs = field(default_factory=HyperArgs)
@@ -1551,7 +1551,7 @@ def main(args: Args) -> None:
         n, rows, score = len(demos["returns"]), len(demos["observations"]), run.expert_score
         print(f"[expert] {n} episodes, {rows} transitions, {run.metric} {score:.2f}", flush=True)
         if args.expert.only:
-            source = args.expert.expert_path or run.cache / "demos.npz"
+            source = args.expert.path or run.cache / "demos.npz"
             return print(f"[expert] --expert.only: the expert data are ready in {source}; no run", flush=True)
         # Phase 2: the model, pretrained on the expert data (mazes) unless a run dir holds it.
         model, elites = run.load_pretrained()
@@ -1624,7 +1624,7 @@ class RunContext:
             check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
             check_writable(self.run_dir, "--run-dir")
         self.cache = Path(args.expert.experts_dir) / args.env_id
-        path = args.expert.expert_path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
+        path = args.expert.path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
             None if path is None else load_demos(path, args.env_id, self.obs_dim, self.act_dim, self.nq, self.nv)
         )
@@ -1637,7 +1637,7 @@ class RunContext:
         if self.demos is None and env_family(args.env_id) == "mujoco":
             raise UsageError(
                 f"no expert data for {args.env_id}: build the shared SAC expert cache first (python hype_irl_mujoco.py "
-                f"--env-id {args.env_id}, or filter_irl_mujoco.py) or pass --expert.expert-path"
+                f"--env-id {args.env_id}, or filter_irl_mujoco.py) or pass --expert.path"
             )
         if self.demos is None:  # the planner's data go to the cache: refused now, not after the episodes
             check_writable(self.cache, "--expert.experts-dir")
@@ -1647,7 +1647,7 @@ class RunContext:
             if not path.is_file():
                 raise UsageError(
                     f"{args.env_id} needs the goal-reaching Ant controller {path} (train it: python {SCRIPT} "
-                    "--train-goal-reacher) or demos of your own (--expert.expert-path)"
+                    "--train-goal-reacher) or demos of your own (--expert.path)"
                 )
             bad = UsageError(f"{path} is not a goal-reaching Ant controller of {SCRIPT}; retrain it")
             try:
@@ -1826,7 +1826,7 @@ class RunContext:
             last.pop("rollout_sps", None)  # logged once per refill, not repeated until the next one
         if step % e.frequency == 0 or step == args.hyper.total_timesteps:
             self.evaluate(step, c, s.agent.actor)
-        if step % e.checkpoint_frequency == 0 and step < args.hyper.total_timesteps:
+        if step % args.checkpoint_every == 0 and step < args.hyper.total_timesteps:
             self.checkpoint(s, c)
 
     def evaluate(self, step: int, c: dict, actor: Actor) -> None:
@@ -1984,15 +1984,18 @@ def retired_env_id(env_id: str) -> str | None:
 
 def check_ranges(args) -> None:
     """Every numeric setting within the range its field declares (ranged), before any work."""
-    for group in (f for f in dataclasses.fields(args) if dataclasses.is_dataclass(f.type)):
-        for f in dataclasses.fields(group.type):
+    groups = [
+        (f"{f.name}.", getattr(args, f.name)) for f in dataclasses.fields(args) if dataclasses.is_dataclass(f.type)
+    ]
+    for prefix, obj in [("", args), *groups]:
+        for f in dataclasses.fields(obj):
             if "range" not in f.metadata:
                 continue
-            (lo, hi), v = f.metadata["range"], getattr(getattr(args, group.name), f.name)
+            (lo, hi), v = f.metadata["range"], getattr(obj, f.name)
             if v is None:  # an unset optional: its documented default applies
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
-                flag = f"--{group.name}.{f.name.replace('_', '-')}"
+                flag = f"--{prefix}{f.name.replace('_', '-')}"
                 raise UsageError(f"{flag} must lie in [{lo:g}, {hi:g}], not {v}")
 
 
@@ -2077,9 +2080,7 @@ def load_demos(path, env_id: str, obs_dim: int, act_dim: int, nq: int, nv: int) 
     if str(path).startswith(MINARI):
         return check_demos(minari_maze_demos(str(path)[len(MINARI) :]), path, env_id, obs_dim, act_dim, nq, nv)
     if not Path(path).is_file():
-        raise UsageError(
-            f"--expert.expert-path {path} does not exist; pass a demos.npz (format in docs/mbirl_antmaze.md)"
-        )
+        raise UsageError(f"--expert.path {path} does not exist; pass a demos.npz (format in docs/mbirl_antmaze.md)")
     try:
         with np.load(path, allow_pickle=False) as f:
             demos = {k: f[k] for k in f.files}
@@ -2449,10 +2450,29 @@ def args_from_dict(saved: dict) -> Args:
     return Args(**kwargs)
 
 
+RETIRED_FLAGS = {  # an old spelling (or a sibling's) -> the flag its one-line hint names (docs/CONTRACT.md)
+    "--expert.expert-path": "--expert.path",
+    "--eval.checkpoint-frequency": "--checkpoint-every",
+    "--checkpoint-frequency": "--checkpoint-every",
+    "--reacher.eval-episodes": "--eval.episodes",
+    "--threads": "--torch-threads",
+}
+
+
+def refuse_retired_flags(argv: list[str]) -> None:
+    """An old spelling of a flag: one line naming the new one, exit 2, before anything is parsed or written."""
+    retired = [flag for a in map(str, argv) if (flag := a.split("=")[0].replace("_", "-")) in RETIRED_FLAGS]
+    if retired:
+        new = RETIRED_FLAGS[retired[0]]
+        print(f"error: {retired[0]} was renamed: use {new} (the same flag in every script)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def cli(argv: list[str] | None = None) -> Args:
     """Parse the command line; an existing --run-dir's args.json gives the defaults (`--run-dir X` resumes).
     --train-goal-reacher (or a run dir of it) runs mbirl_antmaze_goal_reacher.py with the other flags."""
     argv = sys.argv[1:] if argv is None else argv
+    refuse_retired_flags(argv)
     if "--train-goal-reacher" in argv or saved_script(argv) == "mbirl_antmaze_goal_reacher.py":
         import mbirl_antmaze_goal_reacher as phase0
 

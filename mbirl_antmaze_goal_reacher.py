@@ -61,8 +61,6 @@ class ReacherArgs(mb.ReacherArgs):
     controller behind Minari's antmaze data (turning makes the Ant slower than Ant-v5's forward run)"""
     ctrl_cost: float = mb.ranged(0.5, 0, 100)
     """weight of the control cost (Ant-v5's)"""
-    eval_episodes: int = mb.ranged(10, 1, 1e4)
-    """deterministic evaluation episodes (reset seeds seed + 10000 + i) every eval.frequency steps and at the end"""
 
 
 @dataclass
@@ -73,8 +71,8 @@ class EvalArgs:
     """evaluate every this many Ant steps (and at the end)"""
     log_frequency: int = mb.ranged(1000, 1, 1e10)
     """TensorBoard scalars every this many Ant steps"""
-    checkpoint_frequency: int = mb.ranged(5000, 1, 1e10)
-    """checkpoint every this many Ant steps (and on SIGINT/SIGTERM)"""
+    episodes: int = mb.ranged(10, 1, 1e4)
+    """deterministic evaluation episodes (reset seeds seed + 10000 + i) every --eval.frequency steps and at the end"""
 
 
 @dataclass
@@ -95,6 +93,8 @@ class Args:
     """run directory; default runs/ant_goal_reacher__{seed}__{unix_time}; an existing one is resumed"""
     torch_threads: int = 0
     """CPU threads for torch; 0 = torch's default"""
+    checkpoint_every: int = mb.ranged(5000, 1, 1e10)
+    """checkpoint every this many Ant steps (and on SIGINT/SIGTERM)"""
     reacher: ReacherArgs = field(default_factory=ReacherArgs)
     eval: EvalArgs = field(default_factory=EvalArgs)
 
@@ -308,14 +308,14 @@ class ReacherRun(mb.RunContext):
             self.writer.add_scalar("charts/SPS", (step - self.sps_step) / max(1e-9, time.time() - self.sps_t0), step)
         if crossed(e.frequency) or step >= r.total_timesteps:
             self.evaluate(c, agent)
-        if crossed(e.checkpoint_frequency) and step < r.total_timesteps:
+        if crossed(self.args.checkpoint_every) and step < r.total_timesteps:
             self.save_checkpoint(agent, replay, c)
 
     def evaluate(self, c, agent) -> None:
         """Evaluate; a new best (more goals, then fewer falls) is written to --reacher.path at once, so a running or
         stopped training always leaves its best controller so far."""
         r = self.args.reacher
-        res = {"step": c["step"], **evaluate_reacher(agent.actor, r, r.eval_episodes, self.args.seed + 10_000)}
+        res = {"step": c["step"], **evaluate_reacher(agent.actor, r, self.args.eval.episodes, self.args.seed + 10_000)}
         c["history"].append(res)
         self.writer.add_scalar("charts/goals_per_episode", res["goals_per_episode"], c["step"])
         self.writer.add_scalar("charts/fall_rate", res["fall_rate"], c["step"])
@@ -366,6 +366,7 @@ class ReacherRun(mb.RunContext):
 def cli(argv: list[str] | None = None) -> Args:
     """Parse the command line; an existing --run-dir's args.json gives the defaults (`--run-dir X` resumes)."""
     argv = sys.argv[1:] if argv is None else argv
+    mb.refuse_retired_flags(argv)
     args = tyro.cli(Args, args=argv)
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
     if saved is not None and mb.saved_script(argv) == SCRIPT:  # (another script's run: validation says so)

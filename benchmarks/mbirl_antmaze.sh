@@ -36,7 +36,7 @@ fi
 #    at 16.6k / 32.6k / 47.5k / 62.1k / 77.7k / 92.6k real steps including the discriminator's.
 if [ "${1:-}" = hype_pointmaze ]; then
   python hype_irl_mujoco.py --env-id PointMaze_Medium-v3 --seed 1 --torch-threads 1 \
-    --expert.expert-path $OUT/experts/PointMaze_Medium-v3/demos.npz --run-dir runs/hype_pointmaze_medium \
+    --expert.path $OUT/experts/PointMaze_Medium-v3/demos.npz --run-dir runs/hype_pointmaze_medium \
     --irl.total-timesteps 30000 --irl.train-every 1000 --eval.frequency 5000 --eval.episodes 25 \
     > $OUT/hype_pointmaze_medium.log 2>&1
 fi
@@ -64,7 +64,7 @@ if [ "${1:-}" = antmaze ]; then antmaze_umaze antmaze_umaze; fi
 if [ "${1:-}" = antmaze_seed ]; then
   antmaze_umaze antmaze_umaze_s$SEED
   python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed $SEED --torch-threads 1 \
-    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_s$SEED \
+    --expert.path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_s$SEED \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
     > $OUT/hype_antmaze_umaze_s$SEED.log 2>&1
 fi
@@ -109,7 +109,7 @@ if [ "${1:-}" = antmaze_large ]; then
     --hyper.updates-per-step 5 --disc.every 500 --model.max-epochs 25 --eval.frequency 2000 --eval.episodes 25 \
     > $OUT/antmaze_large${SEED:+_s$SEED}.log 2>&1
   nice -n 5 python hype_irl_mujoco.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
-    --expert.expert-path $OUT/experts/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large${SEED:+_s$SEED} \
+    --expert.path $OUT/experts/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large${SEED:+_s$SEED} \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
     > $OUT/hype_antmaze_large${SEED:+_s$SEED}.log 2>&1
 fi
@@ -162,7 +162,7 @@ fi
 if [ "${1:-}" = hype_large_data ]; then
   antmaze_large_data_dirs
   nice -n 5 python hype_irl_mujoco.py --env-id AntMaze_Large_Diverse_GR-v5 --seed ${SEED:-1} --torch-threads 1 \
-    --expert.expert-path $EXP/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large_$NAME \
+    --expert.path $EXP/AntMaze_Large_Diverse_GR-v5/demos.npz --run-dir $OUT/hype_antmaze_large_$NAME \
     --irl.total-timesteps ${HSTEPS:-32000} --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 \
     > $OUT/hype_antmaze_large_$NAME.log 2>&1
 fi
@@ -185,7 +185,7 @@ fi
 if [ "${1:-}" = hype_antmaze ]; then
   name=hype_antmaze_umaze${SEED:+_s$SEED}${TAG:+_$TAG}
   python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
-    --expert.expert-path $OUT/experts${TAG:+_$TAG}/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/$name \
+    --expert.path $OUT/experts${TAG:+_$TAG}/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/$name \
     --irl.total-timesteps 20000 --irl.train-every 1000 --eval.frequency 4000 --eval.episodes 25 > $OUT/$name.log 2>&1
 fi
 
@@ -195,7 +195,7 @@ fi
 #    0.28 / 0.24 / 0.24 at 19k ... 108k.
 if [ "${1:-}" = hype_antmaze_long ]; then
   nice -n 10 python hype_irl_mujoco.py --env-id AntMaze_UMaze-v5 --seed ${SEED:-1} --torch-threads 1 \
-    --expert.expert-path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED} \
+    --expert.path $OUT/experts/AntMaze_UMaze-v5/demos.npz --run-dir $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED} \
     --irl.total-timesteps 30000 --irl.train-every 1000 --eval.frequency 5000 --eval.episodes 25 \
     > $OUT/hype_antmaze_umaze_30k${SEED:+_s$SEED}.log 2>&1
 fi
@@ -231,7 +231,7 @@ class R:
 np.savez('$OUT/random_ant.npz', **m.record_episodes('AntMaze_UMaze-v5', R(), 20))"
   $PY benchmarks/throughput.py mujoco --env-id AntMaze_UMaze-v5 --label "mbirl-antmaze-rollout${LABEL_SUFFIX:-}" \
     --tag hyper/rollout_sps --also-tag charts/SPS --also-tag hyper/actor_updates_per_s --train-seconds "${HYPER_S:-240}" -- \
-    $PY mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.expert-path $OUT/random_ant.npz \
+    $PY mbirl_antmaze.py --env-id AntMaze_UMaze-v5 --expert.path $OUT/random_ant.npz \
     --hyper.exploration-steps 1000 --hyper.freq-train-model 200 --model.max-epochs 5 --eval.frequency 1000000 \
     --eval.log-frequency 20
 fi

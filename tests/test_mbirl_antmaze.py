@@ -489,7 +489,7 @@ def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
         *TINY,
         "--hyper.total-timesteps",
         "800",
-        "--eval.checkpoint-frequency",
+        "--checkpoint-every",
         "200",
         "--eval.frequency",
         "400",
@@ -531,7 +531,7 @@ def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts
     same counters (4 model trainings, not 5), evaluations and weights as the uninterrupted run. The model rollouts
     are saved, the real episode in progress is replayed, and a model phase a signal stopped is undone and redone."""
     flags = ["--expert.experts-dir", str(experts_dir), *TINY, "--hyper.total-timesteps", "800", "--torch-threads", "1"]
-    flags += ["--eval.checkpoint-frequency", "200", "--eval.frequency", "400"]
+    flags += ["--checkpoint-every", "200", "--eval.frequency", "400"]
     script = str(REPO_ROOT / "mbirl_antmaze.py")
     from conftest import quiet_main, run_script_subprocess
 
@@ -653,7 +653,7 @@ def test_eval_only_prints_the_summary_and_numbers_from_eval_001(tmp_path):
 
 def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_path, experts_dir):
     """Issue 48 item 11: --expert.only makes the planner's expert data into the cache (or checks the cache or
-    --expert.expert-path) and exits 0 without a run dir; a bad expert file is still exit 2."""
+    --expert.path) and exits 0 without a run dir; a bad expert file is still exit 2."""
     from conftest import keep_signals, one_line_exit_2
 
     run_dir, cache = tmp_path / "run", tmp_path / "new-cache"
@@ -664,14 +664,14 @@ def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_p
     made = (cache / ENV / "demos.npz").read_bytes()
     keep_signals(lambda: mb.main(mb.cli(argv)))  # the cache exists: checked, kept
     assert (cache / ENV / "demos.npz").read_bytes() == made
-    given = ["--expert.only", "--expert.expert-path", str(experts_dir / ENV / "demos.npz")]
+    given = ["--expert.only", "--expert.path", str(experts_dir / ENV / "demos.npz")]
     keep_signals(lambda: mb.main(mb.cli(given)))
     assert not run_dir.exists()
 
     bad = tmp_path / "bad.npz"
     with np.load(experts_dir / ENV / "demos.npz") as f:
         np.savez(bad, **{k: f[k] for k in f.files if k != "qpos"})
-    assert "qpos" in one_line_exit_2(lambda: mb.main(mb.cli(["--expert.only", "--expert.expert-path", str(bad)])))
+    assert "qpos" in one_line_exit_2(lambda: mb.main(mb.cli(["--expert.only", "--expert.path", str(bad)])))
 
 
 def test_sigterm_in_a_long_pretraining_epoch_is_answered_within_10_s(run_dir, experts_dir):
@@ -777,7 +777,7 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
         path = tmp_path / "bad.npz"
         np.savez(path, **demos)
         with pytest.raises(mb.UsageError, match=match):
-            _validate(tmp_path, env_id=env_id, expert=mb.ExpertArgs(expert_path=str(path)))
+            _validate(tmp_path, env_id=env_id, expert=mb.ExpertArgs(path=str(path)))
 
     d = dict(umaze_demos)
     check({k: v for k, v in d.items() if k != "qpos"}, "qpos")
@@ -796,7 +796,7 @@ def test_bad_expert_files_name_the_key(tmp_path, umaze_demos):
     check(d | {"episode_starts": starts}, "episode_starts")
     (tmp_path / "junk.npz").write_text("not a zip")
     with pytest.raises(mb.UsageError, match="cannot read"):
-        _validate(tmp_path, expert=mb.ExpertArgs(expert_path=str(tmp_path / "junk.npz")))
+        _validate(tmp_path, expert=mb.ExpertArgs(path=str(tmp_path / "junk.npz")))
     assert not (tmp_path / "run").exists()
 
 
@@ -876,7 +876,7 @@ def test_pretraining_has_its_own_epoch_cap(umaze_demos):
 def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run_dir, tmp_path, umaze_demos):
     path = tmp_path / "noqvel.npz"
     np.savez(path, **{k: v for k, v in umaze_demos.items() if k != "qvel"})
-    rc, out, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, "--expert.expert-path", path, timeout=120)
+    rc, out, err = run_script("mbirl_antmaze.py", "--run-dir", run_dir, "--expert.path", path, timeout=120)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "qvel" in err, err
     assert not run_dir.exists()
     other = tmp_path / "other"
@@ -921,7 +921,7 @@ def test_antmaze_flat_layout_is_31_d_and_leaves_no_temp_xml(antmaze_demos):
 
 def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
     no_data = {"expert": mb.ExpertArgs(experts_dir=str(tmp_path / "none"))}
-    with pytest.raises(mb.UsageError, match="train-goal-reacher.*expert-path"):  # no controller, no data
+    with pytest.raises(mb.UsageError, match="train-goal-reacher.*expert.path"):  # no controller, no data
         _validate(tmp_path, env_id="AntMaze_UMaze-v5", reacher=mb.ReacherArgs(path=str(tmp_path / "no.pt")), **no_data)
     (tmp_path / "junk.pt").write_text("not a checkpoint")
     mb.save_policy(tmp_path / "plain.pt", mb.GaussianActor(31, 8, 16), "AntMaze_UMaze-v5")  # a HyPER policy.pt
@@ -931,19 +931,17 @@ def test_antmaze_bad_input(tmp_path, antmaze_demos, umaze_demos):
     path = tmp_path / "point.npz"
     np.savez(path, **umaze_demos)
     with pytest.raises(mb.UsageError, match="not AntMaze_UMaze-v5"):
-        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(path=str(path)))
     d = dict(antmaze_demos)
     wide = np.concatenate([d["observations"], np.zeros((len(d["observations"]), 78), np.float32)], 1)
     np.savez(path, **(d | {"observations": wide}))  # recorded with Ant-v5's contact forces: the wrong layout
     with pytest.raises(mb.UsageError, match="key observations has shape"):
-        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(path=str(path)))
     np.savez(path, **antmaze_demos)  # 2 episodes: asking for another number is refused, never silently ignored
     with pytest.raises(mb.UsageError, match="holds 2 expert episodes, not --expert.num-demos 3"):
-        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path), num_demos=3))
+        _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(path=str(path), num_demos=3))
     for asked in (2, None):
-        ctx = _validate(
-            tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(expert_path=str(path), num_demos=asked)
-        )
+        ctx = _validate(tmp_path, env_id="AntMaze_UMaze-v5", expert=mb.ExpertArgs(path=str(path), num_demos=asked))
         assert ctx.args.expert.num_demos == 2
 
 
@@ -952,7 +950,7 @@ def test_antmaze_smoke_run_with_given_expert_file(run_script, run_dir, tmp_path,
     path = tmp_path / "ant.npz"
     np.savez(path, **antmaze_demos)
     rc, out, err = run_script(
-        "mbirl_antmaze.py", "--env-id", "AntMaze_UMaze-v5", "--run-dir", run_dir, "--expert.expert-path", path,
+        "mbirl_antmaze.py", "--env-id", "AntMaze_UMaze-v5", "--run-dir", run_dir, "--expert.path", path,
         "--hyper.total-timesteps", "300", "--hyper.exploration-steps", "50", "--hyper.bc-init-steps", "20",
         "--hyper.freq-train-model", "150", "--hyper.rollout-batch-size", "200", "--hyper.updates-per-step", "1",
         "--disc.every", "300", "--disc.trajectories", "1", "--disc.batch-size", "128", "--eval.frequency", "300",
@@ -1037,8 +1035,8 @@ def test_goal_reacher_training_writes_the_controller_resumes_and_drives_the_antm
     ctl = tmp_path / "ctl" / "reacher.pt"
     tiny = ["--train-goal-reacher", "--run-dir", str(run_dir), "--reacher.path", str(ctl), "--reacher.num-envs", "2",
             "--reacher.total-timesteps", "1200", "--reacher.learning-starts", "200", "--reacher.episode-steps", "150",
-            "--reacher.hidden", "32", "--reacher.batch-size", "64", "--reacher.eval-episodes", "2",
-            "--eval.frequency", "600", "--eval.log-frequency", "100", "--eval.checkpoint-frequency", "400"]  # fmt: skip
+            "--reacher.hidden", "32", "--reacher.batch-size", "64", "--eval.episodes", "2",
+            "--eval.frequency", "600", "--eval.log-frequency", "100", "--checkpoint-every", "400"]  # fmt: skip
     cmd = [sys.executable, str(REPO_ROOT / "mbirl_antmaze.py"), *tiny]
     rc, _, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "reacher.pt", wait_s=180)
     assert rc == 130, err[-2000:]
@@ -1348,7 +1346,7 @@ def test_hopper_needs_the_shared_expert_cache(tmp_path, umaze_demos):
     path = tmp_path / "maze.npz"
     np.savez(path, **umaze_demos)
     with pytest.raises(mb.UsageError, match="not Hopper-v5"):
-        _validate(tmp_path, env_id="Hopper-v5", expert=mb.ExpertArgs(expert_path=str(path)))
+        _validate(tmp_path, env_id="Hopper-v5", expert=mb.ExpertArgs(path=str(path)))
 
 
 @pytest.mark.slow
@@ -1440,3 +1438,25 @@ def test_rng_states_loaded_onto_the_gpu_restore_the_host_and_cuda_generators():
     mb.RunContext.set_rng_state(ctx, on_gpu)
     again = (ctx.rng.random(), torch.rand(1, generator=ctx.generator), torch.rand(1), torch.rand(1, device="cuda"))
     assert expected[0] == again[0] and all(torch.equal(a, b) for a, b in zip(expected[1:], again[1:]))
+
+
+@pytest.mark.parametrize(
+    "flag, new",
+    [
+        (["--expert.expert-path", "demos.npz"], "--expert.path"),
+        (["--expert.expert_path=demos.npz"], "--expert.path"),
+        (["--eval.checkpoint-frequency", "100"], "--checkpoint-every"),
+        (["--threads", "2"], "--torch-threads"),
+        (["--train-goal-reacher", "--eval.checkpoint-frequency", "100"], "--checkpoint-every"),
+        (["--train-goal-reacher", "--reacher.eval-episodes", "2"], "--eval.episodes"),
+    ],
+)
+def test_old_flag_spellings_are_refused_with_a_hint_to_the_new_name(tmp_path, flag, new):
+    """Issue 48 item 8: one flag name per concept across the scripts (--expert.path, --checkpoint-every,
+    --torch-threads, --eval.episodes), the goal reacher's flags too; an old spelling exits 2 naming the new one,
+    before anything is created."""
+    from conftest import one_line_exit_2
+
+    argv = [*flag, "--run-dir", str(tmp_path / "run"), "--expert.experts-dir", str(tmp_path / "cache")]
+    assert f"use {new} " in one_line_exit_2(lambda: mb.main(mb.cli(argv)))
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
