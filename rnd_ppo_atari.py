@@ -43,61 +43,79 @@ from torch.distributions import Categorical
 from tqdm import tqdm
 
 
+def ranged(default, low: float, high: float):
+    """A flag's default and the range [low, high] it must lie in (checked before any work: exit 2; NaN fails)."""
+    return field(default=default, metadata={"range": (low, high)})
+
+
 @dataclass
 class EnvArgs:
-    sticky_action_prob: float = 0.25  # ALE repeat_action_probability, per emulator frame (paper: 0.25)
-    max_episode_frames: int = 18_000  # episode cap in emulator frames (paper: 18K); the cap counts as a terminal
-    env_threads: int = 0  # C++ threads of the vector env (0 = one per core)
+    sticky_action_prob: float = ranged(0.25, 0, 1)  # ALE repeat_action_probability, per emulator frame (paper: 0.25)
+    max_episode_frames: int = ranged(18_000, 4, 1e8)
+    """episode cap in emulator frames (paper: 18K); the cap counts as a terminal"""
+    env_threads: int = ranged(0, 0, 1024)  # C++ threads of the vector env (0 = one per core)
     track_rooms: bool = True  # Montezuma/Pitfall: train on Python envs that read the room from RAM (same frames)
 
 
 @dataclass
 class PPOArgs:
-    total_timesteps: int = 491_520_000  # agent steps over all envs and ranks (paper: 0.49B = 1.97B frames)
-    learning_rate: float = 1e-4  # Adam learning rate (paper: 1e-4, constant)
+    total_timesteps: int = ranged(491_520_000, 1, 1e12)
+    """agent steps over all envs and ranks (paper: 0.49B = 1.97B frames)"""
+    learning_rate: float = ranged(1e-4, 1e-12, 1)  # Adam learning rate (paper: 1e-4, constant)
     anneal_lr: bool = False  # anneal the learning rate linearly to 0 (CleanRL does; the paper and OpenAI do not)
-    adam_eps: float = 1e-8  # Adam epsilon (OpenAI's MpiAdam: 1e-8)
-    num_envs: int = 128  # parallel environments PER RANK (torchrun --nproc-per-node N gives N x num_envs)
-    num_steps: int = 128  # rollout length per env per iteration
-    gamma: float = 0.999  # extrinsic discount gamma_E (episodic)
-    gae_lambda: float = 0.95  # GAE lambda for both streams
-    num_minibatches: int = 4  # minibatches per epoch; each is a slice of num_envs / num_minibatches whole envs
-    update_epochs: int = 4  # PPO epochs per iteration
+    adam_eps: float = ranged(1e-8, 1e-12, 1)  # Adam epsilon (OpenAI's MpiAdam: 1e-8)
+    num_envs: int = ranged(128, 1, 4096)
+    """parallel environments PER RANK (torchrun --nproc-per-node N gives N x num_envs)"""
+    num_steps: int = ranged(128, 1, 1e5)  # rollout length per env per iteration
+    gamma: float = ranged(0.999, 0, 1)  # extrinsic discount gamma_E (episodic)
+    gae_lambda: float = ranged(0.95, 0, 1)  # GAE lambda for both streams
+    num_minibatches: int = ranged(4, 1, 4096)
+    """minibatches per epoch; each is a slice of num_envs / num_minibatches whole envs"""
+    update_epochs: int = ranged(4, 1, 1000)  # PPO epochs per iteration
     norm_adv: bool = False  # normalise advantages per minibatch (the paper and OpenAI do not)
-    clip_coef: float = 0.1  # PPO clip range epsilon (ratio in [0.9, 1.1])
-    ent_coef: float = 0.001  # entropy bonus coefficient (0 = off)
-    vf_coef: float = 1.0  # value loss weight on 0.5 * (MSE_ext + MSE_int) (OpenAI: 1.0, no value clipping)
-    max_grad_norm: float = 0.0  # global gradient-norm clip (0 = off, as the paper's runs; CleanRL: 0.5)
-    target_score: Optional[float] = None  # stop when the mean score of the last --ppo.target-score-window episodes
-    target_score_window: int = 100  # episodes (per rank) averaged for --ppo.target-score and avg_episodic_return
+    clip_coef: float = ranged(0.1, 1e-6, 10)  # PPO clip range epsilon (ratio in [0.9, 1.1])
+    ent_coef: float = ranged(0.001, 0, 100)  # entropy bonus coefficient (0 = off)
+    vf_coef: float = ranged(1.0, 0, 100)
+    """value loss weight on 0.5 * (MSE_ext + MSE_int) (OpenAI: 1.0, no value clipping)"""
+    max_grad_norm: float = ranged(0.0, 0, 1e6)  # global gradient-norm clip (0 = off, as the paper's runs; CleanRL: 0.5)
+    target_score: Optional[float] = ranged(None, -1e12, 1e12)
+    """stop when the mean score of the last --ppo.target-score-window episodes"""
+    target_score_window: int = ranged(100, 1, 1e6)
+    """episodes (per rank) averaged for --ppo.target-score and avg_episodic_return"""
 
 
 @dataclass
 class RNDArgs:
-    int_gamma: float = 0.99  # intrinsic discount gamma_I (non-episodic)
-    ext_coef: float = 2.0  # coefficient of the EXTRINSIC advantage
-    int_coef: float = 1.0  # coefficient of the INTRINSIC advantage (0 = plain PPO: no bonus, predictor not trained)
-    update_proportion: float = 0.25  # fraction of each minibatch the predictor trains on (paper: 0.25 at 128 envs)
-    num_iterations_obs_norm_init: int = 50  # random-agent rollouts that initialise the observation normaliser (0 = off)
-    obs_clip: float = 5.0  # whitened RND inputs are clipped to [-obs_clip, obs_clip]
+    int_gamma: float = ranged(0.99, 0, 1)  # intrinsic discount gamma_I (non-episodic)
+    ext_coef: float = ranged(2.0, 0, 1e6)  # coefficient of the EXTRINSIC advantage
+    int_coef: float = ranged(1.0, 0, 1e6)
+    """coefficient of the INTRINSIC advantage (0 = plain PPO: no bonus, predictor not trained)"""
+    update_proportion: float = ranged(0.25, 1e-9, 1)
+    """fraction of each minibatch the predictor trains on (paper: 0.25 at 128 envs)"""
+    num_iterations_obs_norm_init: int = ranged(50, 0, 1e6)
+    """random-agent rollouts that initialise the observation normaliser (0 = off)"""
+    obs_clip: float = ranged(5.0, 1e-6, 1e6)  # whitened RND inputs are clipped to [-obs_clip, obs_clip]
 
 
 @dataclass
 class PolicyArgs:
-    rnn_hidden_layers: int = 0  # 0 = CNN policy (paper Table 5); k > 0 = a k-layer GRU after the encoder (Fig. 7)
-    rnn_hidden_size: int = 256  # GRU width
+    rnn_hidden_layers: int = ranged(0, 0, 16)
+    """0 = CNN policy (paper Table 5); k > 0 = a k-layer GRU after the encoder (Fig. 7)"""
+    rnn_hidden_size: int = ranged(256, 1, 65536)  # GRU width
 
 
 @dataclass
 class EvalArgs:
-    episodes: int = 10  # evaluation episodes at the end of training (stochastic policy, as trained; 0 = none)
-    every: int = 0  # also evaluate every this many iterations (0 = only at the end)
+    episodes: int = ranged(10, 0, 1e5)
+    """evaluation episodes at the end of training (stochastic policy, as trained; 0 = none)"""
+    every: int = ranged(0, 0, 1e9)  # also evaluate every this many iterations (0 = only at the end)
 
 
 @dataclass
 class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
-    seed: int = 1  # seed of the experiment (rank r of a torchrun job uses seed + r for its envs and sampling)
+    seed: int = ranged(1, 0, 4294967295)
+    """seed of the experiment (rank r of a torchrun job uses seed + r for its envs and sampling)"""
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # use the GPU when one is present (falls back to the CPU)
     track: bool = False  # log to Weights and Biases as well (needs `wandb`)
@@ -107,10 +125,12 @@ class Args:
     env_id: str = "MontezumaRevengeNoFrameskip-v4"  # MontezumaRevengeNoFrameskip-v4 or ALE/MontezumaRevenge-v5
     run_dir: Optional[str] = None  # default runs/{env_id}__{exp_name}__{seed}__{unix_time}; an existing one resumes
     eval_only: Optional[str] = None  # evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json
-    checkpoint_every: int = 10  # iterations between snapshots (also written at the end and on SIGINT/SIGTERM)
-    keep_checkpoints: int = 3  # snapshots kept in checkpoints/ (older ones are deleted)
+    checkpoint_every: int = ranged(10, 1, 1e9)
+    """iterations between snapshots (also written at the end and on SIGINT/SIGTERM)"""
+    keep_checkpoints: int = ranged(3, 1, 1e6)  # snapshots kept in checkpoints/ (older ones are deleted)
     progress_bar: bool = True  # show progress (tqdm on a terminal; a plain line every 30 s in a log file)
-    torch_threads: int = 0  # torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs
+    torch_threads: int = ranged(0, 0, 1024)
+    """torch CPU threads (0 = torch's default); use 1 on a CPU shared with other jobs"""
     env: EnvArgs = field(default_factory=EnvArgs)
     ppo: PPOArgs = field(default_factory=PPOArgs)
     rnd: RNDArgs = field(default_factory=RNDArgs)
@@ -809,8 +829,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
                 frac = 1.0 - (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = ppo.learning_rate * frac
             # a signal inside the iteration: the snapshot of the last whole one (a copy, taken here) is saved
-            last = snapshot_state(learner, run, recent, filter_state, copied=True) if STOP["solo"] else None
-            with saved_on_stop(lambda: save_snapshot(state=last)):
+            with saved_on_stop(save_snapshot, learner, run, recent, filter_state, copy_on_entry=True):
                 log_episodes(writer, run, recent, player.rollout(agent, buf), N * world.size)
                 run["global_step"] += batch_size
                 scored = score_rollout(buf, player, agent, rnd, obs_rms, reward_rms, filter_state, args, world)
@@ -836,7 +855,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             if writer is not None:
                 log_iteration(writer, bar, run, logs, avg_return, optimizer.param_groups[0]["lr"])
                 if args.eval.every and iteration % args.eval.every == 0 and iteration < num_iterations:
-                    with saved_on_stop(lambda: save_snapshot(run=run, recent=recent, filter_state=filter_state)):
+                    with saved_on_stop(save_snapshot, learner, run, recent, filter_state):
                         evaluate_during_training(args, agent, rom, device, run_dir, run, writer)
             stop = flags[0].item() > 0
             reached = ppo.target_score is not None and avg_return >= ppo.target_score
@@ -909,16 +928,6 @@ REQUIRED["snapshot"] |= {"global_step", "recent_returns", "history", "rooms_seen
 ARCHITECTURE = ("rnn_hidden_layers", "rnn_hidden_size")  # a snapshot cannot be resumed with other values
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
-# Every numeric flag's valid range, "name low high" (NaN fails every range test).
-RANGES = """
-seed 0 4294967295 | torch_threads 0 1024 | checkpoint_every 1 1e9 | keep_checkpoints 1 1e6 | env.sticky_action_prob 0 1
-env.max_episode_frames 4 1e8 | env.env_threads 0 1024 | ppo.total_timesteps 1 1e12 | ppo.learning_rate 1e-12 1
-ppo.adam_eps 1e-12 1 | ppo.num_envs 1 4096 | ppo.num_steps 1 1e5 | ppo.gamma 0 1 | ppo.gae_lambda 0 1
-ppo.num_minibatches 1 4096 | ppo.update_epochs 1 1000 | ppo.clip_coef 1e-6 10 | ppo.ent_coef 0 100 | ppo.vf_coef 0 100
-ppo.max_grad_norm 0 1e6 | ppo.target_score -1e12 1e12 | ppo.target_score_window 1 1e6 | rnd.int_gamma 0 1
-rnd.ext_coef 0 1e6 | rnd.int_coef 0 1e6 | rnd.update_proportion 1e-9 1 | rnd.num_iterations_obs_norm_init 0 1e6
-rnd.obs_clip 1e-6 1e6 | policy.rnn_hidden_layers 0 16 | policy.rnn_hidden_size 1 65536 | eval.episodes 0 1e5
-eval.every 0 1e9"""
 
 
 class Inputs(NamedTuple):
@@ -954,12 +963,14 @@ def resolve_env_id(env_id: str) -> str:
 
 
 def check_args(args: Args, world_size: int) -> None:
-    """Every numeric flag in its range and the rules between flags."""
-    for name, low, high in (item.split() for item in RANGES.replace("\n", "|").split("|") if item.strip()):
-        group, _, attr = name.rpartition(".")
-        value = getattr(getattr(args, group) if group else args, attr)
-        if value is not None and not float(low) <= value <= float(high):
-            raise UsageError(f"--{name.replace('_', '-')} must be in [{float(low):g}, {float(high):g}] (got {value})")
+    """Every numeric flag in its range (see `ranged`) and the rules between flags."""
+    groups = [(f"{f.name}.", getattr(args, f.name)) for f in dataclasses.fields(args)]
+    for prefix, group in [("", args), *(g for g in groups if dataclasses.is_dataclass(g[1]))]:
+        for f in dataclasses.fields(group):
+            (low, high), value = f.metadata.get("range", (None, None)), getattr(group, f.name)
+            if low is not None and value is not None and not low <= value <= high:
+                name = f"--{prefix}{f.name}".replace("_", "-")
+                raise UsageError(f"{name} must be in [{float(low):g}, {float(high):g}] (got {value})")
     ppo, batch = args.ppo, args.ppo.num_envs * args.ppo.num_steps * world_size
     if ppo.num_envs % ppo.num_minibatches:
         raise UsageError("--ppo.num-envs must be a multiple of num-minibatches (a minibatch is whole envs)")
@@ -1148,12 +1159,16 @@ def checkpoint(
 
 
 @contextlib.contextmanager
-def saved_on_stop(save_snapshot):
-    """A signal noticed inside an iteration (check_stop raised): save_snapshot(), then the stop goes on to main."""
+def saved_on_stop(save_snapshot, learner: dict, run: dict, recent, filter_state, copy_on_entry: bool = False):
+    """A signal noticed inside the block (check_stop raised): save_snapshot(state=...), then the stop goes on to main.
+    The state saved: with copy_on_entry, a copy taken on entry (the block's iteration is not whole; single process
+    only: the ranks of a torchrun job stop at an iteration's end), else the state at the stop."""
+    live = (learner, run, recent, filter_state)
+    last = snapshot_state(*live, copied=True) if copy_on_entry and STOP["solo"] else None
     try:
         yield
     except Interrupted as e:
-        save_snapshot()
+        save_snapshot(state=last if last is not None else snapshot_state(*live))
         raise Interrupted(f"{e}; the snapshot of the last whole iteration is saved") from None
 
 
