@@ -23,6 +23,7 @@ import os
 import queue
 import random
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -508,23 +509,28 @@ def synthetic_answer(true_return_left: float, true_return_right: float) -> str:
 
 class SortTree:
     """rl-teacher-atari's red-black sort tree. Each node holds clips judged equal (ties
-    bind to a node); the in-order traversal runs from the worst to the best clip. A clip
-    being inserted walks down from the root by comparisons with a clip of each node; every
-    answer is remembered per (clip, node), and the clip's position is recomputed from the
-    root after each one, so rotations made by other insertions never mis-place it."""
+    bind to a node); the in-order traversal runs from the worst to the best clip.
+
+    A clip being inserted is compared with the node in the middle of the nodes it may still
+    fall between (a binary search over the in-order sequence: every answer, about any node,
+    narrows that interval, so rotations made by other insertions never mis-place it). When
+    the interval is empty, the clip's node hangs between its two neighbours. Where several
+    insertions are under way, each takes the least-asked node of the interval's middle half:
+    the paper's walk from the root compared every new clip first with the same root clip."""
 
     def __init__(self, state: Optional[dict] = None):
         state = state or {"root": None, "nodes": {}, "pending": {}, "results": {}, "next_id": 0, "cursor": 0}
         self.root, self.next_id, self.cursor = state["root"], state["next_id"], state["cursor"]
         self.nodes = {int(k): dict(v) for k, v in state["nodes"].items()}
         self.results = {int(c): {int(n): a for n, a in r.items()} for c, r in state["results"].items()}
+        # clip -> the node it was last asked about
+        self.pending = {int(c): n for c, n in state["pending"].items() if int(c) in self.results}
 
     def state(self) -> dict:
-        pending = {c: self.position(c)[0] for c in self.results}
         return {
             "root": self.root,
             "nodes": self.nodes,
-            "pending": pending,
+            "pending": self.pending,
             "results": self.results,
             "next_id": self.next_id,
             "cursor": self.cursor,
@@ -537,28 +543,27 @@ class SortTree:
             self.root = self._new_node(clip, parent=None, red=False)
             return None
         self.results[clip] = {}
-        return self.position(clip)[0]
+        return self._next(clip)
 
     def position(self, clip: int) -> tuple[Optional[int], Optional[str]]:
-        """(node to compare with next, None) or (parent
-        node, side) where the clip's new node goes."""
-        node, known = self.root, self.results[clip]
-        while True:
-            if node not in known:
-                return node, None
-            # 'left' answer: the new clip is better
-            side = "right" if known[node] == "left" else "left"
-            child = self.nodes[node][side]
-            if child is None:
-                return node, side
-            node = child
+        """(node to compare with next, None) while the clip has
+        nodes left to compare with, else (neighbour node, side)
+        where its new node goes: the neighbour's free child."""
+        order = self.in_order()
+        lo, hi = self._interval(clip, order)
+        if hi - lo > 1:
+            return self.pending.get(clip), None
+        if lo >= 0 and self.nodes[order[lo]]["right"] is None:
+            return order[lo], "right"
+        return order[hi], "left"  # the in-order successor of a node with a right child has no left child
 
     def answer(self, clip: int, node: int, answer: str) -> Optional[int]:
         """Apply an answer about (clip vs node); returns the next node to
-        compare with, or None when done. An answer about a node that rotations
-        moved off the clip's path is still a fact and is kept for later."""
+        compare with, or None when done. An answer about a node the clip
+        is no longer asked about is still a fact and narrows its interval."""
         if clip not in self.results or node not in self.nodes:
             return None
+        self.pending.pop(clip, None)
         if answer == "cant_tell":
             del self.results[clip]  # a clip nobody can place is dropped
             return None
@@ -567,27 +572,58 @@ class SortTree:
             del self.results[clip]
             return None
         self.results[clip][node] = answer
-        target, side = self.position(clip)
-        if side is None:
-            return target
-        del self.results[clip]
-        new = self._new_node(clip, parent=target, red=True)
-        self.nodes[target][side] = new
-        self._fix_after_insert(new)
-        return None
+        return self._next(clip)
 
-    def ranked_clips(self) -> list[tuple[int, int]]:
-        """(clip, rank) for every sorted clip, rank 0 = worst; clips of one node share its rank."""
-        out, stack, node, rank = [], [], self.root, 0
+    def in_order(self) -> list[int]:
+        """The nodes from the worst to the best."""
+        out, stack, node = [], [], self.root
         while stack or node is not None:
             while node is not None:
                 stack.append(node)
                 node = self.nodes[node]["left"]
             node = stack.pop()
-            out += [(clip, rank) for clip in self.nodes[node]["clips"]]
-            rank += 1
+            out.append(node)
             node = self.nodes[node]["right"]
         return out
+
+    def _interval(self, clip: int, order: list[int]) -> tuple[int, int]:
+        """(lo, hi): the clip ranks above order[lo] and below order[hi] (-1 and len(order) at the ends).
+        Answers apply in the order given; one that contradicts those before (a changed mind) is ignored."""
+        index = {node: i for i, node in enumerate(order)}
+        lo, hi = -1, len(order)
+        for node, said in self.results[clip].items():
+            i = index[node]
+            if said == "left" and i < hi:  # 'left': the new clip is better
+                lo = max(lo, i)
+            elif said == "right" and i > lo:
+                hi = min(hi, i)
+        return lo, hi
+
+    def _next(self, clip: int) -> Optional[int]:
+        """The node to compare the clip with next, or None once its new node is linked in."""
+        order = self.in_order()
+        lo, hi = self._interval(clip, order)
+        if hi - lo > 1:
+            between = order[lo + 1 : hi]
+            quarter = len(between) // 4
+            middle, centre = between[quarter : len(between) - quarter], (len(between) - 1) / 2
+            asked = {}
+            for node in self.pending.values():
+                asked[node] = asked.get(node, 0) + 1
+            # the least-asked node of the middle half, the centre first among equals
+            pick = min(range(len(middle)), key=lambda j: (asked.get(middle[j], 0), abs(quarter + j - centre)))
+            self.pending[clip] = middle[pick]
+            return middle[pick]
+        parent, side = self.position(clip)
+        del self.results[clip]
+        new = self._new_node(clip, parent=parent, red=True)
+        self.nodes[parent][side] = new
+        self._fix_after_insert(new)
+        return None
+
+    def ranked_clips(self) -> list[tuple[int, int]]:
+        """(clip, rank) for every sorted clip, rank 0 = worst; clips of one node share its rank."""
+        return [(clip, rank) for rank, node in enumerate(self.in_order()) for clip in self.nodes[node]["clips"]]
 
     def _new_node(self, clip: int, parent: Optional[int], red: bool) -> int:
         node, self.next_id = self.next_id, self.next_id + 1
@@ -668,13 +704,17 @@ def check_red_black(tree: SortTree) -> int:
 class Shared:
     """What the threads exchange: segment and clip queues, counters, locks and the stop flag."""
 
-    def __init__(self, max_segments: int):
+    def __init__(self, max_segments: int, step_limit: float = math.inf, signalled: Optional[threading.Event] = None):
         self.segments = queue.Queue(maxsize=max_segments)  # predictor -> trainer
         self.clips = queue.Queue(maxsize=256)  # predictor -> teacher
         self.games = deque(maxlen=10_000)  # (agent step, true game score, game length)
-        self.stop, self.hold = threading.Event(), threading.Event()
+        self.stop, self.hold = threading.Event(), threading.Event()  # stop: the threads' loops poll it
+        self.signalled = signalled or threading.Event()  # set by SIGINT/SIGTERM (main's handler)
         self.random_actions = True  # pretraining clips come from a random policy
+        self.phase = "random play"  # named by the interrupt message
         self.steps = self.updates = self.predictions = self.trained_segments = 0
+        # the predictor sends no more actions once the steps reach this (--total-timesteps)
+        self.step_limit = step_limit
         # held_s: time the agents waited (--reward.keep-pace)
         self.lag, self.losses, self.held_s = 0.0, {}, 0.0
         self.update_lock = threading.Lock()
@@ -726,7 +766,9 @@ class ClipRecorder:
     ((T + S - 1) single frames), the actions that led to them, and the true score changes."""
 
     def __init__(self, length: int, stack: int, slots: int, num_envs: int, rng: np.random.Generator):
-        self.length, self.stack, self.slots, self.num_envs, self.rng = length, stack, slots, num_envs, rng
+        # at most one clip per env at a time (--ga3c.workers 2 or 3 has fewer envs than slots)
+        self.length, self.stack, self.slots = length, stack, min(slots, num_envs)
+        self.num_envs, self.rng = num_envs, rng
         self.active: dict[int, dict] = {}
 
     def observe(self, env_ids, obs, actions, rewards, game_over, life_lost, source: str) -> list[dict]:
@@ -775,7 +817,8 @@ def run_predictor(envs, net, shared: Shared, t_max: int, num_actions: int, recor
     lives[info["env_id"]] = info["lives"]
     rng = np.random.default_rng(seed)
     while not shared.stop.is_set():
-        if shared.hold.is_set() or (shared.random_actions and shared.clips.qsize() >= 32):
+        spent = shared.steps >= shared.step_limit  # the budget ends within one batch of envs
+        if spent or shared.hold.is_set() or (shared.random_actions and shared.clips.qsize() >= 32):
             # random play only runs while clips are wanted (its steps count in the budget)
             time.sleep(0.01)
             continue
@@ -889,12 +932,14 @@ class SyntheticLabeller:
     live in store_dir/{env}_synthetic/{experiment}/ (clip_N.npz, and labels.json written at
     every checkpoint): a resumed run, or a new run of the same experiment, reuses them."""
 
-    def __init__(self, store_dir, env_id: str, experiment: str, life_penalty: float):
+    def __init__(self, store_dir, env_id: str, experiment: str, life_penalty: float, state: Optional[dict] = None):
         self.env_dir = Path(store_dir) / f"{env_id.replace('/', '_')}_synthetic"
         self.dir = self.env_dir / experiment.replace("/", "_")
         self.life_penalty = life_penalty
         saved = self.dir / "labels.json"
-        state = json.loads(saved.read_text()) if saved.is_file() else {"clips": {}, "answers": [], "tree": None}
+        if state is None:  # (a run passes what validation read and checked)
+            empty = {"clips": {}, "answers": [], "tree": None}
+            state = json.loads(saved.read_text()) if saved.is_file() else empty
         # id -> (game score, lives lost)
         self.clips = {int(c): tuple(info) for c, info in state["clips"].items()}
         self.answers, self.tree = state["answers"], state["tree"]
@@ -979,6 +1024,7 @@ class Teacher:
         self.labels: list[tuple[int, int, float, np.ndarray]] = []
         self.tree = SortTree(store.load_tree(self.experiment)) if self.mode == "sort-tree" else None
         self.seq, self.updates = 0, 0
+        self.stop = threading.Event()  # the run's stop flag (train sets it): a signal cuts `train` short
         # on the device: no host sync per update
         self.train_loss = torch.ones(args.reward.ensemble, device=device)
         self.absorb_answers()
@@ -996,7 +1042,8 @@ class Teacher:
             return 0
         if self.mode == "sort-tree":
             asked = 0
-            while asked < count and self.pool:
+            # no more insertions under way than nodes: a new tree's first clips are not all compared with its root
+            while asked < count and self.pool and len(self.tree.results) < max(1, len(self.tree.nodes)):
                 clip = self.store_clip(self.pool.popleft())
                 node = self.tree.add_clip(clip)
                 if node is not None:
@@ -1007,6 +1054,8 @@ class Teacher:
         if len(self.pool) < 2:
             return 0
         pool = list(self.pool)
+        # at most one pair per pooled clip now; the schedule asks the rest as clips come
+        count = min(count, len(pool))
         pairs = np.array(
             [self.rng.choice(len(pool), 2, replace=False) for _ in range(count * self.args.labels.candidates)]
         )
@@ -1109,6 +1158,8 @@ class Teacher:
         pools = self.label_pools(held_out=False) if ranked is None else None
         stats, finite = {}, torch.ones((), dtype=torch.bool, device=self.device)
         for _ in range(updates):
+            if self.stop.is_set():  # SIGINT/SIGTERM: answered within one update
+                break
             for e, (member, optimizer) in enumerate(zip(self.model.members, self.optimizers)):
                 loss = self.member_loss(e, member, ranked, targets, pools)
                 l2 = sum(p.pow(2).sum() for n, p in member.named_parameters() if "weight" in n)
@@ -1194,9 +1245,10 @@ class Teacher:
 # --------------------------------------------------------------------------------------------------
 # The run: pretraining labels on random play, reward pretraining, GA3C on the learned reward, evaluation
 # --------------------------------------------------------------------------------------------------
-def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16: bool, store) -> dict:
+def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16: bool, store, stop) -> dict:
     """The whole run: pretraining labels, reward pretraining, GA3C on the learned (or true) reward with
-    the teacher alongside, then the final policy's evaluation; returns results.json's record."""
+    the teacher alongside, then the final policy's evaluation; returns results.json's record.
+    `stop` is set by SIGINT/SIGTERM: every phase polls it, and the run saves and raises Interrupted."""
     stack, learned = game.stack, args.labeler != "rl"
     workers = args.ga3c.workers
     envs = make_envs(game.rom, workers, stack, game.sticky, args.env, workers // 2, args.ga3c.env_threads)
@@ -1205,13 +1257,14 @@ def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16
     optimizer = torch.optim.RMSprop(
         net.parameters(), lr=args.ga3c.learning_rate, alpha=args.ga3c.rms_decay, eps=args.ga3c.rms_eps
     )
-    shared, rng = Shared(4 * args.ga3c.min_batch_segments), np.random.default_rng(args.seed)
-    teacher = None
+    shared = Shared(4 * args.ga3c.min_batch_segments, args.total_timesteps, stop)
+    rng, teacher = np.random.default_rng(args.seed), None
     if learned:
         model = RewardEnsemble(
             args.reward.ensemble, max(1, stack), game.mask, args.reward.dropout, args.reward.output_std, bf16
         ).to(device)
         teacher = Teacher(args, store, model, max(1, stack), device, rng)
+        teacher.stop = stop
     progress = restore(checkpoints, net, optimizer, teacher, shared)
     if teacher is not None:
         teacher.normalise(shared)
@@ -1222,7 +1275,7 @@ def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16
         with torch.no_grad():
             return shared.reward_net(obs.flatten(0, 1)).view(true_rewards.shape)
 
-    recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, args.ga3c.workers, rng)
+    recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, workers, rng)
     start_thread(shared, run_predictor, envs, net, shared, args.ga3c.t_max, num_actions, recorder, args.seed)
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:
@@ -1234,11 +1287,12 @@ def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16
         envs.close()
     if shared.error is not None:
         raise shared.error
-    log.checkpoint(net, optimizer, final=True)
-    if log.interrupted:
-        raise Interrupted()
+    interrupted = stop.is_set()
+    log.checkpoint(net, optimizer, quick=interrupted)
+    if interrupted:
+        raise Interrupted(f"during {shared.phase} at step {shared.steps}")
     save_policy(run_dir / "policy.pt", net, args, game)
-    scores = evaluate(net, game, args, run_dir / "videos" if args.capture_video else None)
+    scores = evaluate(net, game, args, run_dir / "videos" if args.capture_video else None, stop)
     return log.finish(scores)
 
 
@@ -1283,23 +1337,28 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         teacher.add_clips(drain(shared.clips))
         teacher.absorb_answers()
         answered, pending = teacher.outstanding()
-        if answered >= args.labels.pretrain:
+        # (a budget spent before the pretraining labels came: pretrain on those there are)
+        if answered >= args.labels.pretrain or shared.steps >= args.total_timesteps:
             shared.hold.set()
+            shared.phase = "reward pretraining"
             updates = schedule.pretrain_updates(teacher.num_examples())
-            # small chunks: a SIGINT/SIGTERM is answered within seconds
-            for done in range(0, updates, 5):
+            for done in range(0, updates, 5):  # Teacher.train polls the stop flag between updates
                 log.status(f"pretraining the reward model on {answered} labels, update {done}/{updates}", answered)
                 log.scalars(teacher.train(min(5, updates - done)), shared.steps)
                 if log.should_stop():
                     break
+            if log.should_stop():  # a signal: pretraining is redone on resume
+                return
             teacher.normalise(shared)
-            progress["pretrained"] = not log.should_stop()
-            shared.random_actions = False
+            progress["pretrained"], shared.random_actions = True, False
             shared.hold.clear()
         else:
             teacher.ask(max(0, min(args.labels.pretrain - answered - pending, 8)))
             log.status(f"random play: waiting for {args.labels.pretrain - answered} pretraining labels", answered)
             time.sleep(0.05)
+
+    if log.should_stop():  # a signal during random play
+        return
 
     # 2. GA3C on the learned (or true) reward while the teacher keeps asking and training, asynchronously.
     def top_up() -> int:
@@ -1316,6 +1375,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         return answered
 
     start_thread(shared, run_trainer, net, optimizer, reward_fn, shared, args.ga3c)
+    shared.phase = "agent training"
     schedule.trained_until = shared.steps
     log.rl_start = (shared.steps, teacher.updates if teacher is not None else 0)
     # --reward.keep-pace: the teacher owes updates, so the agents wait (and the run ends after them)
@@ -1348,13 +1408,17 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
         log.tick(net, optimizer)
 
 
-def evaluate(net: GA3CNet, game: Game, args: Args, video_dir: Optional[Path] = None) -> list[float]:
-    """Play `eval.episodes` full games (all lives, true
-    score), one per env, sampling from the policy."""
+def evaluate(net: GA3CNet, game: Game, args: Args, video_dir: Optional[Path] = None, stop=None) -> list[float]:
+    """Play `eval.episodes` full games (all lives, true score), one per
+    env, sampling from the policy; a set `stop` raises Interrupted."""
     envs = make_envs(game.rom, args.eval.episodes, game.stack, game.sticky, args.env)
-    obs, _ = envs.reset(seed=args.eval.seed)
+    stop = stop or threading.Event()
+    obs, _ = envs.reset(seed=args.eval.seed) if not stop.is_set() else (None, None)
     scores, over, frames = np.zeros(args.eval.episodes), np.zeros(args.eval.episodes, bool), []
     while not over.all():
+        if stop.is_set():
+            envs.close()
+            raise Interrupted("during the evaluation")
         obs, reward, terminated, truncated, _ = envs.step(net.act(obs))
         scores += np.where(over, 0.0, reward)
         if video_dir is not None and not over[0]:
@@ -1368,33 +1432,46 @@ def evaluate(net: GA3CNet, game: Game, args: Args, video_dir: Optional[Path] = N
 
 def main(args: Args) -> int:
     try:
-        checked = validate(args)  # the run directory, the game, the checkpoints to resume from
-        run_dir = checked["run_dir"]
-        if checked.get("finished"):
-            print(f"{run_dir} already holds a finished run (results.json); nothing to do")
-            return 0
-        if args.eval_only:
-            return evaluate_only(args, run_dir, checked["policy"])
-        device, bf16, store = prepare_run(args, checked)
+        checked = validate(args)  # the run directory, the game, the checkpoints and labels to resume from
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    run_dir, signals = checked["run_dir"], Signals()  # SIGINT/SIGTERM set signals.stop from here on
     try:
-        results = train(args, run_dir, checked["game"], checked["checkpoints"], device, bf16, store)
+        if checked.get("finished"):
+            print(f"run directory: {run_dir}")
+            print(f"{run_dir} already holds a finished run (results.json) made with these flags; nothing to do")
+            return 0
+        if args.eval_only:
+            return evaluate_only(args, run_dir, checked["policy"], signals.stop)
+        device, bf16 = prepare_run(args, checked)
+        store = checked["store"]
+        results = train(args, run_dir, checked["game"], checked["checkpoints"], device, bf16, store, signals.stop)
+        print(
+            f"evaluation: {results['eval']['mean']:.1f} +- {results['eval']['std']:.1f} over "
+            f"{len(results['eval']['returns'])} games; results in {run_dir}"
+        )
+        return 0
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except NonFiniteLoss as e:
         print(f"error: {e}; the last checkpoint in {run_dir} is intact", file=sys.stderr)
         return 3
-    except Interrupted:
-        print(f"interrupted: everything is saved; re-run the same command with --run-dir {run_dir} to resume")
+    except Interrupted as e:
+        if args.eval_only:  # nothing written: the evaluation is simply run again
+            print(f"interrupted {e}: nothing was written; re-run the same command", file=sys.stderr)
+        else:
+            print(
+                f"interrupted {e}: everything is saved; resume with: {signals.resume_command(run_dir)}", file=sys.stderr
+            )
         return 130
     finally:
-        if args.labeler == "human":
-            store.close()
-    print(
-        f"evaluation: {results['eval']['mean']:.1f} +- {results['eval']['std']:.1f} over "
-        f"{len(results['eval']['returns'])} games; results in {run_dir}"
-    )
-    return 0
+        signals.restore()
+        if checked.get("store") is not None and args.labeler == "human":
+            checked["store"].close()
+        if not args.eval_only:
+            print(f"run directory: {run_dir}")
 
 
 # ---- run management ----------------------------------------------------------------------------------------
@@ -1406,10 +1483,65 @@ class UsageError(Exception):
     """Bad input: main prints the one-line message and exits 2 before any work."""
 
 
-def save_atomic(obj, path: Path):
+FORMAT_VERSION = 1  # of the files `save` writes; a file of another version (or none) is refused
+KEYS = {  # what `load` requires of each kind of file
+    "policy": ("env_id", "network", "config", "state_dict"),
+    "agent": ("net", "optimizer", "steps", "updates", "progress"),
+    "reward_model": ("model", "optimizers", "l2", "updates"),
+}
+
+
+def save(path: Path, kind: str, **payload):
+    """The one save of every torch file (policy.pt, checkpoints/agent.pt, checkpoints/reward_model.pt):
+    written atomically, tagged with this script, the kind and the format version."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    torch.save({"script": SCRIPT, "kind": kind, "version": FORMAT_VERSION, **payload}, tmp)
     os.replace(tmp, path)
+
+
+def load(path: Path, kind: str, fix: str) -> dict:
+    """The one load: what `save` wrote as `kind`, or a UsageError naming the file and `fix` when it is unreadable,
+    of another script or kind, of an earlier format (no shims for files of earlier commits) or lacks a key."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - a truncated or foreign file is the same user error
+        data = None
+    tag = data if isinstance(data, dict) else {}
+    if (tag.get("script"), tag.get("kind"), tag.get("version")) != (SCRIPT, kind, FORMAT_VERSION):
+        raise UsageError(f"cannot read {path} as a {kind} file of this version of {SCRIPT}: {fix}")
+    missing = [k for k in KEYS[kind] if k not in data]
+    if missing:
+        raise UsageError(f"{path} lacks {missing}: {fix}")
+    return data
+
+
+class Signals:
+    """SIGINT/SIGTERM set `stop`, which every loop of the run polls (a signal is answered within one env batch,
+    one update or one evaluation step); `restore` puts the previous handlers back."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum, _frame):
+        self.stop.set()
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @staticmethod
+    def resume_command(run_dir: Path) -> str:
+        """The exact command that resumes an interrupted run: its own flags with --run-dir set (the default
+        run dir ends in a timestamp, so the same command alone would start a new run)."""
+        argv, kept = list(sys.argv[1:]), []
+        while argv:
+            arg = argv.pop(0)
+            if arg in ("--run-dir", "--run_dir"):
+                argv = argv[1:]
+            elif not arg.startswith(("--run-dir=", "--run_dir=")):
+                kept.append(arg)
+        return shlex.join(["python", sys.argv[0], *kept, "--run-dir", str(run_dir)])
 
 
 class RunLog:
@@ -1422,7 +1554,6 @@ class RunLog:
 
         self.args, self.run_dir, self.shared, self.teacher, self.progress = args, run_dir, shared, teacher, progress
         self.writer = SummaryWriter(str(run_dir))
-        self.interrupted = False
         self.t0 = self.last_log = self.last_ckpt = self.last_status = self.last_shown = time.time()
         self.steps0 = self.last_steps = shared.steps
         self.rl_start: Optional[tuple[int, int]] = None  # (agent steps, reward updates) when GA3C began this session
@@ -1434,15 +1565,9 @@ class RunLog:
             dynamic_ncols=True,
             mininterval=1.0 if sys.stderr.isatty() else 60.0,  # a log file gets a line a minute
         )
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, _frame):
-        self.interrupted = True
-        self.shared.stop.set()
 
     def should_stop(self) -> bool:
-        return self.interrupted or self.shared.stop.is_set()
+        return self.shared.signalled.is_set() or self.shared.stop.is_set()
 
     def scalars(self, stats: dict, step: int):
         for key, value in stats.items():
@@ -1507,33 +1632,30 @@ class RunLog:
         if now - self.last_ckpt >= self.args.checkpoint_every_s:
             self.checkpoint(net, optimizer)
 
-    def checkpoint(self, net, optimizer, final: bool = False):
-        ckpt_dir = self.run_dir / "checkpoints"
-        with self.shared.update_lock:
-            agent = {
-                "net": net.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "steps": self.shared.steps,
-                "updates": self.shared.updates,
-                "progress": self.progress,
-            }
-            save_atomic(agent, ckpt_dir / "agent.pt")
+    def checkpoint(self, net, optimizer, quick: bool = False):
+        """The agent and the reward model (with the synthetic labels), and the plot; `quick` (on a signal, to
+        exit within seconds) skips the label accuracy and the plot (the last periodic checkpoint's stays)."""
+        ckpt_dir, shared = self.run_dir / "checkpoints", self.shared
+        with shared.update_lock:
+            state = {"optimizer": optimizer.state_dict(), "steps": shared.steps, "updates": shared.updates}
+            save(ckpt_dir / "agent.pt", "agent", net=net.state_dict(), progress=self.progress, **state)
         if self.teacher is not None:
             t = self.teacher
             if self.args.labeler == "synthetic":
                 t.store.sync()  # its answers, saved with the reward model they trained
-            if t.tree is None:
-                self.writer.add_scalar("reward/label_accuracy", t.accuracy(), self.shared.steps)
-            save_atomic(
-                {
-                    "model": t.model.state_dict(),
-                    "optimizers": [o.state_dict() for o in t.optimizers],
-                    "l2": t.l2,
-                    "updates": t.updates,
-                },
+            if t.tree is None and not quick:
+                self.writer.add_scalar("reward/label_accuracy", t.accuracy(), shared.steps)
+            optimizers = [o.state_dict() for o in t.optimizers]
+            save(
                 ckpt_dir / "reward_model.pt",
+                "reward_model",
+                model=t.model.state_dict(),
+                optimizers=optimizers,
+                l2=t.l2,
+                updates=t.updates,
             )
-        plot_progress(self.progress, None, self.run_dir / "learning_curve.png", self.args.env_id)
+        if not quick:
+            plot_progress(self.progress, None, self.run_dir / "learning_curve.png", self.args.env_id)
         self.last_ckpt = time.time()
 
     def finish(self, scores: list[float]) -> dict:
@@ -1622,6 +1744,7 @@ def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
 
 
 def save_policy(path: Path, net: GA3CNet, args: Args, game: Game):
+    """policy.pt (docs/CONTRACT.md): the env id, the network's class and config, its weights."""
     config = {
         **net.config,
         "stacked_frames": game.stack,
@@ -1629,21 +1752,12 @@ def save_policy(path: Path, net: GA3CNet, args: Args, game: Game):
         "noop_max": args.env.noop_max,
         "max_episode_frames": args.env.max_episode_frames,
     }
-    save_atomic(
-        {
-            "script": SCRIPT,
-            "env_id": args.env_id,
-            "network": "GA3CNet",
-            "config": config,
-            "state_dict": net.state_dict(),
-        },
-        path,
-    )
+    save(path, "policy", env_id=args.env_id, network="GA3CNet", config=config, state_dict=net.state_dict())
 
 
 def load_policy(path, device="cpu") -> GA3CNet:
     """The trained policy (policy.pt) in eval mode; `.act(obs)` samples actions, `.env_id` names its game."""
-    data = torch.load(path, map_location=device, weights_only=True)
+    data = load(Path(path), "policy", "re-train it or pass the policy.pt of a run of this version")
     net = GA3CNet(data["config"]["in_frames"], data["config"]["num_actions"])
     net.load_state_dict(data["state_dict"])
     net.env_id, net.config = data["env_id"], data["config"]
@@ -1658,18 +1772,18 @@ def make_policy_envs(policy: GA3CNet, num_envs: int = 1):
     return make_envs(rom, num_envs, cfg["stacked_frames"], cfg["sticky"], env)
 
 
-def evaluate_only(args: Args, run_dir: Path, net: GA3CNet) -> int:
+def evaluate_only(args: Args, run_dir: Path, net: GA3CNet, stop) -> int:
     """Evaluate a finished run's policy on the game and settings saved with it."""
     cfg = net.config
     game = Game(resolve_env_id(net.env_id)[0], cfg["stacked_frames"], cfg["sticky"], (0, 0))
     args.env = EnvArgs(cfg["stacked_frames"], cfg["sticky"], cfg["noop_max"], cfg["max_episode_frames"])
     out_dir = run_dir / "evaluations"
-    out_dir.mkdir(exist_ok=True)
     number = 1 + max(
         [int(m.group(1)) for p in out_dir.glob("eval_*.json") if (m := re.match(r"eval_(\d+)", p.stem))] or [0]
     )
     video = out_dir / f"videos_{number:03d}" if args.capture_video else None
-    scores = evaluate(net, game, args, video)
+    scores = evaluate(net, game, args, video, stop)  # (a signal: Interrupted, nothing written)
+    out_dir.mkdir(exist_ok=True)
     result = {
         "mean": float(np.mean(scores)),
         "std": float(np.std(scores)),
@@ -1731,17 +1845,32 @@ def resolve_env_id(env_id: str) -> tuple[str, float]:
     raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
+MAX_SEED = 2**31 - 4097  # the emulators' seeds (seed + env index, up to 4096 envs) are 32-bit
+
+
+def max_labels(args: Args) -> int:
+    """The largest --labels.budget this machine's memory holds: the teacher keeps the frames of every labelled
+    clip (each label brings up to two) in memory, (clip length + stacked frames - 1) 84x84 bytes a clip."""
+    clip_bytes = (args.labels.clip_length + max(1, args.env.stacked_frames) - 1) * 84 * 84
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * clip_bytes)
+
+
 def check_numbers(args: Args):
-    """Every numeric flag's range and the cross-field rules; NaN fails every comparison, so it is caught too."""
+    """Every numeric flag's range and the cross-field rules; NaN fails every comparison, so it is caught too.
+    Integers are bounded by what the machine can hold (memory, the emulators' 32-bit counters and seeds)."""
     g, r, lab, e = args.ga3c, args.reward, args.labels, args.env
+    # (bounded once the clip length and stack are valid; their own rules name them otherwise)
+    most_labels = max_labels(args) if 1 <= lab.clip_length <= 1000 and 0 <= e.stacked_frames <= 16 else lab.budget
     rules = [
-        ("total-timesteps", args.total_timesteps, args.total_timesteps >= 1, ">= 1"),
+        ("seed", args.seed, 0 <= args.seed <= MAX_SEED, f"0 to {MAX_SEED}"),
+        ("eval.seed", args.eval.seed, 0 <= args.eval.seed <= MAX_SEED, f"0 to {MAX_SEED}"),
+        ("total-timesteps", args.total_timesteps, 1 <= args.total_timesteps <= 10**12, "1 to 1e12"),
         ("checkpoint-every-s", args.checkpoint_every_s, args.checkpoint_every_s > 0, "> 0"),
         ("torch-threads", args.torch_threads, 0 <= args.torch_threads <= 1024, "0 (default) to 1024"),
         ("env.stacked-frames", e.stacked_frames, 0 <= e.stacked_frames <= 16, "0 to 16"),
         ("env.sticky-actions", e.sticky_actions, e.sticky_actions == -1 or 0 <= e.sticky_actions <= 1, "-1 or 0..1"),
         ("env.noop-max", e.noop_max, 0 <= e.noop_max <= 10_000, "0 to 10000"),
-        ("env.max-episode-frames", e.max_episode_frames, e.max_episode_frames >= 1, ">= 1"),
+        ("env.max-episode-frames", e.max_episode_frames, 1 <= e.max_episode_frames <= 10**8, "1 to 1e8"),
         ("ga3c.workers", g.workers, 2 <= g.workers <= 4096, "2 to 4096"),
         ("ga3c.t-max", g.t_max, 1 <= g.t_max <= 1000, "1 to 1000"),
         ("ga3c.min-batch-segments", g.min_batch_segments, 1 <= g.min_batch_segments <= 100_000, "1 to 100000"),
@@ -1756,7 +1885,7 @@ def check_numbers(args: Args):
         ("reward.ensemble", r.ensemble, 1 <= r.ensemble <= 64, "1 to 64"),
         ("reward.lr", r.lr, 0 < r.lr <= 1, "in (0, 1]"),
         ("reward.batch-size", r.batch_size, 1 <= r.batch_size <= 4096, "1 to 4096"),
-        ("reward.label-buffer", r.label_buffer, r.label_buffer >= 1, ">= 1"),
+        ("reward.label-buffer", r.label_buffer, 1 <= r.label_buffer <= 10**9, "1 to 1e9"),
         ("reward.labels-per-step", r.labels_per_step, 0 <= r.labels_per_step <= 100, "0 to 100"),
         ("reward.pretrain-epochs", r.pretrain_epochs, 0 <= r.pretrain_epochs <= 100_000, "0 to 100000"),
         ("reward.dropout", r.dropout, 0 <= r.dropout < 1, "in [0, 1)"),
@@ -1765,7 +1894,12 @@ def check_numbers(args: Args):
         ("reward.output-std", r.output_std, 0 < r.output_std <= 100, "in (0, 100]"),
         ("reward.mask-top", r.mask_top, -1 <= r.mask_top < 84, "-1 (game default) to 83"),
         ("reward.mask-bottom", r.mask_bottom, -1 <= r.mask_bottom < 84, "-1 (game default) to 83"),
-        ("labels.budget", lab.budget, lab.budget >= 1, ">= 1"),
+        (
+            "labels.budget",
+            lab.budget,
+            1 <= lab.budget <= most_labels,
+            f"1 to {most_labels} (the labelled clips' frames, kept in memory, must fit in this machine's)",
+        ),
         ("labels.pretrain", lab.pretrain, 1 <= lab.pretrain <= lab.budget, f"1 to --labels.budget ({lab.budget})"),
         ("labels.clip-length", lab.clip_length, 1 <= lab.clip_length <= 1000, "1 to 1000"),
         ("labels.candidates", lab.candidates, 1 <= lab.candidates <= 1000, "1 to 1000"),
@@ -1787,15 +1921,36 @@ def check_numbers(args: Args):
         raise UsageError("--labels.query disagreement needs --reward.ensemble >= 2 (or use --labels.query random)")
 
 
-def load_checkpoint(path: Path, keys: tuple) -> dict:
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=False)
-        missing = [k for k in keys if k not in data]
-    except Exception as e:  # a truncated or foreign file: say which and what to do
-        raise UsageError(f"{path} cannot be read ({type(e).__name__}): delete it to start that part afresh") from None
-    if missing:
-        raise UsageError(f"{path} lacks {missing}: delete it to start that part afresh")
-    return data
+# settings that change nothing a finished run made (where it runs, logs and serves, how it resumes)
+RERUN_FREE = {"run_dir", "eval_only", "track", "wandb_project_name", "wandb_entity", "cuda", "torch_threads"}
+RERUN_FREE |= {"checkpoint_every_s", "force_new_clips", "force_new_labels", "force_new_reward_model"}
+RERUN_FREE |= {"force_new_agent", "labels.host", "labels.port"}
+
+
+def flat_settings(d: dict, prefix: str = ""):
+    """("group.name", value) of every setting in a (nested) dict of args, as args.json holds them."""
+    for key, value in d.items():
+        if isinstance(value, dict):
+            yield from flat_settings(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def refuse_changed_flags(run_dir: Path, saved: dict, args: Args):
+    """A finished run re-run with flags that differ from its args.json (beside RERUN_FREE): a UsageError
+    naming each as --flag NEW (was OLD); a finished result is never redone or extended."""
+    old, missing = dict(flat_settings(saved)), object()
+    now = dict(flat_settings(json.loads(json.dumps(asdict(args)))))
+    diff = [
+        f"--{key.replace('_', '-')} {value} (was {old[key]})"
+        for key, value in now.items()
+        if key not in RERUN_FREE and old.get(key, missing) is not missing and old[key] != value
+    ]
+    if diff:
+        raise UsageError(
+            f"{run_dir} holds a finished run made with other flags ({', '.join(diff)} against its "
+            "args.json): re-run its own command (nothing to do), --eval-only it, or pass a new --run-dir"
+        )
 
 
 def validate(args: Args) -> dict:
@@ -1807,8 +1962,10 @@ def validate(args: Args) -> dict:
             raise UsageError(f"{run_dir / 'policy.pt'} not found: pass the run directory of a finished run")
         try:
             policy = load_policy(run_dir / "policy.pt")
-        except Exception as e:
-            raise UsageError(f"{run_dir / 'policy.pt'} cannot be read ({type(e).__name__}): re-train or restore it")
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:  # tagged, but weights of another shape
+            raise UsageError(
+                f"{run_dir / 'policy.pt'} does not fit GA3CNet ({type(e).__name__}): re-train it"
+            ) from None
         return {"run_dir": run_dir, "policy": policy}
     rom, sticky_default = resolve_env_id(args.env_id)
     default_mask = SCORE_MASKS.get(rom, DEFAULT_MASK)
@@ -1834,6 +1991,7 @@ def validate(args: Args) -> dict:
         if recorded.get("env_id") != args.env_id:
             raise UsageError(f"{run_dir} is a run on {recorded.get('env_id')}, not {args.env_id}: pick a new --run-dir")
         if (run_dir / "results.json").is_file():
+            refuse_changed_flags(run_dir, recorded, args)
             return ctx | {"finished": True}
     elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise UsageError(f"{run_dir} exists and is not a run of this script: pick a new --run-dir")
@@ -1844,14 +2002,15 @@ def validate(args: Args) -> dict:
         if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
             raise UsageError(f"cannot write to {place} ({probe} is not a writable directory): choose another path")
     ctx["checkpoints"] = checkpoints = {}
+    fix = "delete it to start that part afresh (or pass a new --run-dir)"
     if not args.force_new_agent and (run_dir / "checkpoints" / "agent.pt").is_file():
-        checkpoints["agent"] = load_checkpoint(run_dir / "checkpoints" / "agent.pt", ("net", "optimizer", "steps"))
+        checkpoints["agent"] = load(run_dir / "checkpoints" / "agent.pt", "agent", fix)
     if (
         args.labeler != "rl"
         and not args.force_new_reward_model
         and (run_dir / "checkpoints" / "reward_model.pt").is_file()
     ):
-        reward = load_checkpoint(run_dir / "checkpoints" / "reward_model.pt", ("model", "optimizers", "l2"))
+        reward = load(run_dir / "checkpoints" / "reward_model.pt", "reward_model", fix)
         if len(reward["l2"]) != args.reward.ensemble:
             raise UsageError(
                 f"the run's reward model has {len(reward['l2'])} members, not --reward.ensemble "
@@ -1875,30 +2034,87 @@ def validate(args: Args) -> dict:
                 raise UsageError(
                     f"cannot serve on {args.labels.host}:{args.labels.port} ({e.strerror}): pass another --labels.port"
                 ) from None
+    ctx["store"] = check_labels(args, ctx)
     return ctx
+
+
+def check_labels(args: Args, ctx: dict):
+    """The labels a run reads, checked before anything is written: the synthetic labeller (read here, its store
+    checked file by file) or the SQLite label store (read-only; opened in prepare_run); None for --labeler rl."""
+    fix = "delete it, pass --force-new-labels, or pass another --labels.store-dir"
+    if args.labeler == "synthetic":
+        store_dir, experiment = Path(args.labels.store_dir), args.exp_name.replace("/", "_")
+        saved = store_dir / f"{args.env_id.replace('/', '_')}_synthetic" / experiment / "labels.json"
+        state = {"clips": {}, "answers": [], "tree": None}
+        if saved.is_file() and not (args.force_new_labels or args.force_new_clips):  # (those delete it unread)
+            try:
+                state = check_synthetic_labels(saved)
+            except ValueError as e:
+                raise UsageError(f"{e}: {fix}") from None
+        return SyntheticLabeller(store_dir, args.env_id, args.exp_name, ctx["life_penalty"], state)
+    if args.labeler == "human" and not args.force_new_clips:
+        try:
+            ctx["app"].check_store(args.labels.store_dir, args.env_id)
+        except ValueError as e:
+            raise UsageError(
+                f"{e}: delete it, pass --force-new-clips (a new store), or another --labels.store-dir"
+            ) from None
+    return None
+
+
+def check_synthetic_labels(path: Path) -> dict:
+    """labels.json of the synthetic labeller, checked key by key (a ValueError names the file and the problem);
+    every clip it names must have its clip_N.npz beside it holding frames, actions and true_rewards."""
+
+    def need(ok: bool, problem: str):
+        if not ok:
+            raise ValueError(f"{path} {problem}")
+
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not readable JSON ({type(e).__name__})") from None
+    need(isinstance(state, dict) and set(state) == {"clips", "answers", "tree"}, "lacks clips, answers or tree")
+    clips, answers, tree = state["clips"], state["answers"], state["tree"]
+    need(isinstance(clips, dict) and isinstance(answers, list), "holds clips or answers of the wrong type")
+    for clip, info in clips.items():
+        need(clip.isdigit() and isinstance(info, list) and len(info) == 2, f"has a malformed clip {clip!r}")
+        need(all(isinstance(v, (int, float)) and math.isfinite(v) for v in info), f"clip {clip}: non-finite score")
+        npz = path.parent / f"clip_{clip}.npz"
+        try:
+            with np.load(npz) as z:
+                arrays = set(z.files)
+        except Exception as e:  # noqa: BLE001 - missing, truncated (BadZipFile) or foreign: the same user error
+            raise ValueError(f"{npz} cannot be read ({type(e).__name__})") from None
+        need({"frames", "actions", "true_rewards"} <= arrays, f"names clip {clip}, whose {npz.name} lacks arrays")
+    fields = {"seq", "id", "kind", "left", "right", "node", "answer", "labeller"}
+    for i, a in enumerate(answers, 1):
+        need(isinstance(a, dict) and set(a) == fields and a["seq"] == i, f"answer {i} is malformed")
+        need(str(a["left"]) in clips and str(a["right"]) in clips, f"answer {i} names a clip it does not hold")
+        known = a["kind"] in ("pair", "tree") and a["answer"] in ("left", "right", "equal", "cant_tell")
+        need(known, f"answer {i} has an unknown kind or answer")
+    if tree is not None:
+        try:
+            check_red_black(SortTree(tree))
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            raise ValueError(f"{path} holds a broken sort tree ({type(e).__name__})") from None
+    return state
 
 
 def prepare_run(args: Args, ctx: dict):
     """Create the run directory, open the labels (applying --force-new-*), start the labelling app;
-    returns the device, whether the networks run in bf16, and the labeller's store (None for rl)."""
+    returns the device and whether the networks run in bf16; ctx["store"] is the labeller's store (None for rl)."""
     run_dir = ctx["run_dir"]
+    print(f"run directory: {run_dir}")
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
     fast_bf16 = device.type == "cuda" or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     bf16 = args.precision == "bf16" or args.precision == "auto" and fast_bf16
-    store = None
-    if args.labeler == "synthetic":
-        try:
-            store = SyntheticLabeller(args.labels.store_dir, args.env_id, args.exp_name, ctx["life_penalty"])
-        except (OSError, ValueError, KeyError) as e:
-            raise UsageError(
-                f"the synthetic labels of {args.exp_name!r} in {args.labels.store_dir} cannot be read "
-                f"({type(e).__name__}): delete them or pass another --labels.store-dir"
-            ) from None
-    elif args.labeler == "human":
-        try:
-            store = ctx["app"].LabelStore(args.labels.store_dir, args.env_id)
-        except ValueError as e:
-            raise UsageError(f"{e}: pass another --labels.store-dir") from None
+    store = ctx["store"]
+    if args.labeler == "human":
+        if ctx["app"].check_store(args.labels.store_dir, args.env_id, raises=False):  # --force-new-clips only
+            for path in Path(args.labels.store_dir).glob(f"{args.env_id.replace('/', '_')}.sqlite*"):
+                path.unlink()  # an unreadable store is replaced
+        store = ctx["store"] = ctx["app"].LabelStore(args.labels.store_dir, args.env_id)
     if store is not None and args.force_new_clips:
         print(
             f"--force-new-clips: deleting every clip of {args.env_id} and every experiment's labels in "
@@ -1918,7 +2134,6 @@ def prepare_run(args: Args, ctx: dict):
     for name, flag in (("agent", args.force_new_agent), ("reward_model", args.force_new_reward_model)):
         if flag and (run_dir / "checkpoints" / f"{name}.pt").exists():
             print(f"--force-new-{name.replace('_', '-')}: the run's {name}.pt is replaced at the next checkpoint")
-    print(f"run directory: {run_dir}")
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -1935,7 +2150,7 @@ def prepare_run(args: Args, ctx: dict):
                 f"warning: the labelling app listens on {args.labels.host}, reachable beyond this machine; "
                 "it answers only requests carrying the token above"
             )
-    return device, bf16, store
+    return device, bf16
 
 
 if __name__ == "__main__":

@@ -97,6 +97,52 @@ def _of_kind(sql: str, kind: str | None) -> tuple[str, tuple]:
     return (sql, ()) if kind is None else (sql + " AND kind=?", (kind,))
 
 
+# the columns each table of a store must have (the LabelStore below creates them)
+STORE_COLUMNS = {
+    "meta": {"key", "value"},
+    "clips": {"id", "name", "length", "stack", "true_return", "source", "created", "lives_lost"},
+    "queries": {"id", "experiment", "kind", "left_clip", "right_clip", "node", "status", "created", "lease_client"}
+    | {"lease_until", "answer", "labeller", "answered_at", "seq"},
+    "experiments": {"name", "status", "tree"},
+}
+
+
+def check_store(root: str | Path, env_id: str, raises: bool = True) -> str | None:
+    """Check an existing label store read-only (nothing is created or changed): an SQLite file that passes
+    SQLite's quick check, with the tables and columns of this app and the env's id. Raises ValueError naming the file
+    and the problem (or returns the problem when `raises` is False); None when it is fine or absent."""
+    path = Path(root) / f"{env_id.replace('/', '_')}.sqlite"
+    if not path.exists():
+        return None
+    problem = None
+    try:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise sqlite3.DatabaseError("not an SQLite file")
+        # no -wal file: no writer has it open, so immutable (which leaves no -shm/-wal behind) reads it all
+        flags = "mode=ro" if path.with_name(path.name + "-wal").exists() else "mode=ro&immutable=1"
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?{flags}", uri=True)
+        try:
+            if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("damaged (SQLite's quick check failed)")
+            for table, columns in STORE_COLUMNS.items():
+                have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if not columns <= have:
+                    raise sqlite3.DatabaseError(f"table {table} lacks {sorted(columns - have)}")
+            row = db.execute("SELECT value FROM meta WHERE key='env_id'").fetchone()
+            if row is not None and row[0] != env_id:
+                problem = f"label store {path} holds clips of env {row[0]!r}, not {env_id!r}"
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        problem = f"label store {path} cannot be read ({e})"
+    except OSError as e:
+        problem = f"label store {path} cannot be read ({e.strerror})"
+    if problem is not None and raises:
+        raise ValueError(problem)
+    return problem
+
+
 class LabelStore:
     """SQLite store of one env's clips (shared by all experiments of that env) and of each experiment's queries,
     answers, sort tree and status. Thread-safe: one sqlite3 connection (check_same_thread=False) behind one lock,

@@ -5,12 +5,21 @@ import dataclasses
 import json
 import math
 import shutil
+import sys
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, interrupt_when_exists
+from conftest import (
+    REPO_ROOT,
+    assert_run_directory_printed_at_start_and_end,
+    interrupt_when_exists,
+    interrupt_when_found,
+    printed_resume_command,
+    subprocess_env,
+)
 
 import preference_ga3c_atari as pref
 
@@ -436,13 +445,16 @@ def test_the_synthetic_labels_survive_a_restart_and_the_force_flags_delete_them(
     left = labeller.add_clip(frames, np.zeros(4), np.array([0, 1, 0, 0], np.float32), 4, "t")
     right = labeller.add_clip(frames, np.zeros(4), np.zeros(4, np.float32), 4, "t")
     labeller.add_query("a", "tree", left, right, 0)
-    labeller.save_tree("a", {"root": 0})
+    tree = pref.SortTree()
+    tree.add_clip(right)  # the root: a tree of one node
+    labeller.save_tree("a", tree.state())
     assert labeller.pending_queries("a") == [] and labeller.count_answers("a") == 1
     again = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "a", 1.0)
     assert again.answers == [] and again.load_tree("a") is None  # written at checkpoints only (sync)
     labeller.sync()
     again = pref.SyntheticLabeller(tmp_path, "ALE/Breakout-v5", "a", 1.0)
-    assert again.answers_after("a", 0) == labeller.answers_after("a", 0) and again.load_tree("a") == {"root": 0}
+    assert again.answers_after("a", 0) == labeller.answers_after("a", 0)
+    assert again.load_tree("a") == labeller.load_tree("a") and again.load_tree("a")["root"] == 0
     assert again.answers[0]["answer"] == "left" and np.array_equal(again.clip_arrays(left)["frames"], frames)
     assert again.add_clip(frames, np.zeros(4), np.zeros(4, np.float32), 4, "t") == 3  # ids are never reused
     assert again.delete_labels("a") == {"queries": 1, "answers": 1, "trees": 1} and not again.dir.exists()
@@ -479,6 +491,8 @@ def test_reward_model_ranks_held_out_clips_from_synthetic_preferences(tmp_path, 
         teacher.ask(10)
         for _ in range(8):  # sort-tree insertions need several answers each
             teacher.absorb_answers()
+            if feedback == "sort-tree":  # insertions start as the tree grows (no more under way than nodes)
+                teacher.ask(10)
         teacher.train(20)
     assert teacher.num_examples() >= 30
     held_out = [synthetic_clip(rng, qualities[i % 5]) for i in range(60)]
@@ -564,9 +578,10 @@ def test_smoke_run_writes_every_artifact(run_script, tmp_path, labeler, feedback
         timeout=300,
     )
     assert rc == 0, err[-3000:]
-    assert str(run_dir) in out.splitlines()[0] and str(run_dir) in out.splitlines()[-1]  # printed at start and end
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
     results = read_results(run_dir)
-    assert results["agent_steps"] >= 2000 and results["updates"] > 0
+    # the budget is exact: the run stops at --total-timesteps or within the next batch (workers / 2 = 2 envs)
+    assert 2000 <= results["agent_steps"] < 2002 and results["updates"] > 0
     assert all(math.isfinite(x) for x in results["eval"]["returns"]) and math.isfinite(results["sps"])
     for name in ("args.json", "policy.pt", "learning_curve.png", "checkpoints/agent.pt"):
         assert (run_dir / name).is_file(), name
@@ -640,20 +655,22 @@ def test_interrupted_run_resumes_agent_reward_model_and_store(tmp_path):
     ]
     rc, out, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "agent.pt")
     assert rc == 130, err[-2000:]
-    assert "resume" in out and not (run_dir / "results.json").exists()
+    assert "interrupted during " in err and not (run_dir / "results.json").exists()
+    resume = printed_resume_command(err)  # the exact command, --run-dir last
+    assert resume[-2:] == ["--run-dir", str(run_dir)] and sorted(resume[1:]) == sorted(cmd[1:])
     before = torch.load(run_dir / "checkpoints" / "agent.pt", weights_only=False)
     answered = len(synthetic_labels(store, "resume")["answers"])
     assert answered >= 6 and (run_dir / "checkpoints" / "reward_model.pt").is_file()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(resume, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed the agent at step {before['steps']:,}" in proc.stdout and "resumed the reward model" in proc.stdout
     results = read_results(run_dir)
-    assert results["agent_steps"] >= 4000 and results["updates"] > before["updates"]
+    assert 4000 <= results["agent_steps"] < 4002 and results["updates"] > before["updates"]
     assert len(synthetic_labels(store, "resume")["answers"]) >= answered  # none lost
     # a finished run is never overwritten: the same command exits 0 and changes nothing
     stamp = (run_dir / "results.json").stat().st_mtime_ns
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "finished" in proc.stdout
+    assert proc.returncode == 0 and "nothing to do" in proc.stdout
     assert (run_dir / "results.json").stat().st_mtime_ns == stamp
 
 
@@ -747,21 +764,19 @@ VALID = {
     ("env.sticky_actions", -1),
     ("labels.port", 0),
     ("seed", 0),
-    ("seed", -1),
-    ("seed", 10**12),
     ("eval.seed", 0),
-    ("eval.seed", -1),
-    ("eval.seed", 10**12),
     ("labels.rate_scale", 10**12),
     ("labels.life_penalty", 0),
     ("labels.life_penalty", -1),
     ("total_timesteps", 10**12),
     ("checkpoint_every_s", 10**12),
-    ("env.max_episode_frames", 10**12),
-    ("reward.label_buffer", 10**12),
-    ("labels.budget", 10**12),
     ("ga3c.max_grad_norm", 10**12),
     ("ga3c.reward_clip", 10**12),
+    # floats that only scale or time things: any finite positive value runs
+    ("labels.rate_scale", 10**20),
+    ("checkpoint_every_s", 10**20),
+    ("ga3c.max_grad_norm", 10**20),
+    ("ga3c.reward_clip", 10**20),
 }
 
 
@@ -779,7 +794,7 @@ def with_value(path: str, value):
     ("path", "field"), list(numeric_fields(pref.Args)), ids=lambda x: x if isinstance(x, str) else ""
 )
 def test_every_numeric_flag_is_checked(tmp_path, path, field):
-    for value in (0, -1, float("nan"), 10**12):
+    for value in (0, -1, float("nan"), 10**12, 10**20):
         if field.type is int and isinstance(value, float):
             continue  # tyro rejects a float for an int flag itself (exit 2)
         args = with_value(path, value)
@@ -931,3 +946,230 @@ def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
         teacher.train(5)
         weights.append(torch.cat([p.detach().flatten() for p in teacher.model.parameters()]))
     assert torch.equal(weights[0], weights[1])
+
+
+# ---- issue 48: huge integers, every accepted worker count, the label stores, re-runs, signals ----------------------
+def test_a_huge_label_budget_is_refused_naming_the_bound(run_script, tmp_path):
+    where = ("--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s")
+    rc, _, err = run_script(SCRIPT, "--labels.budget", "100000000000000000000", *where, timeout=60)
+    bound = pref.max_labels(pref.Args())
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and f"1 to {bound} " in err and "memory" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+    args = pref.Args()
+    args.labels.budget = bound
+    pref.check_numbers(args)  # the bound itself is accepted
+
+
+def test_asking_costs_what_is_asked_now_not_the_budget(tmp_path):
+    teacher, store = make_teacher(tmp_path, ensemble=2)
+    rng = np.random.default_rng(0)
+    teacher.add_clips([synthetic_clip(rng, q) for q in np.linspace(0, 1, 8)])
+    start = time.perf_counter()
+    assert teacher.ask(10**20) == 8  # at most one pair per pooled clip at a time
+    assert time.perf_counter() - start < 30 and store.count_answers("behaviour") == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 3])
+def test_every_accepted_worker_count_runs_and_stops_at_its_budget(run_script, tmp_path, workers):
+    # 2 is the range's low edge; 2 and 3 have fewer envs than the clip recorder's 4 slots
+    run_dir = tmp_path / "run"
+    where = ("--run-dir", run_dir, "--labels.store-dir", tmp_path / "store", "--ga3c.workers", workers)
+    rc, out, err = run_script(SCRIPT, *TINY, *where, timeout=300)
+    assert rc == 0, err[-3000:]
+    results = read_results(run_dir)
+    assert results["agent_steps"] == 2000 and results["labels"] > 6  # a batch is one env here: exact
+    assert_run_directory_printed_at_start_and_end(out, run_dir)
+
+
+def human_args(tmp_path, **flags) -> "pref.Args":
+    args = pref.Args(labeler="human", run_dir=str(tmp_path / "run"), **flags)
+    args.labels.store_dir, args.labels.port = str(tmp_path / "store"), 0
+    return args
+
+
+def refused(capsys, args) -> str:
+    """main(args) exits 2 with one line on stderr, and the line."""
+    from conftest import keep_signals
+
+    assert keep_signals(lambda: pref.main(args)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("how", ["not sqlite", "truncated", "wrong schema"])
+def test_a_label_store_that_is_not_one_is_refused_naming_it(tmp_path, capsys, how):
+    import sqlite3
+
+    from conftest import file_bytes
+
+    from preference_labelling_app import LabelStore
+
+    store_dir = tmp_path / "store"
+    path = store_dir / "PongNoFrameskip-v4.sqlite"
+    if how == "not sqlite":
+        store_dir.mkdir()
+        path.write_text("these are my notes, not a label store\n" * 50)
+    elif how == "truncated":
+        store = LabelStore(store_dir, "PongNoFrameskip-v4")
+        store.add_clip(np.zeros((6, 84, 84), np.uint8), np.zeros(3), np.zeros(3), 4, "test")
+        store.close()
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        store_dir.mkdir()
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE meta (name TEXT)")
+    before = file_bytes(store_dir)
+    err = refused(capsys, human_args(tmp_path))
+    assert str(path) in err and "--labels.store-dir" in err
+    assert file_bytes(store_dir) == before and not (tmp_path / "run").exists()
+
+
+def finished_synthetic_store(tmp_path) -> "pref.SyntheticLabeller":
+    """The synthetic labels of experiment 'behaviour' with 4 clips and 3 answers, saved."""
+    teacher, store = make_teacher(tmp_path)
+    rng = np.random.default_rng(0)
+    teacher.add_clips([synthetic_clip(rng, q) for q in (0.1, 0.5, 0.9, 0.3)])
+    teacher.ask(3)
+    store.sync()
+    return store
+
+
+@pytest.mark.parametrize("how", ["not json", "no answers", "an answer about a missing clip", "a clip file lost"])
+def test_synthetic_labels_that_are_not_readable_are_refused_naming_the_file(tmp_path, capsys, how):
+    from conftest import file_bytes
+
+    store = finished_synthetic_store(tmp_path)
+    saved = store.dir / "labels.json"
+    state = json.loads(saved.read_text())
+    if how == "not json":
+        saved.write_text('{"clips": {"1": [0.0, 0')
+    elif how == "no answers":
+        saved.write_text(json.dumps({"clips": state["clips"], "tree": None}))
+    elif how == "an answer about a missing clip":
+        state["answers"][0]["left"] = 99
+        saved.write_text(json.dumps(state))
+    else:
+        (store.dir / "clip_2.npz").unlink()
+    before = file_bytes(tmp_path / "store")
+    args = pref.Args(exp_name="behaviour", run_dir=str(tmp_path / "run"))
+    args.labels.store_dir = str(tmp_path / "store")
+    err = refused(capsys, args)
+    assert str(store.dir) in err and "--force-new-labels" in err
+    assert file_bytes(tmp_path / "store") == before and not (tmp_path / "run").exists()
+    args.force_new_labels = True  # the fix the message names: the labels are deleted, never read
+    assert pref.validate(args)["store"].answers == []
+
+
+def test_a_finished_run_rerun_with_other_flags_names_them(tmp_path, capsys):
+    from conftest import file_bytes, keep_signals
+
+    run_dir = tmp_path / "run"
+    args = pref.Args(run_dir=str(run_dir), labeler="rl")
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, **dataclasses.asdict(args)}))
+    (run_dir / "results.json").write_text("{}")
+    before = file_bytes(run_dir)
+    same = dataclasses.replace(args, torch_threads=2, checkpoint_every_s=5.0)  # change nothing the run made
+    assert keep_signals(lambda: pref.main(same)) == 0 and "nothing to do" in capsys.readouterr().out
+    changed = dataclasses.replace(args, seed=2, labels=dataclasses.replace(args.labels, budget=5000))
+    err = refused(capsys, changed)
+    assert "--seed 2 (was 1)" in err and "--labels.budget 5000 (was 3000)" in err and "--torch-threads" not in err
+    assert file_bytes(run_dir) == before
+
+
+def test_one_save_and_one_checked_load_refuse_other_kinds_and_earlier_formats(tmp_path):
+    path = tmp_path / "agent.pt"
+    pref.save(path, "agent", net={}, optimizer={}, steps=3, updates=1, progress={})
+    assert pref.load(path, "agent", "fix")["steps"] == 3 and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(pref.UsageError, match="as a policy file.*: fix"):
+        pref.load(path, "policy", "fix")
+    # a run dir from before (untagged files): refused with the fix, never misread
+    torch.save({"net": {}, "optimizer": {}, "steps": 3, "updates": 1, "progress": {}}, path)
+    with pytest.raises(pref.UsageError, match=f"{path}.*: fix"):
+        pref.load(path, "agent", "fix")
+    pref.save(path, "agent", net={}, optimizer={}, steps=3)  # a tagged file that lacks keys
+    with pytest.raises(pref.UsageError, match=r"lacks \['updates', 'progress'\]"):
+        pref.load(path, "agent", "fix")
+
+
+SIGNAL_PHASES = {  # phase: (extra flags, the file whose appearance means the phase is under way, seconds after)
+    "random play": (["--labels.pretrain", "3000", "--labels.budget", "6000"], "store/*/*/clip_1.npz", 0),
+    "reward pretraining": (["--reward.pretrain-epochs", "100000"], "store/*/*/clip_3.npz", 8),
+    # (events: written before random play; 6 labels and 3 pretraining updates take seconds)
+    "agent training": (["--total-timesteps", "10000000"], "run/events.out.tfevents*", 15),
+    "the evaluation": (["--eval.episodes", "2", "--env.max-episode-frames", "108000"], "run/policy.pt", 3),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", list(SIGNAL_PHASES))
+def test_a_signal_is_answered_within_seconds_in_every_phase(tmp_path, phase):
+    extra, started, after_s = SIGNAL_PHASES[phase]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, *extra, "--run-dir", "run", "--labels.store-dir", "store"]
+    rc, out, err, seconds = interrupt_when_found(cmd, tmp_path, started, after_s=after_s)
+    assert rc == 130 and seconds < 10 and f"interrupted {'during ' + phase}" in err, (seconds, err[-2000:])
+    resume = printed_resume_command(err)
+    assert resume[-2:] == ["--run-dir", "run"] and "Traceback" not in err
+    agent = pref.load(tmp_path / "run" / "checkpoints" / "agent.pt", "agent", "")
+    assert agent["progress"]["pretrained"] == (phase in ("agent training", "the evaluation"))
+
+
+# ---- issue 45: where a sort-tree insertion starts -------------------------------------------------------------------
+def tree_of(values: dict, order: list) -> "pref.SortTree":
+    tree = pref.SortTree()
+    for clip in order:
+        insert_by_oracle(tree, clip, values[clip], values)
+    return tree
+
+
+def test_a_lone_insertion_is_a_binary_search_from_the_middle_node():
+    values = {clip: float(clip) for clip in range(7)}  # hand-made clips 0..6, worth their id
+    tree = tree_of(values, [3, 1, 5, 0, 2, 4, 6])
+    values[10] = 4.5
+    node, compared = tree.add_clip(10), []
+    while node is not None:
+        compared.append(tree.nodes[node]["clips"][0])
+        node = tree.answer(10, node, pref.synthetic_answer(4.5, values[compared[-1]]))
+    assert compared == [3, 5, 4]  # the middle of 0..6, then of 4..6, then 4: log2(8) comparisons
+    assert [clip for clip, _ in tree.ranked_clips()] == [0, 1, 2, 3, 4, 10, 5, 6]
+
+
+def test_insertions_under_way_together_start_at_different_nodes():
+    values = {clip: float(clip) for clip in range(7)}
+    tree = tree_of(values, [3, 1, 5, 0, 2, 4, 6])
+    new = {20: 0.5, 21: 1.5, 22: 2.5, 23: 3.5, 24: 5.5, 25: 6.5}
+    values |= new
+    first = {clip: tree.add_clip(clip) for clip in new}  # six clips asked before any answer
+    starts = [tree.nodes[node]["clips"][0] for node in first.values()]
+    # the least-asked of the middle nodes 1..5, the centre first: the paper's walk from the root gave [3, 3, 3, 3, 3, 3]
+    assert starts == [3, 2, 4, 1, 5, 3]
+    for clip, node in first.items():  # answered in any order, every clip still lands in its place
+        while node is not None:
+            node = tree.answer(clip, node, pref.synthetic_answer(values[clip], values[tree.nodes[node]["clips"][0]]))
+    pref.check_red_black(tree)
+    assert [values[clip] for clip, _ in tree.ranked_clips()] == sorted(values.values())
+
+
+def test_a_contradicting_answer_is_ignored_not_a_broken_tree():
+    values = {clip: float(clip) for clip in range(3)}
+    tree = tree_of(values, [1, 0, 2])
+    node = tree.add_clip(9)
+    assert tree.answer(9, node, "left") is not None  # better than 1: compared with 2 next
+    assert tree.answer(9, tree.in_order()[0], "right") is not None  # worse than 0 contradicts it: ignored
+    assert tree.answer(9, tree.in_order()[2], "right") is None  # worse than 2: placed between 1 and 2
+    assert [clip for clip, _ in tree.ranked_clips()] == [0, 1, 9, 2]
+
+
+def test_a_new_trees_first_comparisons_are_not_all_against_its_root(tmp_path):
+    """The teacher starts no more insertions than the tree has nodes: a new tree's root is not the one clip a
+    labeller sees in the first 30 comparisons (it was in all 30 before)."""
+    teacher, store = make_teacher(tmp_path, "sort-tree")
+    rng = np.random.default_rng(0)
+    teacher.add_clips([synthetic_clip(rng, q) for q in rng.random(40)])
+    while store.count_answers("behaviour") < 30:
+        teacher.ask(10)
+        teacher.absorb_answers()
+    seen = Counter(a["right"] for a in store.answers[:30])  # 'right': the clip of the node compared with
+    assert seen.most_common(1)[0][1] <= 10 and len(seen) >= 8, seen
