@@ -2,7 +2,8 @@
 # Every number in docs/rnd_ppo_atari.md and benchmarks/results/rnd_ppo_atari.md comes from one of these commands.
 # Run from the repository root with the venv active. CPU numbers depend on the machine's load (recorded by the harness).
 # Flags as the script spells them now (nested groups, issue 17); the recorded runs used the earlier flat spelling
-# of the same settings (--num-envs, --int-coef, ...).
+# of the same settings (--num-envs, --int-coef, ...). The records below were made on ale-py's C++ vector env:
+# --env.no-track-rooms keeps them on it (the default on Montezuma now steps RoomEnvs, to count rooms in training).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,8 @@ throughput() {  # throughput LABEL NUM_ENVS TRAIN_SECONDS [script args...]
   local label=$1 n=$2 secs=$3; shift 3
   python benchmarks/throughput.py atari --env-id MontezumaRevengeNoFrameskip-v4 --num-envs "$n" --seconds 20 \
     --train-seconds "$secs" --label "$label" -- \
-    python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs "$n" --no-progress-bar "$@"
+    python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs "$n" --no-progress-bar \
+      --env.no-track-rooms "$@"
 }
 
 case "${1:-}" in
@@ -29,7 +31,7 @@ case "${1:-}" in
     ;;
   warmup)  # the paper's observation-normalisation warm-up: 50 x 128 steps x 128 envs = 819,200 random steps
     log=$(mktemp)
-    python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --no-progress-bar --eval.episodes 0 \
+    python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --no-progress-bar --env.no-track-rooms --eval.episodes 0 \
       --run-dir "$(mktemp -d)/run" >"$log" 2>&1 &
     pid=$!
     until grep -q "obs-norm warm-up:" "$log"; do sleep 2; kill -0 $pid 2>/dev/null || break; done
@@ -42,7 +44,7 @@ case "${1:-}" in
     mkdir -p runs/rnd_evidence
     for cfg in "rnd 1.0" "ppo 0.0"; do
       set -- $cfg
-      OMP_NUM_THREADS=1 nice -n 15 python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 32 \
+      OMP_NUM_THREADS=1 nice -n 15 python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 32 --env.no-track-rooms \
         --rnd.update-proportion 1.0 --rnd.num-iterations-obs-norm-init 10 --rnd.int-coef "$2" --ppo.total-timesteps 4096000 \
         --eval.every 10 --eval.episodes 3 --checkpoint-every 5 --keep-checkpoints 3 --seed 1 --no-progress-bar \
         --run-dir "runs/rnd_evidence/montezuma_$1_s1" > "runs/rnd_evidence/montezuma_$1_s1.log" 2>&1 &
@@ -60,7 +62,7 @@ case "${1:-}" in
       dir=runs/rnd_evidence/montezuma_${name}_s1
       steps=$(python -c "import rnd_ppo_atari as r, torch; print(torch.load(r.checkpoint_paths(__import__('pathlib').Path('$dir'))[-1], weights_only=False)['global_step'])")
       coef=$([ "$name" = rnd ] && echo 1.0 || echo 0.0)
-      OMP_NUM_THREADS=1 nice -n 15 python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 32 \
+      OMP_NUM_THREADS=1 nice -n 15 python rnd_ppo_atari.py --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 32 --env.no-track-rooms \
         --rnd.update-proportion 1.0 --rnd.int-coef "$coef" --ppo.total-timesteps "$steps" --eval.episodes "${EVAL_EPISODES:-3}" \
         --seed 1 --no-progress-bar --run-dir "$dir" >> "$dir.log" 2>&1 &
     done
