@@ -4,6 +4,7 @@ A page that grows past 4,000 words or gains a date, a session or an issue number
 lab notebook; its history belongs in `benchmarks/results/<script>.md`, which the page links once.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -81,3 +82,51 @@ def test_code_blocks_copy_as_they_are(page):
     """A fence indented inside a list item copies with its indentation (IndentationError in Python)."""
     indented = [line for line in page.read_text().splitlines() if re.match(r"^\s+```", line)]
     assert indented == []
+
+
+# A quick command is timed where it is shown: a comment "# ... ≤ N min on a [loaded ]2-core CPU ..." right above
+# it in its code block, and a line of benchmarks/results/quick_commands.jsonl that ran exactly that command to the
+# end (exit 0) within N minutes and within the 10 minutes a quick command may take.
+TIMED = re.compile(r"^#.*≤ (\d+) min on a (loaded )?2-core CPU")
+QUICK_RECORDS = ROOT / "benchmarks" / "results" / "quick_commands.jsonl"
+
+
+def timed_commands(text: str) -> list[tuple[int, str]]:
+    """(the minutes stated, the command below them as one line) for each timed command of a page's code blocks."""
+    found, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if m := TIMED.match(line.strip()):
+            j = i + 1
+            while lines[j].lstrip().startswith("#"):
+                j += 1
+            command = lines[j]
+            while command.endswith("\\"):
+                j += 1
+                command = command[:-1] + " " + lines[j]
+            found.append((int(m.group(1)), " ".join(command.split())))
+    return found
+
+
+def quick_records() -> dict[str, dict]:
+    """The latest record of each command in quick_commands.jsonl."""
+    records = [json.loads(x) for x in QUICK_RECORDS.read_text().splitlines() if x.strip()]
+    return {" ".join(r["command"].split()): r for r in records}
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=[*SCRIPTS, "README"])
+def test_quick_command_is_timed_beside_it(page):
+    timed, records = timed_commands(page.read_text()), quick_records()
+    assert timed, f"{page.name}: no quick command with '# ... ≤ N min on a 2-core CPU ...' above it"
+    for minutes, command in timed:
+        assert command in records, f"{page.name}: no record in quick_commands.jsonl of: {command}"
+        record = records[command]
+        assert record["exit_code"] == 0 and not record["timed_out"], record
+        assert record["wall_s"] <= 60 * minutes <= 600, (minutes, record["wall_s"])
+
+
+def test_timed_commands_are_read_as_a_user_copies_them():
+    page = (
+        "```bash\n# a quick run (≤ 7 min on a 2-core CPU, measured while other jobs ran)\n# (more words)\n"
+        "python x.py --a 1 \\\n    --b 2\n```\n# ≤ 3 min on a 2-core CPU\nbash y.sh quick\n"
+    )
+    assert timed_commands(page) == [(7, "python x.py --a 1 --b 2"), (3, "bash y.sh quick")]
