@@ -176,7 +176,8 @@ class Args:
     feedback: Literal["pairwise", "sort-tree"] = "pairwise"
     """compare pairs of clips (Christiano) or sort clips into a red-black tree (rl-teacher-atari)"""
     total_timesteps: int = 10_000_000
-    """agent steps (4 frames each), random pretraining steps included"""
+    """agent steps (4 frames each), random pretraining steps included; the run ends at the first batch of
+    workers / 2 env steps that reaches it"""
     run_dir: Optional[str] = None
     """run directory (default runs/{env}__{exp_name}__{seed}__{time}); an existing one is resumed"""
     eval_only: Optional[str] = None

@@ -1173,3 +1173,28 @@ def test_a_new_trees_first_comparisons_are_not_all_against_its_root(tmp_path):
         teacher.absorb_answers()
     seen = Counter(a["right"] for a in store.answers[:30])  # 'right': the clip of the node compared with
     assert seen.most_common(1)[0][1] <= 10 and len(seen) >= 8, seen
+
+
+def test_eval_only_interrupted_writes_nothing(tmp_path, capsys, monkeypatch):
+    from conftest import file_bytes, keep_signals
+
+    args = pref.Args(eval_only=str(tmp_path))
+    args.eval.episodes, args.env.max_episode_frames = 2, 400
+    game = pref.Game("pong", 4, 0.0, (0, 0))
+    pref.save_policy(tmp_path / "policy.pt", pref.GA3CNet(4, 6), args, game)
+    before, stop = file_bytes(tmp_path), pref.threading.Event()
+    stop.set()  # the signal's flag, set before the first step
+    with pytest.raises(pref.Interrupted, match="during the evaluation"):
+        pref.evaluate_only(args, tmp_path, pref.load_policy(tmp_path / "policy.pt"), stop)
+    assert file_bytes(tmp_path) == before and not (tmp_path / "evaluations").exists()
+    real = pref.evaluate
+
+    def interrupted(*a):  # as a SIGTERM during the games: evaluate raises Interrupted
+        a[-1].set()
+        return real(*a)
+
+    monkeypatch.setattr(pref, "evaluate", interrupted)
+    assert keep_signals(lambda: pref.main(args)) == 130
+    err = capsys.readouterr().err
+    assert "interrupted during the evaluation: nothing was written; re-run the same command" in err
+    assert file_bytes(tmp_path) == before
