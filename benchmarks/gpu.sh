@@ -60,7 +60,7 @@ all)  # issue 44: the GPU training SPS of all seven scripts, the raw env's rate 
     --env-id BreakoutNoFrameskip-v4 --reward-model /tmp/trex_quick/reward_model.pt
   # RND at the paper's 128 envs x 128 steps, the observation-normalisation warm-up skipped
   harness atari MontezumaRevengeNoFrameskip-v4 128 rnd-128envs "$S" -- $py rnd_ppo_atari.py \
-    --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 128 --rnd.num-iterations-obs-norm-init 0
+    --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 128 --rnd.num-iterations-obs-norm-init 0 --env.no-track-rooms
   # GA3C with the true reward (the speed limit) at 128 workers
   harness atari BreakoutNoFrameskip-v4 128 ga3c-rl-w128 "$S" -- $py preference_ga3c_atari.py \
     --env-id BreakoutNoFrameskip-v4 --labeler rl --ga3c.workers 128

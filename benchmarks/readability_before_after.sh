@@ -37,7 +37,7 @@ for version in before after; do
     want trex && atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 --label "trex-policy-$version" -- python trex_ppo_atari.py \
         --env-id BreakoutNoFrameskip-v4 --reward-model runs/trex_quick/reward_model.pt
     want rnd && atari --env-id MontezumaRevengeNoFrameskip-v4 --num-envs 8 --label "rnd-$version" -- python rnd_ppo_atari.py \
-        --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 8 --no-progress-bar --rnd.num-iterations-obs-norm-init 1
+        --env-id MontezumaRevengeNoFrameskip-v4 --ppo.num-envs 8 --no-progress-bar --rnd.num-iterations-obs-norm-init 1 --env.no-track-rooms
     want filter && mujoco --label "filter-irl-$version${SUFFIX:-}" -- python filter_irl_mujoco.py --env-id Hopper-v5 \
         --expert.experts-dir "$experts" --sac.learning-starts 1000 --irl.train-every 1000 --torch-threads 1
     want hype && mujoco --label "hype-irl-$version${SUFFIX:-}" -- python hype_irl_mujoco.py --env-id Hopper-v5 \
