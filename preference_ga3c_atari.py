@@ -1849,19 +1849,33 @@ def resolve_env_id(env_id: str) -> tuple[str, float]:
 MAX_SEED = 2**31 - 4097  # the emulators' seeds (seed + env index, up to 4096 envs) are 32-bit
 
 
-def max_labels(args: Args) -> int:
-    """The largest --labels.budget this machine's memory holds: the teacher keeps the frames of every labelled
-    clip (each label brings up to two) in memory, (clip length + stacked frames - 1) 84x84 bytes a clip."""
-    clip_bytes = (args.labels.clip_length + max(1, args.env.stacked_frames) - 1) * 84 * 84
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * clip_bytes)
+def memory_bounds(args: Args) -> dict:
+    """The largest values this machine's memory holds (a frame is 84x84 bytes) of --labels.budget: the teacher
+    keeps every labelled clip's frames, two clips a label; --ga3c.min-batch-segments: an A3C update holds its
+    segments' frames about 10 times (4 batches queued, the batch, float32 pixels); --reward.batch-size: a reward
+    update holds 2 clips a label as bytes, float32 pixels and activations, about 10 bytes a pixel."""
+    memory, frame, stack = (
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        84 * 84,
+        max(1, args.env.stacked_frames),
+    )
+    clip, segment = args.labels.clip_length, (args.ga3c.t_max + 1) * stack * frame
+    return {
+        "labels.budget": memory // (2 * (clip + stack - 1) * frame),
+        "ga3c.min-batch-segments": min(100_000, memory // (10 * segment)),
+        "reward.batch-size": min(4096, memory // (20 * clip * stack * frame)),
+    }
 
 
 def check_numbers(args: Args):
     """Every numeric flag's range and the cross-field rules; NaN fails every comparison, so it is caught too.
     Integers are bounded by what the machine can hold (memory, the emulators' 32-bit counters and seeds)."""
     g, r, lab, e = args.ga3c, args.reward, args.labels, args.env
-    # (bounded once the clip length and stack are valid; their own rules name them otherwise)
-    most_labels = max_labels(args) if 1 <= lab.clip_length <= 1000 and 0 <= e.stacked_frames <= 16 else lab.budget
+    shapes_valid = 1 <= lab.clip_length <= 1000 and 0 <= e.stacked_frames <= 16 and 1 <= g.t_max <= 1000
+    # (bounded by memory once the shapes are valid; their own rules name them otherwise)
+    most = memory_bounds(args) if shapes_valid else {"labels.budget": lab.budget}
+    most |= {k: most.get(k, v) for k, v in (("ga3c.min-batch-segments", 100_000), ("reward.batch-size", 4096))}
+    fits = "must fit in this machine's memory"
     rules = [
         ("seed", args.seed, 0 <= args.seed <= MAX_SEED, f"0 to {MAX_SEED}"),
         ("eval.seed", args.eval.seed, 0 <= args.eval.seed <= MAX_SEED, f"0 to {MAX_SEED}"),
@@ -1874,7 +1888,12 @@ def check_numbers(args: Args):
         ("env.max-episode-frames", e.max_episode_frames, 1 <= e.max_episode_frames <= 10**8, "1 to 1e8"),
         ("ga3c.workers", g.workers, 2 <= g.workers <= 4096, "2 to 4096"),
         ("ga3c.t-max", g.t_max, 1 <= g.t_max <= 1000, "1 to 1000"),
-        ("ga3c.min-batch-segments", g.min_batch_segments, 1 <= g.min_batch_segments <= 100_000, "1 to 100000"),
+        (
+            "ga3c.min-batch-segments",
+            g.min_batch_segments,
+            1 <= g.min_batch_segments <= most["ga3c.min-batch-segments"],
+            f"1 to {most['ga3c.min-batch-segments']} (an update's segments {fits})",
+        ),
         ("ga3c.learning-rate", g.learning_rate, 0 < g.learning_rate <= 1, "in (0, 1]"),
         ("ga3c.rms-decay", g.rms_decay, 0 <= g.rms_decay < 1, "in [0, 1)"),
         ("ga3c.rms-eps", g.rms_eps, 0 < g.rms_eps <= 10, "in (0, 10]"),
@@ -1885,7 +1904,12 @@ def check_numbers(args: Args):
         ("ga3c.env-threads", g.env_threads, 0 <= g.env_threads <= 1024, "0 (one per core) to 1024"),
         ("reward.ensemble", r.ensemble, 1 <= r.ensemble <= 64, "1 to 64"),
         ("reward.lr", r.lr, 0 < r.lr <= 1, "in (0, 1]"),
-        ("reward.batch-size", r.batch_size, 1 <= r.batch_size <= 4096, "1 to 4096"),
+        (
+            "reward.batch-size",
+            r.batch_size,
+            1 <= r.batch_size <= most["reward.batch-size"],
+            f"1 to {most['reward.batch-size']} (a reward update's clips {fits})",
+        ),
         ("reward.label-buffer", r.label_buffer, 1 <= r.label_buffer <= 10**9, "1 to 1e9"),
         ("reward.labels-per-step", r.labels_per_step, 0 <= r.labels_per_step <= 100, "0 to 100"),
         ("reward.pretrain-epochs", r.pretrain_epochs, 0 <= r.pretrain_epochs <= 100_000, "0 to 100000"),
@@ -1898,8 +1922,8 @@ def check_numbers(args: Args):
         (
             "labels.budget",
             lab.budget,
-            1 <= lab.budget <= most_labels,
-            f"1 to {most_labels} (the labelled clips' frames, kept in memory, must fit in this machine's)",
+            1 <= lab.budget <= most["labels.budget"],
+            f"1 to {most['labels.budget']} (the labelled clips' frames, kept in memory, {fits})",
         ),
         ("labels.pretrain", lab.pretrain, 1 <= lab.pretrain <= lab.budget, f"1 to --labels.budget ({lab.budget})"),
         ("labels.clip-length", lab.clip_length, 1 <= lab.clip_length <= 1000, "1 to 1000"),

@@ -952,7 +952,7 @@ def test_reward_training_on_fixed_labels_is_reproducible(tmp_path):
 def test_a_huge_label_budget_is_refused_naming_the_bound(run_script, tmp_path):
     where = ("--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s")
     rc, _, err = run_script(SCRIPT, "--labels.budget", "100000000000000000000", *where, timeout=60)
-    bound = pref.max_labels(pref.Args())
+    bound = pref.memory_bounds(pref.Args())["labels.budget"]
     assert rc == 2 and len(err.strip().splitlines()) == 1 and f"1 to {bound} " in err and "memory" in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
     args = pref.Args()
@@ -1198,3 +1198,20 @@ def test_eval_only_interrupted_writes_nothing(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "interrupted during the evaluation: nothing was written; re-run the same command" in err
     assert file_bytes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"ga3c": {"t_max": 1000, "min_batch_segments": 5000}}, "ga3c.min-batch-segments"),
+        ({"labels": {"clip_length": 1000}, "reward": {"batch_size": 4096}}, "reward.batch-size"),
+    ],
+)
+def test_batches_are_bounded_by_memory_with_the_bound_named(tmp_path, flags, named):
+    args = pref.Args(run_dir=str(tmp_path / "run"))
+    for group, values in flags.items():
+        setattr(args, group, dataclasses.replace(getattr(args, group), **values))
+    bound = pref.memory_bounds(args)[named]
+    with pytest.raises(pref.UsageError, match=rf"--{named} \d+ is out of range: use 1 to {bound} .*memory"):
+        pref.validate(args)
+    assert not (tmp_path / "run").exists()
