@@ -1099,7 +1099,7 @@ SIGNAL_PHASES = {  # phase: (extra flags, the file whose appearance means the ph
     "reward pretraining": (["--reward.pretrain-epochs", "100000"], "store/*/*/clip_3.npz", 8),
     # (events: written before random play; 6 labels and 3 pretraining updates take seconds)
     "agent training": (["--total-timesteps", "10000000"], "run/events.out.tfevents*", 15),
-    "the evaluation": (["--eval.episodes", "2", "--env.max-episode-frames", "108000"], "run/policy.pt", 3),
+    "the evaluation": (["--eval.episodes", "8", "--env.max-episode-frames", "108000"], "run/policy.pt", 0.5),
 }
 
 
