@@ -189,6 +189,20 @@ def score_mask(rom: str, reward: RewardArgs) -> tuple[int, int]:
     return tuple(flag if flag >= 0 else default for flag, default in zip(flags, defaults))
 
 
+# ---- Stopping
+# A SIGINT/SIGTERM sets STOP (the handler start_run installs); the long loops check it and
+# raise Interrupted once the phase saved what it can: main exits 130 with the resume command.
+STOP = {"signal": 0}
+
+
+class Interrupted(Exception):  # SIGINT/SIGTERM arrived; the phase saved what it could
+    exit_code = 130
+
+
+class NonFiniteLoss(Exception):  # a loss became NaN or infinite
+    exit_code = 3
+
+
 # ---- Environments
 def make_envs(game: dict, num_envs: int, life_loss: bool):
     """AtariVectorEnv with explicit semantics: 84x84 gray, 4-stack, frameskip 4 with max-pool, no
@@ -242,39 +256,6 @@ class GameTracker:
 
 
 # ---- Networks
-PROGRESS_EVERY_S = float(os.environ.get("PROGRESS_EVERY_S", "30"))  # plain lines off a terminal
-
-
-class Progress:
-    """A tqdm bar on a terminal; when stderr is not one (a log file, a pipe), a plain line on stderr
-    every PROGRESS_EVERY_S seconds: `[phase] step/total unit, rate unit/s, latest values`."""
-
-    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it"):
-        self.tty = sys.stderr.isatty()
-        bar = {"total": total, "initial": initial, "desc": desc, "unit": unit}
-        self.bar = tqdm(**bar, file=sys.stderr, dynamic_ncols=True, disable=not self.tty)
-        self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, initial, {}
-        self.n0, self.t0 = initial, time.time()
-        self.last = self.t0
-
-    def update(self, n: int = 1, **postfix):
-        """n more done; postfix: the latest values to show (step, SPS, score, ...)."""
-        self.n += n
-        self.bar.update(n)
-        if postfix:
-            self.postfix = postfix
-            self.bar.set_postfix(**postfix)
-        if not self.tty and time.time() - self.last >= PROGRESS_EVERY_S:
-            self.last = time.time()
-            rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
-            shown = "".join(f", {k} {v}" for k, v in self.postfix.items())
-            done = f"[{self.desc}] {self.n}/{self.total} {self.unit}"
-            print(f"{done}, {rate:.3g} {self.unit}/s{shown}", file=sys.stderr, flush=True)
-
-    def close(self):
-        self.bar.close()
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -502,6 +483,40 @@ def policy_rewards(r_hat, kind: str, rms: RunningMeanStd):
     return r_hat
 
 
+# ---- Progress of the long phases
+PROGRESS_EVERY_S = float(os.environ.get("PROGRESS_EVERY_S", "30"))  # plain lines off a terminal
+
+
+class Progress:
+    """A tqdm bar on a terminal; when stderr is not one (a log file, a pipe), a plain line on stderr
+    every PROGRESS_EVERY_S seconds: `[phase] step/total unit, rate unit/s, latest values`."""
+
+    def __init__(self, total: int, desc: str, initial: int = 0, unit: str = "it"):
+        self.tty = sys.stderr.isatty()
+        bar = {"total": total, "initial": initial, "desc": desc, "unit": unit}
+        self.bar = tqdm(**bar, file=sys.stderr, dynamic_ncols=True, disable=not self.tty)
+        self.total, self.desc, self.unit, self.n, self.postfix = total, desc, unit, initial, {}
+        self.n0, self.t0 = initial, time.time()
+        self.last = self.t0
+
+    def update(self, n: int = 1, **postfix):
+        """n more done; postfix: the latest values to show (step, SPS, score, ...)."""
+        self.n += n
+        self.bar.update(n)
+        if postfix:
+            self.postfix = postfix
+            self.bar.set_postfix(**postfix)
+        if not self.tty and time.time() - self.last >= PROGRESS_EVERY_S:
+            self.last = time.time()
+            rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+            shown = "".join(f", {k} {v}" for k, v in self.postfix.items())
+            done = f"[{self.desc}] {self.n}/{self.total} {self.unit}"
+            print(f"{done}, {rate:.3g} {self.unit}/s{shown}", file=sys.stderr, flush=True)
+
+    def close(self):
+        self.bar.close()
+
+
 # ---- PPO (phase 1 on the true reward, phase 4 on the learned one)
 class Rollout:
     """One rollout's buffers. Frames are stored channels-last (T, N, 84, 84, 4): a minibatch is then
@@ -547,7 +562,9 @@ class Player:
                 logits, value = agent(buf.obs[step].permute(0, 3, 1, 2))
                 dist = Categorical(logits=logits)
                 action = dist.sample()
-            buf.actions[step], buf.logp[step], buf.values[step] = action, dist.log_prob(action), value
+            buf.actions[step] = action
+            buf.logp[step] = dist.log_prob(action)
+            buf.values[step] = value
             action_np = action.cpu().numpy()
             if self.need_fire.any():
                 action_np[self.need_fire] = self.fire
@@ -610,10 +627,9 @@ def relabel_rollout(buf: Rollout, next_obs, reward_net, args: Args, rms, running
 
 
 def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, reward_net=None, ceiling=None):
-    """CleanRL-style PPO for getattr(args, phase).total_timesteps, continued from `resume`
-    (checkpoints/{phase}.pt, read by validate); plot(history) redraws the learning curve at every
-    checkpoint. With `reward_net` the env reward is discarded: r = f(r̂(s')) (relabel_rollout). The
-    demonstrator stops at `ceiling`."""
+    """CleanRL's PPO for getattr(args, phase).total_timesteps, resumed from `resume`; plot(history)
+    redraws the learning curve at each checkpoint. With `reward_net` the env reward is discarded:
+    r = f(r̂(s')) (relabel_rollout). The demonstrator stops at `ceiling`."""
     ppo = args.ppo
     num_iterations = max(1, getattr(args, phase).total_timesteps // (ppo.num_envs * ppo.num_steps))
     envs = make_envs(game, ppo.num_envs, life_loss=args.env.episodic_life)
@@ -626,8 +642,9 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
         return agent, state
 
     def checkpoint():
-        ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "reward_rms": dict(vars(rms))}
-        save(run_dir / "checkpoints" / f"{phase}.pt", "ppo_checkpoint", **ckpt, rng=rng_state(), state=state)
+        ckpt = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+        ckpt |= {"reward_rms": dict(vars(rms)), "rng": rng_state(), "state": state}
+        save(run_dir / "checkpoints" / f"{phase}.pt", "ppo_checkpoint", **ckpt)
         plot(state["history"])
 
     def snapshot():  # the demonstrator's snapshots of rising quality, which phase 2 plays
@@ -639,17 +656,18 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
     if phase == "demonstrator" and state["iteration"] == 0:
         snapshot()  # the untrained policy: the worst demonstrator
     seed = args.seed + 7919 * state["iteration"] + (0 if phase == "demonstrator" else 104729)
-    player = Player(envs, fire_action(game["rom"]) if args.env.episodic_life else None, seed, device)
+    fire = fire_action(game["rom"]) if args.env.episodic_life else None
+    player = Player(envs, fire, seed, device)
     relabel = reward_net is not None and args.policy.reward != "env"
-    # learned-reward return of the running game, per env
-    running = torch.zeros(ppo.num_envs, device=device)
+    running = torch.zeros(ppo.num_envs, device=device)  # learned return of each env's game so far
     recent = deque((h[1] for h in state["history"]), maxlen=args.demonstrator.ceiling_window)
     buf = Rollout(ppo.num_steps, ppo.num_envs, device)
     bar = Progress(num_iterations, phase, state["iteration"], "iteration")
     clock = {}  # SPS counts from the end of this process's first iteration (after warm-up)
     try:
         for iteration in range(state["iteration"] + 1, num_iterations + 1):
-            lr_now = ppo.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if ppo.anneal_lr else 1.0)
+            frac = 1.0 - (iteration - 1.0) / num_iterations if ppo.anneal_lr else 1.0
+            lr_now = ppo.learning_rate * frac
             optimizer.param_groups[0]["lr"] = lr_now
             player.rollout(agent, buf, keep_final_frames=relabel)
             learned_games = None
@@ -663,7 +681,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
             losses = ppo_update(agent, optimizer, buf, advantages, returns, ppo)
             if not math.isfinite(losses["loss"]):
                 raise NonFiniteLoss(f"[{phase}] non-finite loss at iteration {iteration}: lower --ppo.learning-rate")
-            state["iteration"], state["global_step"] = iteration, state["global_step"] + buf.actions.numel()
+            state["iteration"] = iteration
+            state["global_step"] += buf.actions.numel()
             log_iteration(writer, state, buf, losses, returns, learned_games, lr_now, clock)
             recent.extend(score for score, _ in buf.games)
             score = f"{np.mean(recent):.1f}" if recent else "-"
@@ -676,9 +695,8 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
                 break
             if iteration % args.checkpoint_every == 0:
                 checkpoint()
-    # the model is unchanged since the last completed iteration: save that state
     except Interrupted:
-        checkpoint()
+        checkpoint()  # the model is as the last whole iteration left it: save that state
         raise Interrupted(f"{phase} stopped at iteration {state['iteration']}") from None
     finally:
         bar.close()
@@ -714,6 +732,19 @@ def log_iteration(writer, state: dict, buf, losses: dict, returns, learned_games
     writer.add_scalar("losses/explained_variance", explained, step)
     if learned_games is not None:
         writer.add_scalar("trex/mean_step_reward", buf.rewards.mean().item(), step)
+
+
+def rng_state() -> dict:  # saved in every PPO checkpoint, so a resumed phase draws the same numbers
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return state | ({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ---- Phases
@@ -756,8 +787,9 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
                 score, done = score + float(reward[0]), bool(term[0] or trunc[0])
                 demo_actions.append(int(action[0]))
                 demo_frames.append((info["final_obs"] if done else obs)[0, -1:].copy())
-            # the final observation has no action
-            collected.append((np.concatenate(demo_frames), len(demo_frames), demo_actions + [-1], score, iteration))
+            demo_actions.append(-1)  # the final observation has no action
+            demo = (np.concatenate(demo_frames), len(demo_frames), demo_actions, score, iteration)
+            collected.append(demo)
             bar.update(1, snapshot=iteration, score=f"{score:.0f}")
     bar.close()
     env.close()
@@ -815,7 +847,8 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
             shown = {"loss": f"{mean_loss:.3f}", "val_acc": f"{acc:.3f}"}
             checks_without_gain = 0 if acc > best["acc"] else checks_without_gain + 1
             if acc > best["acc"]:
-                best = {"acc": acc, "state": {k: v.clone() for k, v in net.state_dict().items()}, "step": step + 1}
+                weights = {k: v.clone() for k, v in net.state_dict().items()}
+                best = {"acc": acc, "state": weights, "step": step + 1}
             elif checks_without_gain >= cfg.patience:
                 print(f"[reward] early stop at step {step + 1}: no better validation accuracy for {cfg.patience}")
                 break
@@ -825,7 +858,8 @@ def train_reward(args: Args, demos: dict, mask: tuple, device, run_dir: Path, wr
     predicted = demo_returns(net, frames, offsets, lengths)
     # what the policy will collect
     predicted_sigmoid = demo_returns(net, frames, offsets, lengths, torch.sigmoid)
-    info = {"val_accuracy": best["acc"], "best_step": best["step"], "steps_run": step + 1, "num_val_pairs": num_val}
+    info = {"val_accuracy": best["acc"], "best_step": best["step"]}
+    info |= {"steps_run": step + 1, "num_val_pairs": num_val}
     sigmoid_correlations = correlations(predicted_sigmoid, scores)
     info |= correlations(predicted, scores) | {f"{k}_sigmoid": v for k, v in sigmoid_correlations.items()}
     model = {"state_dict": net.state_dict(), "mask_top": mask[0], "mask_bottom": mask[1], "env_id": args.env_id}
@@ -855,6 +889,17 @@ def correlations(predicted, true) -> dict:
     if np.ptp(predicted) == 0 or np.ptp(true) == 0:
         return {"spearman": float("nan"), "pearson": float("nan")}
     return {"spearman": float(spearmanr(predicted, true)[0]), "pearson": float(pearsonr(predicted, true)[0])}
+
+
+def train_policy(args: Args, game: dict, reward_net, device, run_dir: Path, writer, resume, plot):
+    """Phase 4: PPO on the learned reward f(r̂(s')) alone (the env's reward is discarded);
+    the agent goes into policy.pt, which --eval-only and load_policy read. Returns the agent
+    and the phase's state."""
+    agent, state = train_ppo(args, game, "policy", writer, device, run_dir, plot, resume, reward_net)
+    config = {"num_actions": agent.actor.out_features, "env_config": game}
+    policy = {"env_id": args.env_id, "network": "Agent", "config": config}
+    save(run_dir / "policy.pt", "policy", **policy, state_dict=agent.state_dict())
+    return agent, state
 
 
 def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag: str) -> dict:
@@ -903,9 +948,10 @@ def demo_stats(returns) -> dict:
     return {"best": float(r.max()), "average": float(r.mean()), "worst": float(r.min()), "num_demos": len(r)}
 
 
-def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> Optional[dict]:
-    """Phases 1-5; a phase is skipped when validate found its artifact in the run dir (`found`)."""
-    demos, reward, resume = found["demos"], found["reward_model"], found["checkpoints"]
+def run_pipeline(args: Args, game: dict, run_dir: Path, device, writer, demos, reward, resume, snapshots):
+    """Phases 1-5. What validate found in the run dir comes in loaded, and its phase is
+    skipped: demos (demos.npz or --demos), reward (reward_model.pt or --reward-model), resume
+    (checkpoints/{phase}.pt of each PPO phase), snapshots (of a finished demonstrator)."""
     histories = {phase: ckpt["state"]["history"] for phase, ckpt in resume.items()}
     stats = demo_stats(demos["returns"] if demos is not None else [])
 
@@ -913,58 +959,50 @@ def run_pipeline(args: Args, game: dict, run_dir: Path, found: dict, device, wri
         return lambda history: plot_learning_curve(run_dir, args.env_id, histories | {phase: history}, stats)
 
     if demos is None and reward is None:
-        snapshots = found["snapshots"]
-        if snapshots is None:
-            resumed = resume.get("demonstrator")
-            histories["demonstrator"] = train_demonstrator(args, game, device, run_dir, resumed, plot("demonstrator"))
+        if snapshots is None:  # 1. the demonstrator: PPO on the true reward
+            resumed, curve = resume.get("demonstrator"), plot("demonstrator")
+            histories["demonstrator"] = train_demonstrator(args, game, device, run_dir, resumed, curve)
             if args.stop_after == "demonstrator":
                 return None
             snapshots = load_snapshots(run_dir / "demonstrator", args.collect.num_snapshots)
+        # 2. ranked demos: full games of its snapshots
         collect_demos(args, game, snapshots, device, run_dir)
         demos = load(run_dir / "demos.npz", "demos")
         stats = demo_stats(demos["returns"])
     if args.stop_after in ("demonstrator", "demos"):
         return None
-    if reward is None:
+    if reward is None:  # 3. the reward r̂(s) from ranked snippet pairs
         train_reward(args, demos, score_mask(game["rom"], args.reward), device, run_dir, writer)
         reward = load(run_dir / "reward_model.pt", "reward_model")
     reward_net = reward["net"].to(device).requires_grad_(False)
     if args.stop_after == "reward":
         return None
-    resumed = resume.get("policy")
-    agent, state = train_ppo(args, game, "policy", writer, device, run_dir, plot("policy"), resumed, reward_net)
+    # 4. PPO on the learned reward alone
+    resumed, curve = resume.get("policy"), plot("policy")
+    agent, state = train_policy(args, game, reward_net, device, run_dir, writer, resumed, curve)
     histories["policy"] = state["history"]
-    config = {"num_actions": agent.actor.out_features, "env_config": game}
-    policy = {"env_id": args.env_id, "network": "Agent", "config": config}
-    save(run_dir / "policy.pt", "policy", **policy, state_dict=agent.state_dict())
     plot_learning_curve(run_dir, args.env_id, histories, stats)
     if args.stop_after == "policy":
         return None
+    # 5. evaluation: the paper's protocol, into results.json
     ev = evaluate(args, agent, game, writer, run_dir / "videos", "eval")
     demonstrator = histories.get("demonstrator")
     results = {"env_id": args.env_id, "seed": args.seed, "demos": stats, "reward": reward["info"]}
     step = state["global_step"]
-    results["policy"] = {"global_step": step, "frames": 4 * step, "sps": state.get("sps"), "reward": args.policy.reward}
+    results["policy"] = {"global_step": step, "frames": 4 * step}
+    results["policy"] |= {"sps": state.get("sps"), "reward": args.policy.reward}
     results["demonstrator"] = {"global_step": int(demonstrator[-1][0])} if demonstrator else None
     results |= {"eval": ev, "trex_score": ev["best_mean"], "device": str(device)}
     results["paper"] = PAPER_BREAKOUT if game["rom"] == "breakout" else None
     plot_learning_curve(run_dir, args.env_id, histories, stats, final_eval=ev["best_mean"])
     save(run_dir / "results.json", "results", **results)
     best, average = stats["best"], stats["average"]
-    demos = "no demo scores" if best is None else f"demos best {best:g}, average {average:.2f}"
-    print(f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); {demos}")
+    shown = "no demo scores" if best is None else f"demos best {best:g}, average {average:.2f}"
+    print(f"T-REX score {ev['best_mean']:.2f} (best of {len(ev['per_seed'])} seed means); {shown}")
     return results
 
 
-def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> dict:
-    """--eval-only RUN_DIR: RUN_DIR/policy.pt evaluated with --eval.*, into evaluations/eval_NNN.json."""
-    agent, path = found["policy"].to(device), found["eval_path"]
-    ev = evaluate(args, agent, game, writer, run_dir / "videos", path.stem)
-    save(path, "evaluation", env_id=agent.env_id, policy="policy.pt", eval=ev, device=str(device))
-    print(f"[eval-only] best seed mean {ev['best_mean']:.2f}; written to {path}")
-    return ev
-
-
+# ---- run management ----
 def main(args: Args) -> Optional[dict]:
     try:
         game, run_dir, found = validate(args)
@@ -979,7 +1017,8 @@ def main(args: Args) -> Optional[dict]:
     try:
         if args.eval_only:
             return evaluate_only(args, game, run_dir, found, device, writer)
-        return run_pipeline(args, game, run_dir, found, device, writer)
+        demos, reward, snapshots = found["demos"], found["reward_model"], found["snapshots"]
+        return run_pipeline(args, game, run_dir, device, writer, demos, reward, found["checkpoints"], snapshots)
     # a UsageError here: the collected demos are unusable
     except (UsageError, NonFiniteLoss, Interrupted) as e:
         resume = f"; resume with: {resume_command(run_dir)}" if isinstance(e, Interrupted) else ""
@@ -991,13 +1030,17 @@ def main(args: Args) -> Optional[dict]:
         print(f"run directory: {run_dir}")
 
 
-# ---- run management ----
+def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> dict:
+    """--eval-only RUN_DIR: RUN_DIR/policy.pt evaluated with --eval.*, into evaluations/eval_NNN.json."""
+    agent, path = found["policy"].to(device), found["eval_path"]
+    ev = evaluate(args, agent, game, writer, run_dir / "videos", path.stem)
+    save(path, "evaluation", env_id=agent.env_id, policy="policy.pt", eval=ev, device=str(device))
+    print(f"[eval-only] best seed mean {ev['best_mean']:.2f}; written to {path}")
+    return ev
+
+
 class UsageError(Exception):  # bad input: main prints the one-line message and exits 2 before any work
     exit_code = 2
-
-
-class NonFiniteLoss(Exception):  # a loss became NaN or infinite
-    exit_code = 3
 
 
 def resume_command(run_dir: Path) -> str:
@@ -1013,11 +1056,6 @@ def resume_command(run_dir: Path) -> str:
     return shlex.join(["python", sys.argv[0], *kept, "--run-dir", str(run_dir)])
 
 
-class Interrupted(Exception):  # SIGINT/SIGTERM arrived; the phase saved what it could
-    exit_code = 130
-
-
-STOP = {"signal": 0}
 SCRIPT = os.path.basename(__file__)
 MIN_DEMOS, MIN_DEMO_LEN = 2, 10
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
@@ -1393,19 +1431,6 @@ def keep_freed_memory() -> None:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MB (glibc's maximum) come from the heap
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: do not give the heap's top back while less than 1 GB is free
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    return state | ({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def start_run(args: Args, game: dict, run_dir: Path, found: dict):
