@@ -15,6 +15,7 @@ Defaults, deliberate differences, the expert-data format and the run directory: 
 """
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import difflib
@@ -312,6 +313,26 @@ class LearnerEnv:
         action = tremble(action, self.rng, self.p_tremble, self.low, self.high)
         next_obs, reward, terminated, truncated, _ = self.env.step(action)
         return action, next_obs, reward, terminated, truncated
+
+    def episode(self, obs, ret: float, length: int) -> dict:
+        """The episode in progress, for a checkpoint (tensors: checkpoints load with weights_only)."""
+        data, t = self.env.unwrapped.data, torch.as_tensor
+        sim = dict(qpos=t(data.qpos.copy()), qvel=t(data.qvel.copy()), act=t(data.act.copy()), time=float(data.time))
+        sim.update(qacc_warmstart=t(data.qacc_warmstart.copy()), elapsed=self.env.get_wrapper_attr("_elapsed_steps"))
+        return dict(sim=sim, obs=t(np.array(obs)), ret=ret, length=length, from_expert=self.from_expert)
+
+    def resume(self, saved: dict) -> tuple[np.ndarray, float, int]:
+        """Continue a checkpointed episode exactly where it was: the simulator state (and the solver's warm-start),
+        the TimeLimit's count, the observation. The caller restores the env's RNG state afterwards."""
+        self.env.reset()
+        data, sim = self.env.unwrapped.data, saved["sim"]
+        for key in ("qpos", "qvel", "qacc_warmstart", "act"):
+            getattr(data, key)[:] = sim[key].numpy()
+        data.time = sim["time"]
+        mujoco.mj_forward(self.env.unwrapped.model, data)
+        self.env.set_wrapper_attr("_elapsed_steps", sim["elapsed"])
+        self.from_expert = saved["from_expert"]
+        return saved["obs"].numpy(), saved["ret"], saved["length"]
 
 
 # ---- Networks
@@ -733,11 +754,8 @@ def update_discriminator(disc, expert_pairs, learner_pairs, k: int, cfg: DiscArg
     lr = disc_learning_rate(cfg.lr, k)
     optimizer = torch.optim.Adam(disc.parameters(), lr=lr, betas=(0.9, 0.999))
     device, n = expert_pairs.device, cfg.batch_size
-    before = {k: v.clone() for k, v in disc.state_dict().items()}
     for _ in range(cfg.steps):
-        if STOP.is_set():  # the checkpoint keeps the discriminator of the last whole outer iteration
-            disc.load_state_dict(before)
-            check_stop()
+        check_stop()  # (the caller undoes the whole outer iteration)
         xe = expert_pairs[torch.randint(len(expert_pairs), (n,), device=device)]
         xl = learner_pairs[torch.randint(len(learner_pairs), (n,), device=device)]
         alpha = torch.rand(n, 1, device=device)
@@ -777,6 +795,16 @@ def evaluate_learner(agent: SAC, args: Args, progress: dict, expert_return: floa
     return entry
 
 
+def evaluate_during_training(agent, args, progress, expert_return, writer, run_dir, expert_curve, bar, meter) -> float:
+    """The periodic evaluation (its time is not training time) and the plot; returns the normalized return."""
+    with meter.paused():
+        entry = evaluate_learner(agent, args, progress, expert_return, writer)
+        plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
+    progress["next_eval"] += args.eval.frequency
+    bar.write(f"step {progress['step']}: eval return {entry['mean']:.1f} ({entry['normalized']:.2f} of expert)")
+    return entry["normalized"]
+
+
 def log_episode(writer, bar, from_expert: bool, ret: float, length: int, step: int) -> None:
     """A finished learner episode's true return; one started from an expert state is partial, logged apart."""
     if from_expert:
@@ -811,19 +839,32 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
         resumed = f"step {progress['step']} (outer iteration {progress['k']})"
         print(f"IRL phase: resuming at {resumed}", file=sys.stderr)
     where = (run_dir / "checkpoints" / "irl.pt", "irl_checkpoint", np_rng, envs, progress)
-    checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb, disc=disc)
     reward_fn = partial(relabel_rewards, disc)  # a batch's rewards: -f(s, a) under the current f
-    obs = learner_env.reset(seed=args.seed + progress["episodes"])
-    ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
+    if progress.get("episode"):  # exact resume: the episode in progress goes on
+        obs, ret, length = learner_env.resume(progress.pop("episode"))
+        set_rng_states(ckpt["rng"], np_rng, envs)
+    else:
+        obs, ret, length = learner_env.reset(seed=args.seed + progress["episodes"]), 0.0, 0
+    step, meter = progress["step"], SPSMeter()
+
+    def checkpoint() -> None:  # everything, every RNG, and the episode in progress
+        save_checkpoint(*where, agent=agent, rb=rb, disc=disc, episode=learner_env.episode(obs, ret, length))
+
     desc = f"IRL (reset {cfg.reset_prob})"
     stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
+    evaluation = (agent, args, progress, expert_return, writer, run_dir, expert_curve)
     with progress_bar(cfg.total_timesteps, step, desc) as bar, stop():
-        while step < cfg.total_timesteps:
+        done = False
+        if step >= progress["next_eval"]:  # a signal stopped this step's evaluation: it comes first
+            with undone_on_stop(progress, np_rng, envs):  # (the policy samples: torch's RNG moves)
+                done = evaluate_during_training(*evaluation, bar, meter) >= (cfg.stop_at_normalized or math.inf)
+        while step < cfg.total_timesteps and not done:
             if STOP.is_set():
                 checkpoint()
                 raise Interrupted("IRL phase", step)
             if step % cfg.train_every == 0 and progress["k"] <= step // cfg.train_every:
-                stats = outer_iteration(agent, disc, disc_env, expert_pairs, progress, args.disc)
+                with undone_on_stop(progress, np_rng, envs, disc):  # a stopped one is redone whole on resume
+                    stats = outer_iteration(agent, disc, disc_env, expert_pairs, progress, args.disc)
                 for name, value in stats.items():
                     writer.add_scalar(f"irl/{name}", value, step)
             explore = step < args.sac.learning_starts  # uniform random actions first
@@ -843,19 +884,15 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
                     sps, disc_steps = meter.sps(step), progress["disc_env_steps"]
                     log_losses(writer, "IRL learner", losses, agent, step, sps, disc_steps)
             if step >= progress["next_eval"]:
-                with meter.paused():  # evaluation time is not training time
-                    entry = evaluate_learner(agent, args, progress, expert_return, writer)
-                    plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
-                progress["next_eval"] += args.eval.frequency
-                mean, normalized = entry["mean"], entry["normalized"]
-                bar.write(f"step {step}: eval return {mean:.1f} ({normalized:.2f} of expert)")
+                with undone_on_stop(progress, np_rng, envs):  # (the policy samples: torch's RNG moves)
+                    normalized = evaluate_during_training(*evaluation, bar, meter)
                 if cfg.stop_at_normalized is not None and normalized >= cfg.stop_at_normalized:
                     break
             if step % args.checkpoint_every == 0:
                 checkpoint()
             bar.update(1)
     if not progress["history"] or progress["history"][-1]["policy_steps"] != progress["step"]:
-        with stop():
+        with stop(), undone_on_stop(progress, np_rng, envs):
             evaluate_learner(agent, args, progress, expert_return, writer)
     progress["SPS"] = meter.sps(progress["step"])
     plot_curves(run_dir, args, progress["history"], expert_return, expert_curve)
@@ -1037,20 +1074,14 @@ def load(path: Path, kind: str) -> dict:
     return data
 
 
-def save_checkpoint(path: Path, kind: str, np_rng, envs: list, progress: dict, **parts) -> None:
-    """save() of the parts' state dicts (agent, replay, discriminator), the progress counters and every RNG."""
+def rng_states(np_rng, envs: list) -> dict:
     rng = {"python": random.getstate(), "numpy": np_rng.bit_generator.state, "torch": torch.get_rng_state()}
     rng["cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     rng["envs"] = [env.unwrapped.np_random.bit_generator.state for env in envs]
-    states = {name: part.state_dict() for name, part in parts.items()}
-    save(path, kind, **states, progress=progress, rng=rng)
+    return rng
 
 
-def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
-    """Load a validated checkpoint into the phase's parts and RNGs; returns its progress counters."""
-    for name, part in parts.items():
-        part.load_state_dict(ckpt[name])
-    rng = ckpt["rng"]
+def set_rng_states(rng: dict, np_rng, envs: list) -> None:
     random.setstate(rng["python"])
     np_rng.bit_generator.state = rng["numpy"]
     torch.set_rng_state(rng["torch"])
@@ -1058,7 +1089,38 @@ def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
         torch.cuda.set_rng_state_all(rng["cuda"])
     for env, state in zip(envs, rng["envs"]):
         env.unwrapped.np_random.bit_generator.state = state
+
+
+def save_checkpoint(path: Path, kind: str, np_rng, envs: list, progress: dict, episode=None, **parts) -> None:
+    """save() of the parts' state dicts (agent, replay, discriminator), the progress counters (with the episode in
+    progress, when given) and every RNG."""
+    states = {name: part.state_dict() for name, part in parts.items()}
+    progress = {**progress, "episode": episode} if episode is not None else progress
+    save(path, kind, **states, progress=progress, rng=rng_states(np_rng, envs))
+
+
+def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
+    """Load a validated checkpoint into the phase's parts and RNGs; returns its progress counters."""
+    for name, part in parts.items():
+        part.load_state_dict(ckpt[name])
+    set_rng_states(ckpt["rng"], np_rng, envs)
     return dict(ckpt["progress"])
+
+
+@contextlib.contextmanager
+def undone_on_stop(progress: dict, np_rng, envs: list, *parts):
+    """A signal inside the block puts the parts, the counters and every RNG back as they were when it started, so
+    the checkpoint the phase then saves redoes the whole block on resume, exactly."""
+    rng, counters = rng_states(np_rng, envs), copy.deepcopy(progress)
+    states = [copy.deepcopy(part.state_dict()) for part in parts]
+    try:
+        yield
+    except Interrupted:
+        set_rng_states(rng, np_rng, envs)
+        progress.update(counters)
+        for part, state in zip(parts, states):
+            part.load_state_dict(state)
+        raise
 
 
 # ---- plots, video, the saved policy (docs/CONTRACT.md) and its evaluation
