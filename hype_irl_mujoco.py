@@ -16,6 +16,7 @@ Mazes (PointMaze/AntMaze on mbirl_antmaze.py's demos), defaults, the data format
 """
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import datetime as dt
@@ -973,22 +974,37 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
         progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
         progress["resumed_from_step"] = progress["step"]
     ckpt_path, meter, reset_prob = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.reset_prob
-    obs, ep_t = start_episode(env, args.seed + progress["episodes"], demos, reset_prob, np_rng)
-    progress["episodes"] += 1
-    ep_return, from_expert, losses, rho = 0.0, ep_t > 0, {}, 0.0
+    if progress.get("episode"):  # exact resume: the episode in progress goes on
+        obs, ep_t, ep_return, from_expert, ep_seed = resume_episode(env, progress.pop("episode"))
+    else:
+        ep_seed = args.seed + progress["episodes"]
+        obs, ep_t = start_episode(env, ep_seed, demos, reset_prob, np_rng)
+        progress["episodes"] += 1
+        ep_return, from_expert = 0.0, ep_t > 0
+    losses, rho = {}, 0.0
     next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
-    checkpoint = partial(save_checkpoint, ckpt_path, sac, storage, np_rng, progress, disc)
+
+    def checkpoint() -> None:  # everything, every RNG, and the episode in progress
+        episode = episode_state(env, obs, ep_t, ep_return, from_expert, ep_seed)
+        save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc, episode)
+
     stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
+    evaluation = (sac, args, run, progress, expert_return, expert_curve)
     with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar, stop():
+        step = progress["step"]
+        if step % args.eval.frequency == 0 and 0 < step != (progress["history"] or [{}])[-1].get("step"):
+            with undone_on_stop(progress, np_rng):  # a signal stopped this step's evaluation: it comes first
+                meter.pause_while(evaluate_learner, *evaluation, bar)
         while progress["step"] < args.irl.total_timesteps:
             step = progress["step"]
             if STOP.is_set():
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+                checkpoint()
                 raise Interrupted("IRL phase", step)
             # 1. an outer iteration starts: fresh learner episodes, then the discriminator's steps
             if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
                 disc_args = (disc_env, horizon, expert_sa, args, np_rng, progress, run.writer)
-                run_outer_iteration(sac, disc, *disc_args, step)
+                with undone_on_stop(progress, np_rng, disc):  # a stopped one is redone whole on resume
+                    run_outer_iteration(sac, disc, *disc_args, step)
             # 2. act; the env reward is NOT stored (NaN in its column): rewards come from f only
             learn_started = step >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
@@ -999,8 +1015,8 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
             # 3. the episode ends: the next one may start at an expert state
             if terminated or ep_t >= horizon:
                 log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
-                seed = args.seed + progress["episodes"]
-                obs, ep_t = start_episode(env, seed, demos, reset_prob, np_rng)
+                ep_seed = args.seed + progress["episodes"]
+                obs, ep_t = start_episode(env, ep_seed, demos, reset_prob, np_rng)
                 progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
             # 4. one SAC update on a hybrid minibatch, relabelled with the current f
             if learn_started:
@@ -1014,19 +1030,19 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
                 log_losses(run.writer, "irl", losses, args, step, meter, rho, disc_steps)
             if step >= next_eval:
                 next_eval += args.eval.frequency
-                evaluation = (sac, args, run, progress, expert_return, expert_curve, bar)
-                meter.pause_while(evaluate_learner, *evaluation)
+                with undone_on_stop(progress, np_rng):  # (the policy samples: torch's RNG moves)
+                    meter.pause_while(evaluate_learner, *evaluation, bar)
             if step % args.checkpoint_every == 0:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+                checkpoint()
             bar.update(1)
     if losses:
         check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
     if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
-        with stop():
-            evaluate_learner(sac, args, run, progress, expert_return, expert_curve)
+        with stop(), undone_on_stop(progress, np_rng):
+            evaluate_learner(*evaluation)
     progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
-    save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc)
+    checkpoint()
     env.close()
     disc_env.close()
     return sac, progress
@@ -1167,11 +1183,63 @@ def load(path: Path, kind: str, fix: str = "delete it (or the run dir) and re-ru
     return data
 
 
-def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None) -> None:
+def rng_states(np_rng) -> dict:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
-    rng["np_rng"] = np_rng.bit_generator.state
+    return dict(rng, np_rng=np_rng.bit_generator.state)
+
+
+def set_rng_states(rng: dict, np_rng) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    np_rng.bit_generator.state = rng["np_rng"]
+
+
+@contextlib.contextmanager
+def undone_on_stop(progress: dict, np_rng, *parts):
+    """A signal inside the block puts the parts, the counters and every RNG back as they were when it started, so
+    the checkpoint the phase then saves redoes the whole block on resume, exactly."""
+    rng, counters = rng_states(np_rng), copy.deepcopy(progress)
+    states = [copy.deepcopy(part.state_dict()) for part in parts]
+    try:
+        yield
+    except Interrupted:
+        set_rng_states(rng, np_rng)
+        progress.update(counters)
+        for part, state in zip(parts, states):
+            part.load_state_dict(state)
+        raise
+
+
+def episode_state(env: gym.Env, obs, ep_t: int, ep_return: float, from_expert: bool, seed: int) -> dict:
+    """The learner's episode in progress, for a checkpoint (tensors: checkpoints load with weights_only)."""
+    data, t = simulator(env).data, torch.as_tensor
+    sim = dict(qpos=t(data.qpos.copy()), qvel=t(data.qvel.copy()), act=t(data.act.copy()), time=float(data.time))
+    sim.update(qacc_warmstart=t(data.qacc_warmstart.copy()))
+    goal = getattr(env.unwrapped, "goal", None)
+    sim["goal"] = None if goal is None else t(np.array(goal, dtype=np.float64))
+    return dict(sim=sim, obs=t(np.array(obs)), t=ep_t, ret=ep_return, from_expert=from_expert, seed=seed)
+
+
+def resume_episode(env: gym.Env, saved: dict) -> tuple:
+    """Continue a checkpointed episode exactly where it was: its reset (same seed, so the env's RNG is where it
+    was), then the simulator state, the solver's warm-start and the maze goal. (obs, t, return, from_expert, seed)"""
+    env.reset(seed=saved["seed"])
+    sim, data = saved["sim"], simulator(env).data
+    goal = None if sim["goal"] is None else sim["goal"].numpy()
+    restore_state(env, sim["qpos"].numpy(), sim["qvel"].numpy(), sim["qacc_warmstart"].numpy(), goal)
+    data.act[:], data.time = sim["act"].numpy(), sim["time"]
+    mujoco.mj_forward(simulator(env).model, data)
+    return saved["obs"].numpy(), saved["t"], saved["ret"], saved["from_expert"], saved["seed"]
+
+
+def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None, episode=None) -> None:
+    rng = rng_states(np_rng)
     rows = storage.learner_rows().to("cpu", copy=True)  # (a view would save the expert rows and free capacity too)
+    progress = {**progress, "episode": episode} if episode is not None else progress
     state = {"agent": sac.state_dict(), "learner_rows": rows, "progress": progress, "rng": rng}
     if disc is None:
         save(path, "expert_checkpoint", **state)
@@ -1185,13 +1253,7 @@ def restore_checkpoint(ckpt: dict, phase: str, sac: SAC, storage: Storage, np_rn
     storage.load_learner_rows(ckpt["learner_rows"])
     if disc is not None:
         disc.load_state_dict(ckpt["disc"])
-    rng = ckpt["rng"]
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if rng.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    np_rng.bit_generator.state = rng["np_rng"]
+    set_rng_states(ckpt["rng"], np_rng)
     print(f"[{phase}] resuming from step {ckpt['progress']['step']}", flush=True)
     return dict(ckpt["progress"])
 

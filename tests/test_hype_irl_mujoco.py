@@ -913,12 +913,8 @@ def test_a_killed_and_resumed_run_ends_with_the_counters_of_an_uninterrupted_one
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the episode in progress is not checkpointed (a resumed run starts a new episode) and a signal inside an "
-    "outer iteration saves the RNG states after part of it: a resumed run is not bit-identical (docs: Reproducibility)",
-)
 def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(whole_and_resumed_runs):
     """Issue 48 (exact resume): on the CPU with the same seed, the resumed run's policy and evaluation returns equal
-    the uninterrupted run's."""
+    the uninterrupted run's: the checkpoint holds the episode in progress (simulator state, its seed, time index,
+    observation), and a signal inside an outer iteration or an evaluation puts its RNGs and counters back first."""
     assert_same_weights_and_eval_returns(hy.load_policy, *whole_and_resumed_runs)
