@@ -60,7 +60,8 @@ class EnvArgs:
 @dataclass
 class PPOArgs:
     total_timesteps: int = ranged(491_520_000, 1, 1e12)
-    """agent steps over all envs and ranks (paper: 0.49B = 1.97B frames)"""
+    """agent steps over all envs and ranks; the run ends with the first whole iteration that reaches them (paper:
+    0.49B = 1.97B frames)"""
     learning_rate: float = ranged(1e-4, 1e-12, 1)  # Adam learning rate (paper: 1e-4, constant)
     anneal_lr: bool = False  # anneal the learning rate linearly to 0 (CleanRL does; the paper and OpenAI do not)
     adam_eps: float = ranged(1e-8, 1e-12, 1)  # Adam epsilon (OpenAI's MpiAdam: 1e-8)
@@ -800,7 +801,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
     Returns the agent and the run's record (counters, scores, why it stopped)."""
     ppo, T, N = args.ppo, args.ppo.num_steps, args.ppo.num_envs
     batch_size = N * T * world.size
-    num_iterations = ppo.total_timesteps // batch_size
+    num_iterations = -(-ppo.total_timesteps // batch_size)  # the first whole iteration that reaches the budget
     start = snapshot["iteration"] if snapshot else 0
     env_seed = args.seed * 100_003 + world.rank * N + start * 1_000_003
     envs = make_envs(args.env, rom, N, env_seed)
@@ -971,11 +972,9 @@ def check_args(args: Args, world_size: int) -> None:
             if low is not None and value is not None and not low <= value <= high:
                 name = f"--{prefix}{f.name}".replace("_", "-")
                 raise UsageError(f"{name} must be in [{float(low):g}, {float(high):g}] (got {value})")
-    ppo, batch = args.ppo, args.ppo.num_envs * args.ppo.num_steps * world_size
+    ppo = args.ppo
     if ppo.num_envs % ppo.num_minibatches:
         raise UsageError("--ppo.num-envs must be a multiple of num-minibatches (a minibatch is whole envs)")
-    if ppo.total_timesteps < batch:
-        raise UsageError(f"--ppo.total-timesteps is below one iteration ({batch} steps): raise --ppo.total-timesteps")
 
 
 def validate(args: Args, world: "World") -> Inputs:
@@ -1411,7 +1410,7 @@ def start_run(args: Args, inputs: Inputs, world: "World"):
     if world.rank == 0 and not args.eval_only:
         saved = {"script": SCRIPT, "env_id": args.env_id, "args": dataclasses.asdict(args)}
         batch_size = args.ppo.num_envs * args.ppo.num_steps * world.size
-        saved |= {"batch_size": batch_size, "num_iterations": args.ppo.total_timesteps // batch_size}
+        saved |= {"batch_size": batch_size, "num_iterations": -(-args.ppo.total_timesteps // batch_size)}
         saved |= {"world_size": world.size}
         atomic_write(run_dir / "args.json", saved)
         from torch.utils.tensorboard import SummaryWriter
