@@ -587,15 +587,18 @@ class Player:
 
 def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: PPOArgs) -> dict:
     """update_epochs x num_minibatches clipped-PPO steps on random minibatches; the last losses."""
-    batch_size, minibatch_size = buf.actions.numel(), buf.actions.numel() // ppo.num_minibatches
-    b_obs, b_actions, b_logp = buf.obs.view(-1, 84, 84, 4), buf.actions.reshape(-1), buf.logp.reshape(-1)
+    batch_size = buf.actions.numel()
+    minibatch_size = batch_size // ppo.num_minibatches
+    b_obs = buf.obs.view(-1, 84, 84, 4)
+    b_actions, b_logp = buf.actions.reshape(-1), buf.logp.reshape(-1)
     b_adv, b_ret = advantages.reshape(-1), returns.reshape(-1)
     b_val, b_valid = buf.values.reshape(-1), buf.valid.view(-1)
     clipfracs = []
     for _epoch in range(ppo.update_epochs):
         perm = torch.randperm(batch_size)
         for start in range(0, batch_size, minibatch_size):
-            mb = perm[start : start + minibatch_size].to(b_obs.device)  # drawn on the CPU: one RNG stream anywhere
+            # drawn on the CPU: one RNG stream on any device
+            mb = perm[start : start + minibatch_size].to(b_obs.device)
             logits, new_value = agent(b_obs.index_select(0, mb).permute(0, 3, 1, 2))
             dist = Categorical(logits=logits)
             new_logp, entropy = dist.log_prob(b_actions[mb]), dist.entropy()
@@ -610,8 +613,10 @@ def ppo_update(agent: Agent, optimizer, buf: Rollout, advantages, returns, ppo: 
             clipfracs.append(clipfrac)
         if ppo.target_kl is not None and approx_kl.item() > ppo.target_kl:
             break
-    losses = {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl}
-    return {k: v.item() for k, v in losses.items()} | {"clipfrac": torch.stack(clipfracs).mean().item()}
+    losses = {"loss": loss, "policy_loss": pg_loss, "value_loss": v_loss}
+    losses |= {"entropy": entropy, "approx_kl": approx_kl}
+    losses = {k: v.item() for k, v in losses.items()}
+    return losses | {"clipfrac": torch.stack(clipfracs).mean().item()}
 
 
 def relabel_rollout(buf: Rollout, next_obs, reward_net, args: Args, rms, running) -> list:
@@ -794,8 +799,9 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
     bar.close()
     env.close()
     frames, lengths, actions, returns, snapshot_ids = zip(*collected)
-    demos = {"frames": np.concatenate(frames), "lengths": np.array(lengths), "actions": np.concatenate(actions)}
-    demos |= {"returns": np.array(returns), "checkpoint": np.array(snapshot_ids)}
+    demos = {"frames": np.concatenate(frames), "lengths": np.array(lengths)}
+    demos |= {"actions": np.concatenate(actions), "returns": np.array(returns)}
+    demos["checkpoint"] = np.array(snapshot_ids)
     save(run_dir / "demos.npz", "demos", **demos)
     write_demo_table(demos, run_dir / "demos_table.md")
 
