@@ -3,6 +3,33 @@
 # Run from the repository root with the venv active. On the shared 2-core machine everything ran under `nice -n 15`.
 set -euo pipefail
 
+# Issue 44, item 4: HyPE on Hopper-v5 at the paper's quality, beside FILTER and MM (benchmarks/filter_irl_mujoco.sh
+# paper-*): the same expert cache ($PAPER_ROOT/experts, made once by `filter_irl_mujoco.sh paper-expert`), the same
+# budget (PAPER_IRL_STEPS, default 500k learner steps; the paper: ~1M), evaluation (every 10k steps, 10 episodes),
+# checkpoints (every 10k), nice 19 and one torch thread; HyPE's own settings are the script's defaults (rho per env,
+# no expert resets). The env vars (PAPER_ROOT, PAPER_IRL_STEPS, EXPERT_MIN_RETURN, ...) are filter_irl_mujoco.sh's.
+#   bash benchmarks/hype_irl_mujoco.sh paper-irl SEED [flags...]  # refuses (exit 2) unless the expert scores >= 3,000;
+#       SIGTERM: checkpoint, exit 130; the same command resumes (a finished run: exit 0).
+#       Its output: $PAPER_ROOT/hype_s<SEED>.log
+#   bash benchmarks/hype_irl_mujoco.sh paper-records   # = filter_irl_mujoco.sh paper-records (all three methods)
+# Without an argument this file runs the earlier evidence commands below, as before.
+case "${1:-}" in
+  paper-irl)
+    cd "$(dirname "$0")/.."
+    seed=${2:?paper-irl SEED}; shift 2
+    source benchmarks/filter_irl_mujoco.sh --definitions  # PAPER_* settings, run_niced, paper_expert_check
+    paper_expert_check
+    dir="$PAPER_ROOT/hype_s$seed"
+    run_niced "$dir.log" python hype_irl_mujoco.py "${PAPER_IRL_FLAGS[@]}" --seed "$seed" --run-dir "$dir" "$@"
+    exit 0
+    ;;
+  paper-records)
+    exec bash "$(dirname "$0")/filter_irl_mujoco.sh" paper-records
+    ;;
+  "") ;;
+  *) echo "usage: $0 [paper-irl SEED [flags...] | paper-records] (no argument: the evidence commands)" >&2; exit 2 ;;
+esac
+
 OUT=runs/hype_evidence
 FILTER_OUT=runs/filter_evidence   # FILTER and MM runs of benchmarks/filter_irl_mujoco.sh (same demos, flags, seed)
 # The same protocol and flags as the FILTER/MM runs of benchmarks/filter_irl_mujoco.sh (runs/filter_evidence/
