@@ -622,3 +622,45 @@ def interrupt_when_printed(cmd: list, cwd: Path, text: str, signum=signal.SIGTER
     if seconds >= exit_s:
         pytest.fail(f"{' '.join(map(str, cmd))} did not exit within {exit_s:.0f}s of signal {signum}\n{stderr[-2000:]}")
     return proc.returncode, stdout, stderr, seconds
+
+
+# ---- the MuJoCo IRL scripts' contract tests written once (filter_irl_mujoco.py, hype_irl_mujoco.py)
+def check_eval_only_signal_writes_nothing(script: str, finished_run_dir: Path, tmp_path: Path, signum) -> None:
+    """Issue 48: --eval-only answers SIGINT/SIGTERM as training does: exit 130 within 10 s, one line saying nothing
+    was written, and the run dir byte for byte as before (no evaluation file, whole or half, no .tmp)."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(finished_run_dir, run_dir)
+    before = file_bytes(run_dir)
+    cmd = [sys.executable, str(REPO_ROOT / script), "--eval-only", str(run_dir), "--eval.episodes", "100000"]
+    rc, _, err, seconds = interrupt_when_printed(cmd, tmp_path, "evaluating ", signum)
+    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
+    assert "interrupted during --eval-only: no evaluation written" in err and "Traceback" not in err, err[-2000:]
+    assert file_bytes(run_dir) == before
+
+
+def check_video_signal_leaves_no_file(module, tmp_path: Path) -> None:
+    """A signal during VP9 encoding (slow on a busy CPU) stops it within a frame and removes the partial file."""
+    frames = [np.zeros((64, 64, 3), np.uint8)] * 5
+    module.STOP.set()
+    try:
+        with pytest.raises(module.Interrupted):
+            module.write_video(tmp_path / "videos" / "v.webm", frames, fps=30)
+    finally:
+        module.STOP.clear()
+    assert list((tmp_path / "videos").iterdir()) == []
+
+
+def whole_and_killed_then_resumed(script: str, root: Path, flags: list, resumed_at: str) -> tuple[Path, Path]:
+    """The same tiny run twice on the CPU: uninterrupted (root/whole), and killed (SIGTERM) once its first IRL
+    checkpoint exists, then resumed with its own command (root/killed); `resumed_at` is the resume line with {step}."""
+    rc, _, err = run_script_subprocess(script, *flags, "--run-dir", root / "whole")
+    assert rc == 0, err[-2000:]
+    killed = root / "killed"
+    cmd = [sys.executable, str(REPO_ROOT / script), *map(str, flags), "--run-dir", str(killed)]
+    rc, _, err = interrupt_when_exists(cmd, killed / "checkpoints" / "irl.pt")
+    assert rc == 130, err[-2000:]
+    step = torch.load(killed / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
+    assert 100 <= step < 1000 and not (killed / "results.json").exists()
+    rc, out, err = run_script_subprocess(script, *flags, "--run-dir", killed)
+    assert rc == 0 and resumed_at.format(step=step) in out + err, err[-2000:]
+    return root / "whole", killed

@@ -27,15 +27,16 @@ from conftest import (
     assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
+    check_eval_only_signal_writes_nothing,
     check_help_groups,
     check_irl_run_files_corrupted,
     check_numeric_flag_cases,
     check_printed_command_resumes,
+    check_video_signal_leaves_no_file,
     eval_only_twice,
     file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
-    interrupt_when_printed,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -44,6 +45,7 @@ from conftest import (
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
+    whole_and_killed_then_resumed,
     write_minari_dataset,
 )
 
@@ -686,28 +688,11 @@ def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run)
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_run, tmp_path, signum):
-    """Issue 48: --eval-only answers SIGINT/SIGTERM as training does: exit 130 within 10 s, one line saying nothing
-    was written, and the run dir byte for byte as before (no evaluation file, whole or half, no .tmp)."""
-    run_dir = tmp_path / "copy"
-    shutil.copytree(finished_run[0], run_dir)
-    before = file_bytes(run_dir)
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--eval-only", str(run_dir), "--eval.episodes", "100000"]
-    rc, out, err, seconds = interrupt_when_printed(cmd, tmp_path, "evaluating ", signum)
-    assert rc == 130 and seconds < 10, (rc, seconds, err[-2000:])
-    assert "interrupted during --eval-only: no evaluation written" in err and "Traceback" not in err, err[-2000:]
-    assert file_bytes(run_dir) == before
+    check_eval_only_signal_writes_nothing(SCRIPT, finished_run[0], tmp_path, signum)
 
 
 def test_a_signal_while_a_video_is_encoded_leaves_no_file(tmp_path):
-    """A signal during VP9 encoding (slow on a busy CPU) stops it within a frame and removes the partial file."""
-    frames = [np.zeros((64, 64, 3), np.uint8)] * 5
-    fi.STOP.set()
-    try:
-        with pytest.raises(fi.Interrupted):
-            fi.write_video(tmp_path / "videos" / "v.webm", frames, fps=30)
-    finally:
-        fi.STOP.clear()
-    assert list((tmp_path / "videos").iterdir()) == []
+    check_video_signal_leaves_no_file(fi, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -719,17 +704,7 @@ def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path
     flags = ["--env-id", PENDULUM, "--expert.path", demos, "--irl.total-timesteps", 1000, "--sac.learning-starts", 50]
     flags += ["--irl.train-every", 100, "--checkpoint-every", 100, "--eval.frequency", 250, "--torch-threads", 1]
     flags += TINY
-    rc, _, err = run_script_quietly([*flags, "--run-dir", root / "whole"])
-    assert rc == 0, err[-2000:]
-    killed = root / "killed"
-    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, flags), "--run-dir", str(killed)]
-    rc, _, err = interrupt_when_exists(cmd, killed / "checkpoints" / "irl.pt")
-    assert rc == 130, err[-2000:]
-    step = torch.load(killed / "checkpoints" / "irl.pt", weights_only=False)["progress"]["step"]
-    assert 100 <= step < 1000 and not (killed / "results.json").exists()
-    rc, _, err = run_script_quietly([*flags, "--run-dir", killed])
-    assert rc == 0 and f"resuming at step {step}" in err, err[-2000:]
-    return root / "whole", killed
+    return whole_and_killed_then_resumed(SCRIPT, root, flags, "resuming at step {step}")
 
 
 @pytest.mark.slow
