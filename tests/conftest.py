@@ -531,30 +531,9 @@ def check_irl_run_files_corrupted(main, source: Path, demos: Path, tmp_path: Pat
 def interrupt_when_found(cmd: list, cwd: Path, pattern: str, wait_s: float = 180.0, exit_s: float = 60.0, after_s=0.0):
     """Start ``cmd`` (CPU only) in ``cwd``, SIGTERM it once a file matching the glob ``pattern`` (relative to ``cwd``)
     exists and ``after_s`` more seconds have passed; return (returncode, stdout, stderr, seconds from the signal to
-    the exit). Output goes to files, so a chatty process never blocks on a full pipe; one that ignores the signal for
-    ``exit_s`` is killed and the test fails. For the item-10 resume and the item-9 signal-latency tests (issue 48)."""
-    import tempfile
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(), stdout=out, stderr=err, text=True)
-        deadline = time.time() + wait_s
-        while not list(Path(cwd).glob(pattern)) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        time.sleep(after_s)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=exit_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        seconds = time.monotonic() - sent
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if seconds >= exit_s:
-        pytest.fail(f"{' '.join(map(str, cmd))} did not exit within {exit_s:.0f}s of SIGTERM\n{stderr[-2000:]}")
-    return proc.returncode, stdout, stderr, seconds
+    the exit). For the item-10 resume and the item-9 signal-latency tests (issue 48)."""
+    found = lambda _stdout: bool(list(Path(cwd).glob(pattern)))  # noqa: E731
+    return _interrupt_when(cmd, cwd, found, signal.SIGTERM, wait_s, exit_s, after_s)
 
 
 def assert_run_directory_printed_at_start_and_end(out: str, run_dir: Path) -> None:
@@ -600,7 +579,14 @@ def check_printed_command_resumes(cmd: list, cwd: Path, resumed) -> None:
 def interrupt_when_printed(cmd: list, cwd: Path, text: str, signum=signal.SIGTERM, wait_s: float = 180.0, exit_s=60.0):
     """Start ``cmd`` (CPU only) in ``cwd``, send ``signum`` once its stdout holds ``text`` (a phase that writes no
     file, such as --eval-only, announces itself there); return (returncode, stdout, stderr, seconds from the signal
-    to the exit). A process that ignores the signal for ``exit_s`` is killed and the test fails."""
+    to the exit)."""
+    return _interrupt_when(cmd, cwd, lambda stdout: text in stdout.read_text(), signum, wait_s, exit_s, 0.0)
+
+
+def _interrupt_when(cmd: list, cwd: Path, ready, signum, wait_s: float, exit_s: float, after_s: float):
+    """Start ``cmd`` in ``cwd``, wait until ``ready(stdout_path)`` (or ``wait_s``), then ``after_s``, send ``signum``,
+    and time the exit. Output goes to files, so a chatty process never blocks on a full pipe; one that ignores the
+    signal for ``exit_s`` is killed and the test fails."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as logs:
@@ -608,8 +594,9 @@ def interrupt_when_printed(cmd: list, cwd: Path, text: str, signum=signal.SIGTER
         with open(out_path, "w") as out, open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(), stdout=out, stderr=err, text=True)
             deadline = time.time() + wait_s
-            while time.time() < deadline and proc.poll() is None and text not in out_path.read_text():
+            while time.time() < deadline and proc.poll() is None and not ready(out_path):
                 time.sleep(0.1)
+            time.sleep(after_s)
             sent = time.monotonic()
             proc.send_signal(signum)
             try:
