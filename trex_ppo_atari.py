@@ -636,8 +636,7 @@ def train_ppo(args, game, phase, writer, device, run_dir, plot, resume=None, rew
     redraws the learning curve at each checkpoint. With `reward_net` the env reward is discarded:
     r = f(r̂(s')) (relabel_rollout). The demonstrator stops at `ceiling`."""
     ppo = args.ppo
-    budget = getattr(args, phase).total_timesteps
-    num_iterations = -(-budget // (ppo.num_envs * ppo.num_steps))  # the first whole iteration reaching the budget
+    num_iterations = -(-getattr(args, phase).total_timesteps // (ppo.num_envs * ppo.num_steps))  # ceil: exact ints
     envs = make_envs(game, ppo.num_envs, life_loss=args.env.episodic_life)
     agent = Agent(int(envs.single_action_space.n), args.env_id, game).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.learning_rate, eps=1e-5)
