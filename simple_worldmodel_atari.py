@@ -1233,7 +1233,7 @@ def run_model_free(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     )
     real = real_envs(args, ctx)
     num_envs = real["obs"].shape[0]
-    iterations = ctx["schedule"]["total"] // (num_envs * cfg.num_steps)
+    iterations = -(-ctx["schedule"]["total"] // (num_envs * cfg.num_steps))  # the first rollout reaching it
 
     def env_step(action):
         obs, reward, done = step_real(real, action.cpu().numpy())

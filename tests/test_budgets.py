@@ -68,11 +68,6 @@ def test_simple_collects_its_documented_real_steps(run_script, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="simple_worldmodel_atari.py --mode model-free runs total // rollout rollouts: 192 real steps with 20-step "
-    "rollouts stop at 180, short of the budget (the contract: the first whole rollout that reaches it, 200)",
-)
 def test_simple_model_free_stops_at_the_first_whole_rollout_reaching_its_budget(run_script, tmp_path):
     # the budget of the SimPLe run it is compared with: --loop.real-steps 128 over 2 epochs of 2 envs -> 64 per
     # collection, 3 collections (1 random) = 192 real steps; rollouts of 2 envs x 10 steps = 20 -> 10 rollouts, 200

@@ -433,7 +433,7 @@ def test_model_free_smoke_run(run_script, run_dir):
     rc, out, err = run_script(SCRIPT, *TINY, "--mode", "model-free", "--run-dir", str(run_dir), timeout=300)
     assert rc == 0, err[-3000:]
     res = json.loads((run_dir / "results.json").read_text())
-    assert res["mode"] == "model-free" and res["real_steps"] == 180  # 192 // 20 = 9 rollouts of 2 envs x 10 steps
+    assert res["mode"] == "model-free" and res["real_steps"] == 200  # 192 is reached by rollout 10 of 2 envs x 10 steps
     assert math.isfinite(res["eval"]["mean"]) and (run_dir / "policy.pt").exists()
     assert "charts/SPS" in tags(run_dir) and "losses/policy_loss" in tags(run_dir)
 
