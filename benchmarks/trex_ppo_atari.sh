@@ -105,13 +105,15 @@ python benchmarks/alternate.py --window 20 --seconds 480 \
 #    reward pairs for one epoch, then the policy phase at the paper's 50M frames (the default 12,500,000 agent
 #    steps). Niced, one torch thread, in the background; killed by a session's end, it resumes from its checkpoints
 #    with this same command. Curves and results: benchmarks/results/trex_paper_breakout_s1/ (copied at each check).
+#    With sched_autogroup on (/proc/sys/kernel/sched_autogroup_enabled = 1) nice only counts inside a session: it was
+#    started under `setsid nohup`, then `echo 19 > /proc/$PID/autogroup` so that it yields to everything else.
 nice -n 19 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
     --reward.epochs 1 --torch-threads 1 --checkpoint-every 10 --run-dir runs/trex_paper_breakout_s1
 # 4b. Its records, copied at each check (small files only): the TensorBoard curves as CSV, the arguments, the
 #     learning-curve figure, and results.json once the run has finished.
 mkdir -p benchmarks/results/trex_paper_breakout_s1
 python benchmarks/tb_to_csv.py runs/trex_paper_breakout_s1 benchmarks/results/trex_paper_breakout_s1/curves.csv
-cp runs/trex_paper_breakout_s1/args.json runs/trex_paper_breakout_s1/learning_curve.png \
+cp runs/trex_paper_breakout_s1/{args.json,learning_curve.png,demos_table.md,reward_pred_vs_true.png} \
     benchmarks/results/trex_paper_breakout_s1/
 if [ -f runs/trex_paper_breakout_s1/results.json ]; then
     cp runs/trex_paper_breakout_s1/results.json benchmarks/results/trex_paper_breakout_s1/
