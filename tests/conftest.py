@@ -651,3 +651,11 @@ def whole_and_killed_then_resumed(script: str, root: Path, flags: list, resumed_
     rc, out, err = run_script_subprocess(script, *flags, "--run-dir", killed)
     assert rc == 0 and resumed_at.format(step=step) in out + err, err[-2000:]
     return root / "whole", killed
+
+
+def assert_counters_of_1000_steps(runs: tuple[Path, Path], history_key: str) -> None:
+    """Both runs of ``whole_and_killed_then_resumed`` (1,000 policy steps, an outer iteration every 100, evaluations
+    every 250) end with the same counters: 1,000 policy steps, 10 discriminator updates, 4 evaluations."""
+    for res in (json.loads((d / "results.json").read_text()) for d in runs):
+        assert (res["policy_env_steps"], res["outer_iterations"]) == (1000, 10), res
+        assert [h[history_key] for h in res["history"]] == [250, 500, 750, 1000]

@@ -23,6 +23,7 @@ from conftest import (
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
+    assert_counters_of_1000_steps,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
@@ -711,10 +712,7 @@ def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path
 def test_a_killed_and_resumed_run_ends_with_the_counters_of_an_uninterrupted_one(whole_and_resumed_runs):
     """Issue 48 (resume): stopped mid-phase and resumed, a run ends with the policy steps, outer iterations
     (discriminator updates) and evaluation steps of the uninterrupted run."""
-    whole, resumed = (json.loads((d / "results.json").read_text()) for d in whole_and_resumed_runs)
-    for res in (whole, resumed):
-        assert (res["policy_env_steps"], res["outer_iterations"]) == (1000, 10), res
-        assert [h["policy_steps"] for h in res["history"]] == [250, 500, 750, 1000]
+    assert_counters_of_1000_steps(whole_and_resumed_runs, "policy_steps")
 
 
 @pytest.mark.slow

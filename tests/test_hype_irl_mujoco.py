@@ -22,6 +22,7 @@ from conftest import (
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
+    assert_counters_of_1000_steps,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
@@ -77,6 +78,11 @@ def experts_dir(tmp_path, pendulum_demos) -> Path:
 def save_npz(path: Path, demos: dict) -> Path:
     np.savez_compressed(path, **demos)
     return path
+
+
+def script_command(*args) -> list[str]:
+    """The command line of this script on ``args`` (for the tests that signal a running process)."""
+    return [sys.executable, str(REPO_ROOT / SCRIPT), *map(str, args)]
 
 
 def run_script_quietly(args: list, timeout: float = 300):
@@ -446,29 +452,9 @@ def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_pat
 
 
 def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
-    args = [
-        sys.executable,
-        str(REPO_ROOT / SCRIPT),
-        "--env-id",
-        PENDULUM,
-        "--expert.experts-dir",
-        str(experts_dir),
-        "--run-dir",
-        str(run_dir),
-        "--irl.total-timesteps",
-        "700",
-        "--sac.learning-starts",
-        "100",
-        "--irl.train-every",
-        "100",
-        "--eval.frequency",
-        "100000",
-        "--checkpoint-every",
-        "100",
-        "--irl.reset-prob",
-        "0.5",
-        *TINY,
-    ]
+    budget = ["--irl.total-timesteps", 700, "--sac.learning-starts", 100, "--irl.train-every", 100]
+    budget += ["--eval.frequency", 100000, "--checkpoint-every", 100, "--irl.reset-prob", 0.5, *TINY]
+    args = script_command("--env-id", PENDULUM, "--expert.experts-dir", experts_dir, "--run-dir", run_dir, *budget)
     ckpt = run_dir / "checkpoints" / "irl.pt"
     rc, out, err = interrupt_when_exists(args, ckpt, wait_s=120, exit_s=60)
     assert rc == 130 and "interrupted" in err and out.splitlines()[-1] == f"run directory: {run_dir}", err[-2000:]
@@ -811,15 +797,7 @@ def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, experts_di
     """Issue 48 item 9: the stop flag is checked inside each env step batch and update, not once per policy step: a
     SIGTERM while an outer iteration's PHASE runs (seconds to minutes with these flags) ends the run with exit 130
     within 10 s, the checkpoint holding the state before that outer iteration."""
-    cmd = [
-        sys.executable,
-        str(REPO_ROOT / SCRIPT),
-        "--env-id",
-        PENDULUM,
-        "--expert.experts-dir",
-        str(experts_dir),
-        *TINY,
-    ]
+    cmd = script_command("--env-id", PENDULUM, "--expert.experts-dir", experts_dir, *TINY)
     cmd += ["--sac.learning-starts", "50", "--irl.train-every", "100", "--run-dir", str(tmp_path / "run"), *flags]
     rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, "run/events.out.tfevents*", after_s=3)
     assert rc == 130 and seconds < 10 and "interrupted in the IRL phase at step " in err, (seconds, err[-2000:])
@@ -881,10 +859,7 @@ def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path
 def test_a_killed_and_resumed_run_ends_with_the_counters_of_an_uninterrupted_one(whole_and_resumed_runs):
     """Issue 48 (resume): stopped mid-phase and resumed, a run ends with the policy steps, outer iterations
     (discriminator updates) and evaluation steps of the uninterrupted run."""
-    whole, resumed = (json.loads((d / "results.json").read_text()) for d in whole_and_resumed_runs)
-    for res in (whole, resumed):
-        assert (res["policy_env_steps"], res["outer_iterations"]) == (1000, 10), res
-        assert [h["step"] for h in res["history"]] == [250, 500, 750, 1000]
+    assert_counters_of_1000_steps(whole_and_resumed_runs, "step")
 
 
 @pytest.mark.slow
