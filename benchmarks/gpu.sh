@@ -21,6 +21,9 @@
 # 2026-11-27 afternoon, one H100, 15 minutes: `bash benchmarks/gpu.sh gpu-tests; ACTOR_S=0 LOOP_S=230 bash
 # benchmarks/gpu.sh hyper-loop; REACHER_S=140 bash benchmarks/gpu.sh reacher` (7 min), then the loop resumed for 240 s
 # (the LOOP2_S of hyper-loop, written after: the first resume on a GPU failed on the RNG state and was fixed here).
+# 2026-11-28 early morning, one H200, 15 minutes: GA3C at 128 workers with the true reward for 110 s (16 logged
+# values: 9,171 SPS, 0.79 of the raw env), then `TREX_S=360 ... trex-chain` and `TREX_S=215 ... trex-chain` (T-REX's
+# Breakout policy phase from iteration 381 to 1,394 of 12,208).
 # At most 8 files come back from one call: keep the steps of one call under that.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,6 +104,20 @@ ga3c)  # true reward (the speed limit), then the synthetic labeller at the paper
     --labels.pretrain 50 --reward.pretrain-epochs 1 --reward.labels-per-step 0.1 \
     --labels.store-dir /tmp/store_bench --exp-name bench-gpu 2>&1 | tail -6 | tee -a "$OUT/ga3c.log"
   record ;;
+trex-chain)  # issue 44 item 3: the CPU T-REX Breakout run's policy phase, continued on the GPU for TREX_S seconds.
+  # Here, first: SIGTERM the CPU run (it checkpoints), then copy what the policy phase resumes from (args.json,
+  # demos.npz, reward_model.pt, checkpoints/policy.pt; not the demonstrator's 360 MB) into .gpu_carry/trex and carry
+  # it. The same command resumes there (the GPU is the default device); SIGTERM at TREX_S checkpoints it again. Back
+  # come policy.pt in 15 MB pieces (cat them into runs/trex_paper_breakout_s1/checkpoints/policy.pt), the GPU's TB
+  # events (copy them into the run dir) and the log; the CPU run then resumes from the GPU's checkpoint.
+  install
+  dir=.gpu_carry/trex
+  PYTHONUNBUFFERED=1 timeout -k 120 -s TERM "${TREX_S:-400}" python3 trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 \
+    --seed 1 --demonstrator.total-timesteps 491520 --reward.epochs 1 --torch-threads 1 --checkpoint-every 10 \
+    --run-dir "$dir" > "$OUT/trex.log" 2>&1
+  split -b 15M -d "$dir/checkpoints/policy.pt" "$OUT/policy.pt.part-"
+  cp "$(ls -t "$dir"/events.out.tfevents.* | head -1)" "$OUT/"
+  ;;
 pairwise)  # synthetic pairwise Pong with the reward model trained at the paper's 0.1 label samples per agent step
   # (--reward.keep-pace: the agents wait whenever it falls behind), the script's defaults otherwise (reward-model
   # dropout 0 since 2026-11-26; PAIRWISE_FLAGS="--reward.dropout 0.5" for the paper's); stopped by SIGTERM

@@ -3,9 +3,12 @@
 #   bash benchmarks/simple_worldmodel_atari.sh quick     # CPU quick configuration: every phase, toy sizes
 #   bash benchmarks/simple_worldmodel_atari.sh paper     # the paper's loop and budget (a GPU; days on CPU)
 #   bash benchmarks/simple_worldmodel_atari.sh baseline  # model-free PPO on the same 102,400 real steps
-#   bash benchmarks/simple_worldmodel_atari.sh freeway-cpu          # the CPU evidence run on Freeway (resumable)
-#   bash benchmarks/simple_worldmodel_atari.sh freeway-cpu-random   # its random-policy baseline (needs policy.pt)
-#   bash benchmarks/simple_worldmodel_atari.sh freeway-cpu-records  # copy its small records to benchmarks/results/
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu          # the CPU evidence run on Pong (resumable)
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-random   # its random-policy baseline (needs policy.pt)
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-records  # copy its small records to benchmarks/results/
+# (freeway-cpu*: the same on Freeway, stopped after epoch 0: its uniform-random first collection of 11,264 steps
+# crossed the road 0 times, so the reward head could only learn "0" and PPO inside the model had nothing to learn
+# from; two of the paper's five Freeway runs also ended at 0. Records: benchmarks/results/simple_cpu_freeway_s1/.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_ID=${ENV_ID:-PongNoFrameskip-v4}
@@ -26,18 +29,18 @@ QUICK=(
     --eval.episodes 1 --eval.num-envs 1
 )
 
-# The CPU evidence run on Freeway (one torch thread, niced; re-run the same command to resume; checkpoints every 10
-# world-model steps or PPO iterations). The paper's architecture (stochastic-discrete: 6 encoder/decoder blocks, the
-# first 3 doubling, 2 bottleneck layers, 128 bits, LSTM prior of 128) with its widths and frame counts shrunk: hidden
-# 32 (paper 96), inference-net filters 32 (128), 2 target frames per sequence (6); Adam 1e-3 as the quick
-# configuration. Budget against the paper's: real steps 101,376 (9 collections of 16 x 704; 0.99x of 102,400),
-# world-model steps 5,600 = 400 per epoch x3 at epochs 0, 1, 4 (1.5% of 375,000), PPO 220 iterations of 16 x 50
-# simulated steps = 176,000 (1.1% of ~16M; learning rate 5e-4, 5x the paper's, for 50x fewer updates), 8 epochs (15).
-# The warm-ups are the paper's scaled to this first epoch (1,200 steps against its 45,000): scheduled sampling
-# 270 / 1,070, hard bits and prior sampling over 1,070, latent use over 530. Every epoch: 32 real Freeway games.
-# fp32: bf16 was not faster for this width on this CPU (predicting slower). Estimated ~6 h on one idle thread.
-FREEWAY_CPU=(
-    --env-id FreewayNoFrameskip-v4 --seed 1 --torch-threads 1 --precision fp32 --checkpoint-every 10
+# The CPU evidence run (Pong since 2026-11-28, Freeway before it: see the top; one torch thread, niced; re-run the same
+# command to resume; checkpoints every 10 world-model steps or PPO iterations). The paper's architecture (stochastic-
+# discrete: 6 encoder/decoder blocks, the first 3 doubling, 2 bottleneck layers, 128 bits, LSTM prior of 128) with its
+# widths and frame counts shrunk: hidden 32 (paper 96), inference-net filters 32 (128), 2 target frames per sequence
+# (6); Adam 1e-3 as the quick configuration. Budget against the paper's: real steps 101,376 (9 collections of 16 x 704;
+# 0.99x of 102,400), world-model steps 5,600 = 400 per epoch x3 at epochs 0, 1, 4 (1.5% of 375,000), PPO 220 iterations
+# of 16 x 50 simulated steps = 176,000 (1.1% of ~16M; learning rate 5e-4, 5x the paper's, for 50x fewer updates), 8
+# epochs (15). The warm-ups are the paper's scaled to this first epoch (1,200 steps against its 45,000): scheduled
+# sampling 270 / 1,070, hard bits and prior sampling over 1,070, latent use over 530. Every epoch: 32 real games. fp32:
+# bf16 was not faster for this width on this CPU (predicting slower). Estimated ~6 h on one idle thread.
+CPU_EVIDENCE=(
+    --seed 1 --torch-threads 1 --precision fp32 --checkpoint-every 10
     --loop.epochs 8 --loop.real-steps 90000 --env.num-envs 16
     --wm.hidden-size 32 --wm.inference-filters 32 --wm.target-frames 2 --wm.batch-size 4
     --wm.optimizer adam --wm.learning-rate 1e-3 --wm.warmup-steps 200 --wm.train-steps 400 --wm.epoch-multiplier 3
@@ -46,37 +49,42 @@ FREEWAY_CPU=(
     --ppo.iterations 20 --ppo.learning-rate 5e-4
     --eval.episodes 32 --eval.num-envs 16
 )
-FREEWAY_RUN=runs/simple_cpu_freeway_s1
-FREEWAY_RECORDS=benchmarks/results/simple_cpu_freeway_s1
+rom_id() { case "$1" in freeway) echo FreewayNoFrameskip-v4 ;; pong) echo PongNoFrameskip-v4 ;; esac; }
 
 case "${1:-quick}" in
-freeway-cpu)
-    nice -n 19 python simple_worldmodel_atari.py "${FREEWAY_CPU[@]}" --run-dir "$FREEWAY_RUN"
+freeway-cpu | pong-cpu)  # the evidence run (resumable: the same command resumes it)
+    game=${1%-cpu}
+    nice -n 19 python simple_worldmodel_atari.py --env-id "$(rom_id "$game")" "${CPU_EVIDENCE[@]}" \
+        --run-dir "runs/simple_cpu_${game}_s1"
     ;;
-freeway-cpu-random)
+freeway-cpu-random | pong-cpu-random)
     # the random baseline: uniform actions through the same evaluation code, envs and game count as the run's
-    nice -n 19 python simple_worldmodel_atari.py --eval-only "$FREEWAY_RUN" --eval.policy uniform-random \
-        --eval.episodes 32 --eval.num-envs 16 --seed 1 --torch-threads 1
+    game=${1%-cpu-random}
+    nice -n 19 python simple_worldmodel_atari.py --eval-only "runs/simple_cpu_${game}_s1" \
+        --eval.policy uniform-random --eval.episodes 32 --eval.num-envs 16 --seed 1 --torch-threads 1
     ;;
-freeway-cpu-records)
+freeway-cpu-records | pong-cpu-records)
     # the small records of the run so far (no .pt, no collections): args, per-epoch learning curve (CSV and PNG),
     # the latest epoch's world-model strip under its epoch's name, evaluations, TensorBoard events, the log
-    mkdir -p "$FREEWAY_RECORDS"
-    for f in args.json results.json learning_curve.csv learning_curve.png "$FREEWAY_RUN"/events.out.tfevents.*; do
-        f=${f#"$FREEWAY_RUN"/}
-        if [ -f "$FREEWAY_RUN/$f" ]; then cp "$FREEWAY_RUN/$f" "$FREEWAY_RECORDS/"; fi
+    game=${1%-cpu-records}
+    run=runs/simple_cpu_${game}_s1
+    records=benchmarks/results/simple_cpu_${game}_s1
+    mkdir -p "$records"
+    for f in args.json results.json learning_curve.csv learning_curve.png "$run"/events.out.tfevents.*; do
+        f=${f#"$run"/}
+        if [ -f "$run/$f" ]; then cp "$run/$f" "$records/"; fi
     done
-    if [ -f "$FREEWAY_RUN/learning_curve.csv" ] && [ -f "$FREEWAY_RUN/wm_strip.png" ]; then
-        epoch=$(tail -n 1 "$FREEWAY_RUN/learning_curve.csv" | cut -d, -f1)
-        cp "$FREEWAY_RUN/wm_strip.png" "$FREEWAY_RECORDS/wm_strip_epoch$(printf %02d "$epoch").png"
+    if [ -f "$run/learning_curve.csv" ] && [ -f "$run/wm_strip.png" ]; then
+        epoch=$(tail -n 1 "$run/learning_curve.csv" | cut -d, -f1)
+        cp "$run/wm_strip.png" "$records/wm_strip_epoch$(printf %02d "$epoch").png"
     fi
-    if [ -d "$FREEWAY_RUN/evaluations" ]; then
-        cp "$FREEWAY_RUN"/evaluations/eval_*.json "$FREEWAY_RECORDS/" 2>/dev/null || true
+    if [ -d "$run/evaluations" ]; then
+        cp "$run"/evaluations/eval_*.json "$records/" 2>/dev/null || true
     fi
-    if [ -f runs/logs/simple_cpu_freeway_s1.log ]; then
-        cp runs/logs/simple_cpu_freeway_s1.log "$FREEWAY_RECORDS/run.log"
+    if [ -f "runs/logs/simple_cpu_${game}_s1.log" ]; then
+        cp "runs/logs/simple_cpu_${game}_s1.log" "$records/run.log"
     fi
-    ls -la "$FREEWAY_RECORDS"
+    ls -la "$records"
     ;;
 quick)
     python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}" \
@@ -100,7 +108,7 @@ throughput)
         python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
     ;;
 *)
-    echo "usage: $0 [quick|paper|baseline|throughput|freeway-cpu|freeway-cpu-random|freeway-cpu-records]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]]" >&2
     exit 2
     ;;
 esac

@@ -134,6 +134,7 @@ DERIVED = {
     ("README", "1.46× CleanRL SAC"): lambda: [slope_ratio("filter-irl-ab", "cleanrl-sac-ab")],
     ("README", "1.50× CleanRL SAC"): lambda: [slope_ratio("hype-irl-ab", "cleanrl-sac-ab")],
     # README's GPU figures (one H200): the slope, and its ratio to the raw env of the same harness run
+    ("README", "H200 9,230–11,484 SPS"): lambda: sorted(r["train_sps_slope"] for r in throughput("ga3c-rl-gpu-w128")),
     ("README", "H200 1,777 SPS, 0.32× raw env"): lambda: to_raw_env("trex-policy-gpu"),
     ("README", "H200 at 128 envs 9,427 SPS, 0.62× raw env"): lambda: [128, *to_raw_env("rnd-128envs-gpu")],
     ("README", "H200 121 SPS, 0.031× raw env"): lambda: to_raw_env("filter-irl-gpu"),
