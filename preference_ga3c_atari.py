@@ -2047,8 +2047,9 @@ def validate(args: Args) -> dict:
 
         try:  # the labelling app: a companion file, needed by --labeler human only
             import preference_labelling_app as app
-        except ImportError:
-            raise UsageError("--labeler human needs preference_labelling_app.py beside this script") from None
+        except ImportError as e:
+            fix = "preference_labelling_app.py and its folder preference_labelling_app_pages/ beside this script"
+            raise UsageError(f"--labeler human needs {fix} ({e})") from None
         ctx["app"] = app
 
         with socket.socket() as probe:

@@ -470,319 +470,21 @@ class LabelStore:
 
 
 # ---- the labelling web app ----
-PAGE_CSS = """
-body { font-family: system-ui, sans-serif; margin: 0; background: #f4f4f2; color: #222; }
-nav { background: #263238; padding: 0.5em 1em; }
-nav a { color: #cfd8dc; margin-right: 1.2em; text-decoration: none; }
-nav a.here { color: #fff; font-weight: bold; }
-nav .experiment { color: #90a4ae; float: right; }
-.status { margin: 0; padding: 0.4em 1em; background: #e0e0dc; font-size: 0.9em; min-height: 1.2em; }
-.status.down { background: #ffcdd2; }
-main { padding: 0.5em 1em; }
-h1 { font-size: 1.3em; margin: 0.4em 0; }
-.hint { color: #555; margin: 0.2em 0 0.8em; }
-.clips { display: flex; gap: 2em; flex-wrap: wrap; }
-figure { margin: 0; text-align: center; }
-figure img { width: 336px; min-height: 336px; image-rendering: pixelated; background: #000; display: block; }
-figcaption { margin-top: 0.3em; color: #444; }
-.answers { margin-top: 1em; display: flex; gap: 0.6em; flex-wrap: wrap; }
-.answers button { font-size: 1em; padding: 0.6em 1em; cursor: pointer; border: 1px solid #888; border-radius: 4px;
-  background: #fff; }
-.answers button:hover { background: #e3f2fd; }
-kbd { border: 1px solid #aaa; border-radius: 3px; padding: 0 0.3em; background: #f7f7f7; font-size: 0.85em; }
-#message { color: #33691e; min-height: 1.2em; }
-#tree { position: relative; overflow: auto; border: 1px solid #ccc; background: #fff; min-height: 8em; }
-#tree svg { position: absolute; left: 0; top: 0; }
-.node { position: absolute; width: 92px; text-align: center; font-size: 0.75em; background: #fff;
-  border: 4px solid #111; border-radius: 6px; padding: 2px; cursor: pointer; }
-.node.red { border-color: #d32f2f; }
-.node img { width: 84px; height: 84px; image-rendering: pixelated; display: block; margin: 0 auto; background: #000; }
-"""
+# The pages' HTML, CSS and JavaScript are static files in preference_labelling_app_pages/ beside this file: label.html
+# (the comparison and sort-tree pages), tree.html (the tree view), common.js (requests, the status line, why a page is
+# empty) and page.css. Each server fills in their __PLACEHOLDERS__ once (_page_html); the data comes from the JSON API.
+PAGES_DIR = Path(__file__).resolve().with_name("preference_labelling_app_pages")
+PAGE_FILES = ("label.html", "tree.html", "common.js", "page.css")
 
-LABEL_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
-<body data-query-id="">
-<nav>__NAV__</nav>
-<p id="status" class="status"></p>
-<main>
-<h1>__HEADING__</h1>
-<p class="hint">__HINT__</p>
-<section id="task" hidden>
-  <div class="clips">
-    <figure><img id="clip-left" alt="left clip"><figcaption id="caption-left">__LEFT_CAPTION__</figcaption></figure>
-    <figure><img id="clip-right" alt="right clip"><figcaption id="caption-right">__RIGHT_CAPTION__</figcaption>
-    </figure>
-  </div>
-  <div class="answers">
-    <button id="answer-left" data-answer="left">__LEFT_BUTTON__ <kbd>&larr;</kbd> <kbd>1</kbd></button>
-    <button id="answer-equal" data-answer="equal">Equally good <kbd>&uarr;</kbd> <kbd>e</kbd></button>
-    <button id="answer-cant_tell" data-answer="cant_tell">Can't tell: skip, still counts as a label
-      <kbd>&darr;</kbd> <kbd>s</kbd></button>
-    <button id="answer-right" data-answer="right">__RIGHT_BUTTON__ <kbd>&rarr;</kbd> <kbd>2</kbd></button>
-  </div>
-</section>
-<section id="empty" hidden><p id="empty-text"></p></section>
-<p id="message" role="status"></p>
-</main>
-<script>const CONFIG = __CONFIG__;</script>
-<script>
-"use strict";
-const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
-const $ = (id) => document.getElementById(id);
-const SAID = {left: CONFIG.leftButton, right: CONFIG.rightButton, equal: "equally good", cant_tell: "can't tell"};
-const KEYS = {ArrowLeft: "left", ArrowRight: "right", ArrowUp: "equal", ArrowDown: "cant_tell",
-              "1": "left", "2": "right", e: "equal", s: "cant_tell"};
-let current = null, preload = null, busy = false, loading = false, emptySince = null;
-const done = new Set();
-__COMMON_JS__
-function warm(query) {
-  for (const clip of [query.left, query.right]) { const img = new Image(); img.src = clip.media; }
-}
-function show(query) {
-  current = query;
-  $("clip-left").src = query.left.media;
-  $("clip-right").src = query.right.media;
-  if (CONFIG.kind === "tree") $("caption-right").textContent = "A clip already in the tree (node " + query.node + ")";
-  document.body.dataset.queryId = String(query.id);
-  $("task").hidden = false;
-  $("empty").hidden = true;
-}
-function showEmpty() {
-  if (current || emptySince === null) emptySince = Date.now();
-  current = null;
-  document.body.dataset.queryId = "";
-  $("task").hidden = true;
-  $("empty").hidden = false;
-  explainEmpty();
-}
-async function refill() {
-  if (loading) return;
-  loading = true;
-  try {
-    const r = await fetchJSON(api + "/next?kind=" + CONFIG.kind + "&count=2");
-    if (!r.ok) { $("message").textContent = r.body.error || ("error " + r.status); return; }
-    const queries = r.body.queries.filter((q) => !done.has(q.id));  // answered while this request was out
-    if (!current) {
-      if (!queries.length) { showEmpty(); return; }
-      show(queries[0]);
-    }
-    preload = queries.find((q) => q.id !== current.id) || null;
-    if (preload) warm(preload);
-  } catch (e) {
-    $("message").textContent = "The labelling server does not answer; retrying.";
-  } finally {
-    loading = false;
-  }
-}
-async function answer(choice) {
-  if (!current || busy) return;
-  busy = true;
-  const query = current;
-  try {
-    const r = await fetchJSON(api + "/answer", {method: "POST", headers: {"Content-Type": "application/json"},
-                                                body: JSON.stringify({query_id: query.id, answer: choice})});
-    if (r.ok) $("message").textContent = "Saved: " + SAID[choice] + ".";
-    else if (r.status === 409 || r.status === 404) $("message").textContent = "That one was answered or taken "
-                                                                               + "elsewhere; here is the next.";
-    else { $("message").textContent = r.body.error || ("error " + r.status); busy = false; return; }
-    done.add(query.id);
-    current = null;
-    if (preload && !done.has(preload.id)) show(preload);  // the preloaded pair: its clips are already here
-    preload = null;
-  } catch (e) {
-    $("message").textContent = "The labelling server does not answer; your answer was not saved, try again.";
-    busy = false;
-    return;
-  }
-  busy = false;  // the next pair can be answered while the one after it loads
-  await refill();
-  refreshStatus();
-}
-async function renewLeases() {
-  const ids = [current, preload].filter((q) => q).map((q) => q.id);
-  if (!ids.length) return;
-  try {
-    await fetchJSON(api + "/lease", {method: "POST", headers: {"Content-Type": "application/json"},
-                                     body: JSON.stringify({query_ids: ids})});
-  } catch (e) { /* the next renewal retries */ }
-}
-for (const button of document.querySelectorAll(".answers button")) {
-  button.addEventListener("click", (event) => { event.currentTarget.blur(); answer(button.dataset.answer); });
-}
-document.addEventListener("keydown", (event) => {
-  if (event.repeat || event.altKey || event.ctrlKey || event.metaKey) return;
-  const choice = KEYS[event.key];
-  if (!choice) return;
-  event.preventDefault();
-  answer(choice);
-});
-setInterval(() => { if (!current) refill(); }, 1000);
-setInterval(refreshStatus, 1000);
-setInterval(renewLeases, CONFIG.leaseSeconds * 1000 / 3);
-refill();
-refreshStatus();
-</script>
-</body></html>
-"""
 
-TREE_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"><style>__CSS__</style></head>
-<body>
-<nav>__NAV__</nav>
-<p id="status" class="status"></p>
-<main>
-<h1>The sort tree</h1>
-<p class="hint">In order, left to right, clips go from worst to best. Border colours are the red-black tree's.
-Hover a node to play its clip; click it to step through the clips bound to it (clips judged equal).</p>
-<div id="tree"></div>
-</main>
-<script>const CONFIG = __CONFIG__;</script>
-<script>
-"use strict";
-const api = "/api/experiments/" + encodeURIComponent(CONFIG.experiment);
-const $ = (id) => document.getElementById(id);
-const DX = 104, DY = 150, PAD = 8;
-let lastText = null, hovering = false;
-__COMMON_JS__
-function draw(data) {
-  const box = $("tree");
-  box.textContent = "";
-  const tree = data.tree, clips = data.clips;
-  if (!tree || tree.root === null || tree.root === undefined) { box.textContent = "No sort tree yet."; return; }
-  const nodes = tree.nodes, place = {}, seen = new Set(), pendingAt = {};
-  for (const node of Object.values(tree.pending || {})) pendingAt[node] = (pendingAt[node] || 0) + 1;
-  let column = 0, deepest = 0;
-  function walk(id, depth) {
-    if (id === null || id === undefined || seen.has(String(id)) || !nodes[String(id)]) return;
-    seen.add(String(id));
-    const node = nodes[String(id)];
-    walk(node.left, depth + 1);
-    place[id] = {x: PAD + column * DX, y: PAD + depth * DY};
-    column += 1;
-    deepest = Math.max(deepest, depth);
-    walk(node.right, depth + 1);
-  }
-  walk(tree.root, 0);
-  const width = PAD * 2 + column * DX, height = PAD * 2 + (deepest + 1) * DY;
-  box.style.height = Math.min(height, 700) + "px";
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("width", width);
-  svg.setAttribute("height", height);
-  box.appendChild(svg);
-  for (const [id, at] of Object.entries(place)) {
-    const node = nodes[id];
-    for (const child of [node.left, node.right]) {
-      if (child === null || child === undefined || !place[child]) continue;
-      const line = document.createElementNS("http://www.w3.org/2000/svg", "line");
-      line.setAttribute("x1", at.x + 50); line.setAttribute("y1", at.y + 60);
-      line.setAttribute("x2", place[child].x + 50); line.setAttribute("y2", place[child].y + 60);
-      line.setAttribute("stroke", "#999"); line.setAttribute("stroke-width", "2");
-      svg.appendChild(line);
-    }
-    const div = document.createElement("div");
-    div.className = "node " + (node.red ? "red" : "black");
-    div.dataset.nodeId = id;
-    div.style.left = at.x + "px";
-    div.style.top = at.y + "px";
-    const bound = (node.clips || []).filter((c) => clips[String(c)]);
-    const img = document.createElement("img");
-    const caption = document.createElement("div");
-    let index = 0;
-    const label = () => "node " + id + " \\u00b7 clip " + (bound.length ? bound[index] : "-") + " (" + (index + 1)
-                        + "/" + bound.length + ")" + (pendingAt[id] ? " \\u00b7 " + pendingAt[id] + " pending" : "");
-    if (bound.length) img.src = clips[String(bound[0])].poster;
-    img.alt = "clip of node " + id;
-    caption.textContent = label();
-    div.append(img, caption);
-    const file = (key) => clips[String(bound[index])][key];
-    div.addEventListener("mouseenter", () => { hovering = true; if (bound.length) img.src = file("media"); });
-    div.addEventListener("mouseleave", () => { hovering = false; if (bound.length) img.src = file("poster"); });
-    div.addEventListener("click", () => {
-      if (!bound.length) return;
-      index = (index + 1) % bound.length;
-      img.src = file("media");
-      caption.textContent = label();
-    });
-    box.appendChild(div);
-  }
-}
-async function load() {
-  try {
-    const response = await fetch(api + "/tree", {cache: "no-store", headers: {"X-Labeller": CONFIG.token}});
-    const text = await response.text();
-    if (!response.ok || text === lastText || hovering) return;
-    lastText = text;
-    draw(JSON.parse(text));
-  } catch (e) { /* the next poll retries */ }
-}
-load();
-refreshStatus();
-setInterval(load, 3000);
-setInterval(refreshStatus, 1000);
-</script>
-</body></html>
-"""
+def _read_pages() -> dict[str, str]:
+    try:
+        return {name: (PAGES_DIR / name).read_text(encoding="utf-8") for name in PAGE_FILES}
+    except OSError as e:  # the file was copied without its folder: main's validation reports this ImportError
+        raise ImportError(f"the labelling app needs {PAGES_DIR.name}/ beside it ({e.strerror}: {e.filename})") from e
 
-COMMON_JS = """// fetch JSON (no cache, the page's labeller token); the status line; why the page is empty
-async function fetchJSON(url, options) {
-  options = Object.assign({cache: "no-store", credentials: "same-origin"}, options || {});
-  options.headers = Object.assign({"X-Labeller": CONFIG.token}, options.headers || {});
-  const response = await fetch(url, options);
-  let body = {};
-  try { body = await response.json(); } catch (e) { body = {}; }
-  return {ok: response.ok, status: response.status, body: body};
-}
-const format = (n) => Number(n).toLocaleString("en-US");
-let lastStatus = null;
-async function refreshStatus() {  // every second: the counts as the server has them now
-  let r = null;
-  try { r = await fetchJSON(api + "/status"); } catch (e) { /* unreachable */ }
-  lastStatus = r && r.ok ? r.body : null;
-  $("status").classList.toggle("down", !lastStatus);
-  if (!lastStatus) {
-    $("status").textContent = r ? r.body.error || "error " + r.status : "The labelling server does not answer: "
-      + "the training run has stopped or is restarting. This page retries every second.";
-  } else {
-    const st = lastStatus.status, parts = [], age = lastStatus.now - st.updated;
-    if ("budget" in st) parts.push("Labels given: " + format(lastStatus.answers) + " of " + format(st.budget));
-    if (st.agent) parts.push("The agent: " + st.agent);
-    if (age > 10) parts.push("last heard from the training run " + Math.round(age) + " s ago");
-    if (CONFIG.kind) parts.push("Ready to label now: " + lastStatus.pending[CONFIG.kind]);
-    $("status").textContent = parts.join("  \\u00b7  ");
-  }
-  explainEmpty();
-}
-function explainEmpty() {  // why there is nothing to label: the budget, the other page, or the agent
-  if (!CONFIG.kind || $("empty").hidden) return;
-  const box = $("empty"), text = $("empty-text"), waited = Math.round((Date.now() - emptySince) / 1000);
-  const st = lastStatus ? lastStatus.status : {}, wanted = lastStatus && lastStatus.kind;
-  text.textContent = "";
-  if (!lastStatus) {
-    box.dataset.state = "unreachable";
-    text.textContent = "Nothing to label: the labelling server does not answer (see above).";
-  } else if (wanted !== CONFIG.kind) {
-    const [view, title] = wanted === "pair" ? ["compare", "Compare pairs"] : ["sort", "Sort clips into the tree"];
-    const link = document.createElement("a");
-    link.href = location.pathname.replace(/[^/]+$/, view);
-    link.textContent = title;
-    box.dataset.state = "mode";
-    text.append("This run asks for " + lastStatus.feedback + " answers, so nothing comes to this page: go to ",
-                link, ".");
-  } else if ("budget" in st && lastStatus.answers >= st.budget) {
-    box.dataset.state = "budget";
-    text.textContent = "The label budget is spent: all " + format(st.budget) + " labels are given, so the "
-      + "agent asks nothing more. To give more, run the training again with a larger --labels.budget "
-      + "(the same --run-dir resumes it).";
-  } else {
-    box.dataset.state = "waiting";
-    text.textContent = "Waiting for the agent, busy with: " + (st.agent || "starting up") + ". Nothing to label "
-      + "for " + waited + " s so far; the next clips show here as soon as the agent asks.";
-  }
-}
-"""
 
+PAGES = _read_pages()
 PAGE_WORDS = {  # the comparison page's words, then the sort-tree page's
     "__HEADING__": ("Which clip shows the better behaviour?", "Where does the new clip belong?"),
     "__HINT__": (
@@ -829,17 +531,17 @@ def _page_html(experiment: str, view: str, lease_s: float) -> bytes:
     links = [("compare", "Compare pairs"), ("sort", "Sort clips into the tree"), ("tree", "Tree view")]
     nav = "".join(f'<a href="{base}/{v}" class="{"here" if v == view else ""}">{t}</a>' for v, t in links)
     nav += f'<span class="experiment">experiment {html.escape(experiment)}</span>'
-    text, config = TREE_PAGE, {"experiment": experiment, "token": "__LABELLER_TOKEN__"}
+    text, config = PAGES["tree.html"], {"experiment": experiment, "token": "__LABELLER_TOKEN__"}
     if view != "tree":
         words = {key: pair[view == "sort"] for key, pair in PAGE_WORDS.items()}
-        text = LABEL_PAGE
+        text = PAGES["label.html"]
         for key, value in words.items():
             text = text.replace(key, value)
         config |= {"kind": "pair" if view == "compare" else "tree", "leaseSeconds": lease_s}
         config |= {"leftButton": words["__LEFT_BUTTON__"].lower(), "rightButton": words["__RIGHT_BUTTON__"].lower()}
     text = text.replace("__CONFIG__", json.dumps(config).replace("</", "<\\/"))
     text = text.replace("__TITLE__", f"{html.escape(experiment)}: labelling").replace("__NAV__", nav)
-    return text.replace("__COMMON_JS__", COMMON_JS).replace("__CSS__", PAGE_CSS).encode()
+    return text.replace("__COMMON_JS__", PAGES["common.js"]).replace("__CSS__", PAGES["page.css"]).encode()
 
 
 class LabellingServer(ThreadingHTTPServer):
