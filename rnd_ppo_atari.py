@@ -11,7 +11,8 @@ by Random Network Distillation", ICLR (arXiv 1810.12894). Defaults: its Table 5 
     python rnd_ppo_atari.py --run-dir runs/X ...     # the same command again resumes;  --eval-only runs/X evaluates
     torchrun --nproc-per-node 8 rnd_ppo_atari.py --rnd.update-proportion 0.03125   # 8 x 128 envs, the paper's scale
 Flags, the run directory, the deliberate differences from OpenAI's code: docs/rnd_ppo_atari.md. The algorithm reads top
-to bottom down to main; below `# ---- run management ----`: validation, checkpoints, evaluation, plots, torchrun glue.
+to bottom down to `train`; below `# ---- run management ----`: main (validation, train, the final evaluation, exit
+codes), checkpoints, evaluation, plots, torchrun glue.
 """
 
 import contextlib
@@ -875,6 +876,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
     return agent, run | world.checksums(agent, player.next_obs, obs_rms, reward_rms)
 
 
+# ---- run management ----
 def main(args: Args) -> Optional[dict]:
     """Check every input, then train and evaluate (or only evaluate); exit codes as in
     docs/CONTRACT.md."""
@@ -918,7 +920,6 @@ def main(args: Args) -> Optional[dict]:
             print(f"run directory: {run_dir}", flush=True)
 
 
-# ---- run management ----
 SCRIPT = os.path.basename(__file__)
 VERSION = 1  # of the files `save` writes; `load` refuses any other
 REQUIRED = {  # the keys `load` checks for each kind of file
