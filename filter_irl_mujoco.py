@@ -149,94 +149,6 @@ class Args:
     eval: EvalArgs = field(default_factory=EvalArgs)
 
 
-PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
-
-
-class LogLines:
-    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
-    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
-
-    def __init__(self, total: int, initial: int = 0, desc: str = ""):
-        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
-        self.t0 = self.last = time.monotonic()
-        self.n0 = initial
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
-            self.show()
-
-    def show(self) -> None:
-        self.last = time.monotonic()
-        rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
-        done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
-        print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
-
-    def set_postfix(self, refresh: bool = True, **values) -> None:
-        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
-
-    def write(self, text: str) -> None:
-        print(text, flush=True)
-
-    def close(self) -> None:
-        if self.n != self.n0:
-            self.show()
-            self.n0 = self.n
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def progress_bar(total: int, initial: int, desc: str):
-    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
-    if not sys.stderr.isatty():
-        return LogLines(total, initial, desc)
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
-
-
-class UsageError(Exception):
-    """Bad input: main prints the one-line message and exits 2."""
-
-
-class NonFiniteLoss(Exception):
-    """A loss became NaN or infinite: main prints the phase and step and exits 3."""
-
-
-class Interrupted(Exception):
-    """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
-
-
-STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
-
-
-def check_stop() -> None:
-    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
-    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
-    if STOP.is_set():
-        raise Interrupted(None, None)
-
-
-@contextlib.contextmanager
-def saved_on_stop(phase: str, progress: dict, checkpoint=None):
-    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
-    Interrupted(phase, step)."""
-    try:
-        yield
-    except Interrupted as e:
-        if e.args[0] is not None:
-            raise
-        if checkpoint is not None:
-            checkpoint()
-        raise Interrupted(phase, progress["step"]) from None
-
-
-def pick_device(args: Args) -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-
 @dataclass
 class EnvInfo:  # what the phases need to know about the env, read once by validation
     obs_dim: int
@@ -333,6 +245,17 @@ class LearnerEnv:
         self.env.set_wrapper_attr("_elapsed_steps", sim["elapsed"])
         self.from_expert = saved["from_expert"]
         return saved["obs"].numpy(), saved["ret"], saved["length"]
+
+
+def start_or_continue(env: LearnerEnv, progress: dict, seed: int, ckpt, np_rng, envs: list):
+    """(obs, return, length) of the episode a phase starts in: the checkpointed one continued
+    exactly (its simulator state, then every RNG as saved), or a new one (reset seed
+    `seed + episodes`)."""
+    if progress.get("episode"):
+        obs, ret, length = env.resume(progress.pop("episode"))
+        set_rng_states(ckpt["rng"], np_rng, envs)
+        return obs, ret, length
+    return env.reset(seed=seed + progress["episodes"]), 0.0, 0
 
 
 # ---- Networks
@@ -600,7 +523,115 @@ def sac_train_step(agent: SAC, rb: ReplayBuffer, step: int, reward_fn=None, abso
     return out
 
 
-# ---- Logging
+# ---- Progress, signals and logging
+PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
+
+
+class LogLines:
+    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
+    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = ""):
+        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
+        self.t0 = self.last = time.monotonic()
+        self.n0 = initial
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.show()
+
+    def show(self) -> None:
+        self.last = time.monotonic()
+        rate = (self.n - self.n0) / max(self.last - self.t0, 1e-9)
+        done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
+        print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, refresh: bool = True, **values) -> None:
+        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
+
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        if self.n != self.n0:
+            self.show()
+            self.n0 = self.n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def progress_bar(total: int, initial: int, desc: str):
+    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
+    if not sys.stderr.isatty():
+        return LogLines(total, initial, desc)
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2)
+
+
+class UsageError(Exception):
+    """Bad input: main prints the one-line message and exits 2."""
+
+
+class NonFiniteLoss(Exception):
+    """A loss became NaN or infinite: main prints the phase and step and exits 3."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM: the phase saved its checkpoint; main exits 130."""
+
+
+STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
+
+
+def check_stop() -> None:
+    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
+    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
+    if STOP.is_set():
+        raise Interrupted(None, None)
+
+
+@contextlib.contextmanager
+def saved_on_stop(phase: str, progress: dict, checkpoint=None):
+    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
+    Interrupted(phase, step)."""
+    try:
+        yield
+    except Interrupted as e:
+        if e.args[0] is not None:
+            raise
+        if checkpoint is not None:
+            checkpoint()
+        raise Interrupted(phase, progress["step"]) from None
+
+
+def pick_device(args: Args) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+class SPSMeter:
+    """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
+
+    t0, s0, paused_s = None, 0, 0.0
+
+    def start(self, step: int) -> None:
+        if self.t0 is None:
+            self.t0, self.s0 = time.perf_counter(), step
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.perf_counter()
+        yield
+        self.paused_s += time.perf_counter() - t
+
+    def sps(self, step: int) -> Optional[float]:
+        if self.t0 is not None and step > self.s0:
+            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused_s)
+
+
 def check_finite(losses: dict, phase: str, step: int) -> dict[str, float]:
     """The losses as floats; NonFiniteLoss (exit 3) on NaN or inf instead of training on it."""
     values = {k: float(v.detach()) for k, v in losses.items()}
@@ -663,8 +694,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
     rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=True)
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
-        progress = restore_checkpoint(ckpt, np_rng, [env], agent=agent, rb=rb)
-        print(f"expert phase: resuming at step {progress['step']}", file=sys.stderr)
+        progress = restore_checkpoint(ckpt, "expert phase", np_rng, [env], agent=agent, rb=rb)
     where = (run_dir / "checkpoints" / "expert.pt", "expert_checkpoint", np_rng, [env], progress)
     checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb)  # everything, every RNG
     obs, _ = env.reset(seed=args.seed + progress["episodes"])
@@ -835,16 +865,10 @@ def train_irl(args, info, demos, ckpt, run_dir, writer, expert_curve=(), env_fn=
     progress = dict(step=0, disc_env_steps=0, k=0, episodes=0, history=[])
     progress["next_eval"] = args.eval.frequency
     if ckpt:
-        progress = restore_checkpoint(ckpt, np_rng, envs, agent=agent, rb=rb, disc=disc)
-        resumed = f"step {progress['step']} (outer iteration {progress['k']})"
-        print(f"IRL phase: resuming at {resumed}", file=sys.stderr)
+        progress = restore_checkpoint(ckpt, "IRL phase", np_rng, envs, agent=agent, rb=rb, disc=disc)
     where = (run_dir / "checkpoints" / "irl.pt", "irl_checkpoint", np_rng, envs, progress)
     reward_fn = partial(relabel_rewards, disc)  # a batch's rewards: -f(s, a) under the current f
-    if progress.get("episode"):  # exact resume: the episode in progress goes on
-        obs, ret, length = learner_env.resume(progress.pop("episode"))
-        set_rng_states(ckpt["rng"], np_rng, envs)
-    else:
-        obs, ret, length = learner_env.reset(seed=args.seed + progress["episodes"]), 0.0, 0
+    obs, ret, length = start_or_continue(learner_env, progress, args.seed, ckpt, np_rng, envs)
     step, meter = progress["step"], SPSMeter()
 
     def checkpoint() -> None:  # everything, every RNG, and the episode in progress
@@ -1008,26 +1032,6 @@ def resume_command(run_dir: Path, argv) -> str:
     return shlex.join(["python", script, *kept, "--run-dir", str(run_dir)])
 
 
-class SPSMeter:
-    """Steps per second after warm-up (from the first update on), with the time spent in evaluation excluded."""
-
-    t0, s0, paused_s = None, 0, 0.0
-
-    def start(self, step: int) -> None:
-        if self.t0 is None:
-            self.t0, self.s0 = time.perf_counter(), step
-
-    @contextlib.contextmanager
-    def paused(self):
-        t = time.perf_counter()
-        yield
-        self.paused_s += time.perf_counter() - t
-
-    def sps(self, step: int) -> Optional[float]:
-        if self.t0 is not None and step > self.s0:
-            return (step - self.s0) / max(1e-9, time.perf_counter() - self.t0 - self.paused_s)
-
-
 # ---- the one save and the one load, checkpoints and RNG state
 VERSION = 1  # of the .pt files `save` writes; `load` refuses any other
 KINDS = {  # kind of .pt file: (the keys load requires, how to fix a bad one)
@@ -1099,12 +1103,16 @@ def save_checkpoint(path: Path, kind: str, np_rng, envs: list, progress: dict, e
     save(path, kind, **states, progress=progress, rng=rng_states(np_rng, envs))
 
 
-def restore_checkpoint(ckpt: dict, np_rng, envs: list, **parts) -> dict:
-    """Load a validated checkpoint into the phase's parts and RNGs; returns its progress counters."""
+def restore_checkpoint(ckpt: dict, phase: str, np_rng, envs: list, **parts) -> dict:
+    """Load a validated checkpoint into the phase's parts and RNGs and say where the phase resumes; returns its
+    progress counters."""
     for name, part in parts.items():
         part.load_state_dict(ckpt[name])
     set_rng_states(ckpt["rng"], np_rng, envs)
-    return dict(ckpt["progress"])
+    progress = dict(ckpt["progress"])
+    iteration = f" (outer iteration {progress['k']})" if "k" in progress else ""
+    print(f"{phase}: resuming at step {progress['step']}{iteration}", file=sys.stderr)
+    return progress
 
 
 @contextlib.contextmanager
