@@ -111,6 +111,7 @@ class EvalArgs:
     episodes: int = ranged(10, 0, 1e5)
     """evaluation episodes at the end of training (stochastic policy, as trained; 0 = none)"""
     every: int = ranged(0, 0, 1e9)  # also evaluate every this many iterations (0 = only at the end)
+    num_envs: int = ranged(32, 1, 256)  # episodes played at once (each env plays every num_envs-th)
 
 
 @dataclass
@@ -907,9 +908,10 @@ def main(args: Args) -> Optional[dict]:
         raise SystemExit(3) from None
     except Interrupted as e:
         if world.rank == 0:
-            again = "re-run the same command to evaluate" if args.eval_only else "resume with: "
-            again += "" if args.eval_only else resume_command(run_dir, world.size)
-            print(f"interrupted: {e}; {again}", file=sys.stderr)
+            message = f"interrupted: {e}; resume with: {resume_command(run_dir, world.size)}"
+            if args.eval_only:  # its file is written whole, after the last episode, or not at all
+                message = "interrupted during --eval-only: no evaluation written; the same command starts it again"
+            print(message, file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         if writer is not None:
@@ -1204,30 +1206,39 @@ def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, fi
 
 # Evaluation: separate Python envs with RAM (for the rooms), the stochastic policy as trained
 @torch.no_grad()
-def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, seed: int, render=False):
-    """`episodes` episodes in lockstep (batched inference), stochastic policy; visited rooms
-    read from RAM; with `render`, the frames of the first episode."""
-    if episodes == 0:
+def evaluate(agent: Agent, env_args: EnvArgs, rom: str, ev: EvalArgs, device, seed: int, render=False):
+    """ev.episodes episodes (episode i seeded seed + i), n = ev.num_envs at once in lockstep (batched inference; env
+    i plays episodes i, i + n, ...), stochastic policy; visited rooms read from RAM; with `render`, the frames of
+    the first episode."""
+    if ev.episodes == 0:
         return {"returns": [], "lengths": [], "rooms": [], "frames": []}
-    ram_addr = ROOM_RAM_ADDRESS.get(rom)
-    envs = [make_python_env(env_args, rom, seed + i, render and i == 0) for i in range(episodes)]
+    ram_addr, n = ROOM_RAM_ADDRESS.get(rom), min(ev.num_envs, ev.episodes)
+    envs = []
+    for i in range(n):
+        check_stop("during an evaluation")
+        envs.append(make_python_env(env_args, rom, seed + i, render and i == 0))
     obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    rooms, active, frames = [set() for _ in range(episodes)], np.ones(episodes, dtype=bool), []
-    state, first = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
-    while active.any():
+    returns, lengths = np.zeros(ev.episodes), np.zeros(ev.episodes, dtype=np.int64)
+    rooms, frames = [set() for _ in range(ev.episodes)], []
+    episode = np.arange(n)  # the episode each env plays (-1: none left to start)
+    state, first = agent.initial_state(n, device), torch.ones(1, n, device=device)
+    while (episode >= 0).any():
         check_stop("during an evaluation")
         logits, _, _, state = agent(torch.as_tensor(obs, device=device)[None], state, first)
         first = torch.zeros_like(first)
         actions = Categorical(logits=logits).sample().cpu().numpy()
-        for i in np.flatnonzero(active):
+        for i in np.flatnonzero(episode >= 0):
+            e = episode[i]
             obs[i], reward, term, trunc, _ = envs[i].step(int(actions[i]))
-            returns[i], lengths[i] = returns[i] + reward, lengths[i] + 1
+            returns[e], lengths[e] = returns[e] + reward, lengths[e] + 1
             if ram_addr is not None:
-                rooms[i].add(int(envs[i].unwrapped.ale.getRAM()[ram_addr]))
-            if i == 0 and render:
+                rooms[e].add(int(envs[i].unwrapped.ale.getRAM()[ram_addr]))
+            if e == 0 and render:
                 frames.append(envs[i].render())
-            active[i] = not (term or trunc)
+            if term or trunc:
+                episode[i] = e + n if e + n < ev.episodes else -1
+                if episode[i] >= 0:
+                    obs[i], first[0, i] = envs[i].reset(seed=int(seed + e + n))[0], 1.0
     for env in envs:
         env.close()
     rooms = [sorted(r) for r in rooms] if ram_addr is not None else None
@@ -1236,7 +1247,7 @@ def evaluate(agent: Agent, env_args: EnvArgs, rom: str, episodes: int, device, s
 
 def evaluate_during_training(args: Args, agent: Agent, rom: str, device, run_dir: Path, run: dict, writer) -> dict:
     seed = args.seed + 10_000 + run["iteration"]
-    result = evaluate(agent, args.env, rom, args.eval.episodes, device, seed, args.capture_video)
+    result = evaluate(agent, args.env, rom, args.eval, device, seed, args.capture_video)
     if result["frames"]:
         write_video(run_dir / "videos" / f"eval_{run['global_step']:010d}.webm", result["frames"])
     step, history = run["global_step"], run["history"]
@@ -1290,7 +1301,8 @@ def evaluate_only(args: Args, policy: Agent, rom: str, device, run_dir: Path, pa
     """--eval-only RUN_DIR: RUN_DIR/policy.pt with --eval.episodes, into evaluations/eval_NNN.json (a new file)."""
     policy = policy.to(device)
     env_args = EnvArgs(**{k: policy.env_config[k] for k in ("sticky_action_prob", "max_episode_frames")})
-    result = evaluate(policy, env_args, rom, args.eval.episodes, device, args.seed + 20_000, args.capture_video)
+    print(f"evaluating {run_dir / 'policy.pt'}: {args.eval.episodes} episodes", flush=True)
+    result = evaluate(policy, env_args, rom, args.eval, device, args.seed + 20_000, args.capture_video)
     if result["frames"]:
         write_video(run_dir / "videos" / f"{path.stem}.webm", result["frames"])
     mean = float(np.mean(result["returns"])) if result["returns"] else float("nan")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from conftest import (
     REPO_ROOT,
     assert_run_directory_printed_at_start_and_end,
     assert_same_weights_and_eval_returns,
+    check_eval_only_signal_writes_nothing,
     check_foreign_run_dirs_refused,
     check_help_groups,
     check_numeric_flag_cases,
@@ -255,6 +257,14 @@ def test_room_envs_give_the_vector_envs_frames_rewards_and_episode_ends():
     assert type(rnd.make_envs(rnd.EnvArgs(), "breakout", 1, 0)).__name__ == "AtariVectorEnv"  # no room byte
 
 
+def test_evaluation_plays_more_episodes_than_envs_in_waves():
+    """5 episodes on 2 envs (env 0 plays episodes 0, 2, 4; env 1 plays 1 and 3): every episode is played to the
+    10-step cap (40 frames) and keeps its own score, length and rooms."""
+    agent, env_args = rnd.Agent(18), rnd.EnvArgs(max_episode_frames=40)
+    ev = rnd.evaluate(agent, env_args, "montezuma_revenge", rnd.EvalArgs(episodes=5, num_envs=2), "cpu", 3)
+    assert ev["lengths"] == [10] * 5 and ev["returns"] == [0.0] * 5 and ev["rooms"] == [[1]] * 5
+
+
 def test_rollouts_record_each_episodes_rooms_and_every_room_from_ram():
     """Env 0 is moved to room 0 by writing RAM byte 3 between two rollouts (walking out of room 1 takes hundreds of
     precise steps): its episode then counts 2 rooms, env 1's 1, and the process has seen {0, 1}."""
@@ -429,6 +439,9 @@ def test_finished_run_artifacts_contract_and_corrupt_files(tmp_path_factory, mon
     check_smoke_run_writes_all_artifacts(finished_run, run_script)
     check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch)
     check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # issue 48: --eval-only stops within 10 s and writes nothing
+        (tmp_path / signum.name).mkdir()
+        check_eval_only_signal_writes_nothing(SCRIPT, finished_run, tmp_path / signum.name, signum)
 
 
 @pytest.mark.slow
