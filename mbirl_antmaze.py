@@ -2440,14 +2440,21 @@ def saved_script(argv: list[str]) -> str | None:
 
 
 def args_from_dict(saved: dict) -> Args:
-    """An args.json -> Args (keys it lacks take Args' defaults)."""
+    """An args.json -> Args (keys it lacks take Args' defaults). A key this script does not know is a run dir of an
+    earlier format: a UsageError naming the keys (docs/CONTRACT.md: refused rather than misread)."""
     groups = {f.name: f.type for f in dataclasses.fields(Args) if dataclasses.is_dataclass(f.type)}
     top = {f.name for f in dataclasses.fields(Args)}
-    kwargs = {k: v for k, v in saved.items() if k in top and k not in groups}
+    unknown = [k for k in saved if k not in top and k != "script"]
     for name, cls in groups.items():
         fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs[name] = cls(**{k: v for k, v in saved.get(name, {}).items() if k in fields})
-    return Args(**kwargs)
+        group = saved.get(name, {})
+        if not isinstance(group, dict):
+            raise TypeError(f"{name} is not a group of settings")
+        unknown += [f"{name}.{k}" for k in group if k not in fields]
+    if unknown:
+        raise UsageError(", ".join(unknown))
+    kwargs = {k: v for k, v in saved.items() if k in top and k not in groups}
+    return Args(**kwargs, **{name: cls(**saved.get(name, {})) for name, cls in groups.items()})
 
 
 RETIRED_FLAGS = {  # an old spelling (or a sibling's) -> the flag its one-line hint names (docs/CONTRACT.md)
@@ -2480,10 +2487,14 @@ def cli(argv: list[str] | None = None) -> Args:
         raise SystemExit(0)
     args = tyro.cli(Args, args=argv, default=env_preset(argv))
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
-    if saved is not None and saved.exists():
+    if saved is not None and saved.exists() and saved_script(argv) in (SCRIPT, None):  # (another's: validation)
         try:
             default = args_from_dict(json.loads(saved.read_text()))
-        except (ValueError, TypeError):
+        except UsageError as e:  # (before main: nothing is written)
+            unknown = f"holds settings this script does not know ({e})"
+            print(f"error: {saved} {unknown}, from an earlier version; pass a new --run-dir", file=sys.stderr)
+            raise SystemExit(2)
+        except (ValueError, TypeError, AttributeError):
             print(f"error: {saved} is not a run's args.json; pass another --run-dir", file=sys.stderr)
             raise SystemExit(2)
         args = tyro.cli(Args, args=argv, default=default)

@@ -886,6 +886,37 @@ def test_bad_input_cli_exits_2_with_one_line_and_creates_nothing(run_script, run
         mb.RunContext.validate(mb.Args(run_dir=str(other)))
 
 
+def test_an_args_json_with_settings_this_script_does_not_know_is_refused_naming_them(tmp_path, experts_dir):
+    """docs/CONTRACT.md (a run dir of an earlier format is refused rather than misread), issue 48: an args.json
+    holding a key Args lacks, at the top or inside a group, of a run resumed or finished, exits 2 with one line naming
+    the keys and the fix, and changes nothing; a key it lacks still takes its default (the run predates the flag)."""
+    from conftest import file_bytes, keep_signals, one_line_exit_2
+
+    args = mb.cli(["--run-dir", str(tmp_path / "new"), "--expert.experts-dir", str(experts_dir), *TINY])
+    valid = {"script": mb.SCRIPT, **json.loads(json.dumps(dataclasses.asdict(args)))}
+    cases = {"top": ("retired_knob", None), "group": ("hyper", "old_knob")}
+    for (where, (key, sub)), finished in [(case, done) for case in cases.items() for done in (False, True)]:
+        saved = json.loads(json.dumps(valid))
+        if sub is None:
+            saved[key] = 1
+        else:
+            saved[key][sub] = 1
+        run_dir = tmp_path / f"{where}-{finished}"
+        run_dir.mkdir()
+        (run_dir / "args.json").write_text(json.dumps(saved))
+        if finished:
+            (run_dir / "results.json").write_text("{}")
+        before = file_bytes(run_dir)
+        line = one_line_exit_2(lambda: keep_signals(lambda: mb.main(mb.cli(["--run-dir", str(run_dir)]))))  # noqa: B023
+        named = key if sub is None else f"{key}.{sub}"
+        assert f"does not know ({named})" in line and "pass a new --run-dir" in line, line
+        assert file_bytes(run_dir) == before
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "args.json").write_text(json.dumps({**valid, "seed": 5, "hyper": {}}))
+    args = mb.cli(["--run-dir", str(tmp_path / "older")])
+    assert args.seed == 5 and args.hyper == mb.HyperArgs()
+
+
 # ----------------------------------------------------------------------------------------------- AntMaze (expert given)
 class RandomController:
     """Stand-in for the (not yet trained) Ant goal-reacher: uniform random actions, for layout and pipeline tests."""
