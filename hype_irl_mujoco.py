@@ -173,58 +173,6 @@ class EnvInfo:  # what the phases need to know about the env, read once by valid
     high: np.ndarray
 
 
-class Stop(Exception):
-    """Every early end of a command: main prints the one-line message and exits with `code`."""
-
-    code, prefix = 1, "error: "
-
-
-class UsageError(Stop):  # bad input, found before any work starts
-    code = 2
-
-
-class NonFiniteLoss(Stop):  # a loss became NaN or infinite (the last checkpoint is kept)
-    code = 3
-
-
-class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint; args (phase, step)
-    code, prefix = 130, ""
-
-    def __str__(self) -> str:
-        phase, step = self.args
-        if phase == EVAL_ONLY:  # its evaluation file is written whole or not at all
-            return "interrupted during --eval-only: no evaluation written; the same command starts it again"
-        where = f"in the {phase} at step {step}" if phase else "while recording the final video"
-        return f"interrupted {where}: checkpoint saved"
-
-
-EVAL_ONLY = "--eval-only"  # Interrupted's phase when an --eval-only command is stopped
-
-
-STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
-
-
-def check_stop() -> None:
-    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
-    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
-    if STOP.is_set():
-        raise Interrupted(None, None)
-
-
-@contextlib.contextmanager
-def saved_on_stop(phase: str, progress: dict, checkpoint=None):
-    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
-    Interrupted(phase, step)."""
-    try:
-        yield
-    except Interrupted as e:
-        if e.args[0] is not None:
-            raise
-        if checkpoint is not None:
-            checkpoint()
-        raise Interrupted(phase, progress["step"]) from None
-
-
 # ---------------------------------------------------------------------- Environments
 def is_maze(env_id: str) -> bool:
     return env_id.startswith(tuple(MAZE_VERSIONS))
@@ -313,6 +261,38 @@ def start_episode(env: gym.Env, seed: int, demos, reset_prob: float, rng) -> tup
         restore_state(env, demos["qpos"][i], demos["qvel"][i], demos["qacc_warmstart"][i], goal)
         return demos["observations"][i].astype(np.float64), int(demos["timesteps"][i])
     return obs, 0
+
+
+def episode_state(env: gym.Env, obs, ep_t: int, ep_return: float, from_expert: bool, seed: int) -> dict:
+    """The learner's episode in progress, for a checkpoint (tensors: checkpoints load with weights_only)."""
+    data, t = simulator(env).data, torch.as_tensor
+    sim = dict(qpos=t(data.qpos.copy()), qvel=t(data.qvel.copy()), act=t(data.act.copy()), time=float(data.time))
+    sim.update(qacc_warmstart=t(data.qacc_warmstart.copy()))
+    goal = getattr(env.unwrapped, "goal", None)
+    sim["goal"] = None if goal is None else t(np.array(goal, dtype=np.float64))
+    return dict(sim=sim, obs=t(np.array(obs)), t=ep_t, ret=ep_return, from_expert=from_expert, seed=seed)
+
+
+def resume_episode(env: gym.Env, saved: dict) -> tuple:
+    """Continue a checkpointed episode exactly where it was: its reset (same seed, so the env's RNG is where it
+    was), then the simulator state, the solver's warm-start and the maze goal. (obs, t, return, from_expert, seed)"""
+    env.reset(seed=saved["seed"])
+    sim, data = saved["sim"], simulator(env).data
+    goal = None if sim["goal"] is None else sim["goal"].numpy()
+    restore_state(env, sim["qpos"].numpy(), sim["qvel"].numpy(), sim["qacc_warmstart"].numpy(), goal)
+    data.act[:], data.time = sim["act"].numpy(), sim["time"]
+    mujoco.mj_forward(simulator(env).model, data)
+    return saved["obs"].numpy(), saved["t"], saved["ret"], saved["from_expert"], saved["seed"]
+
+
+def next_episode(env: gym.Env, progress: dict, seed: int, demos, reset_prob: float, rng) -> tuple:
+    """The episode that comes next: on resume the checkpointed one, continued exactly; else a new
+    one (reset seed `seed + episodes`, counted). Returns (obs, t, return, from_expert, seed)."""
+    if progress.get("episode"):
+        return resume_episode(env, progress.pop("episode"))
+    obs, ep_t = start_episode(env, seed + progress["episodes"], demos, reset_prob, rng)
+    progress["episodes"] += 1
+    return obs, ep_t, 0.0, ep_t > 0, seed + progress["episodes"] - 1
 
 
 # ---------------------------------------------------------------------- Networks
@@ -636,6 +616,58 @@ class Run:
     device: torch.device
 
 
+class Stop(Exception):
+    """Every early end of a command: main prints the one-line message and exits with `code`."""
+
+    code, prefix = 1, "error: "
+
+
+class UsageError(Stop):  # bad input, found before any work starts
+    code = 2
+
+
+class NonFiniteLoss(Stop):  # a loss became NaN or infinite (the last checkpoint is kept)
+    code = 3
+
+
+class Interrupted(Stop):  # SIGINT/SIGTERM, after the phase saved its checkpoint; args (phase, step)
+    code, prefix = 130, ""
+
+    def __str__(self) -> str:
+        phase, step = self.args
+        if phase == EVAL_ONLY:  # its evaluation file is written whole or not at all
+            return "interrupted during --eval-only: no evaluation written; the same command starts it again"
+        where = f"in the {phase} at step {step}" if phase else "while recording the final video"
+        return f"interrupted {where}: checkpoint saved"
+
+
+EVAL_ONLY = "--eval-only"  # Interrupted's phase when an --eval-only command is stopped
+
+
+STOP = threading.Event()  # set by SIGINT/SIGTERM: the loops save a checkpoint, raise Interrupted
+
+
+def check_stop() -> None:
+    """Inside a step (a rollout, a discriminator update, an evaluation): a signal stops it at once. The phase's
+    saved_on_stop saves the checkpoint of the last whole step and names the phase."""
+    if STOP.is_set():
+        raise Interrupted(None, None)
+
+
+@contextlib.contextmanager
+def saved_on_stop(phase: str, progress: dict, checkpoint=None):
+    """A signal noticed inside a step: the phase's checkpoint (the state after the last whole step), then
+    Interrupted(phase, step)."""
+    try:
+        yield
+    except Interrupted as e:
+        if e.args[0] is not None:
+            raise
+        if checkpoint is not None:
+            checkpoint()
+        raise Interrupted(phase, progress["step"]) from None
+
+
 class SPSMeter:
     """Steps per second after warm-up (from the first update on), evaluation time excluded."""
 
@@ -910,26 +942,27 @@ def update_discriminator(disc: Discriminator, expert_sa, learner_sa, k: int, cfg
     return {**check_finite(stats, "discriminator", k), "disc_lr": lr}
 
 
-def evaluate_learner(sac: SAC, args: Args, run: Run, progress, expert_return, expert_curve, bar=None):
+def evaluate_learner(sac: SAC, args: Args, run: Run, progress, expert_return, expert_curve, np_rng, bar=None):
     """Evaluate, append to the history, log, redraw the learning curve and (given the progress
-    bar) print the result."""
-    seed, step, p_tremble = args.seed + 10_000, progress["step"], args.irl.p_tremble
-    horizon = args.max_episode_steps
-    returns, successes = evaluate(sac.actor, args.env_id, args.eval.episodes, seed, p_tremble, horizon)
-    mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
-    success_rate = float(np.mean(successes)) if successes is not None else None
-    record = dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns)))
-    progress["history"].append(dict(record, returns=returns, success_rate=success_rate))
-    run.writer.add_scalar("eval/episodic_return", mean, step)
-    if success_rate is not None:
-        run.writer.add_scalar("eval/success_rate", success_rate, step)
-    if math.isfinite(expert_return) and expert_return != 0:
-        run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
-    plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
-    if bar is not None:
-        reached = f", success rate {success_rate:.2f}" if success_rate is not None else ""
-        expert = f"(expert {expert_return:.1f})"
-        bar.write(f"[irl] step {step}: eval return {mean:.1f} {expert}{reached}")
+    bar) print the result. A signal inside undoes it whole (the policy samples: torch's RNG moves)."""
+    with undone_on_stop(progress, np_rng):
+        seed, step, p_tremble = args.seed + 10_000, progress["step"], args.irl.p_tremble
+        horizon = args.max_episode_steps
+        returns, successes = evaluate(sac.actor, args.env_id, args.eval.episodes, seed, p_tremble, horizon)
+        mean, total = float(np.mean(returns)), step + progress["disc_env_steps"]
+        success_rate = float(np.mean(successes)) if successes is not None else None
+        record = dict(step=step, total_env_steps=total, mean=mean, std=float(np.std(returns)))
+        progress["history"].append(dict(record, returns=returns, success_rate=success_rate))
+        run.writer.add_scalar("eval/episodic_return", mean, step)
+        if success_rate is not None:
+            run.writer.add_scalar("eval/success_rate", success_rate, step)
+        if math.isfinite(expert_return) and expert_return != 0:
+            run.writer.add_scalar("eval/normalized_return", mean / expert_return, step)
+        plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
+        if bar is not None:
+            reached = f", success rate {success_rate:.2f}" if success_rate is not None else ""
+            expert = f"(expert {expert_return:.1f})"
+            bar.write(f"[irl] step {step}: eval return {mean:.1f} {expert}{reached}")
 
 
 def expert_storage(demos: dict, info: EnvInfo, capacity: int, device) -> Storage:
@@ -943,14 +976,25 @@ def expert_storage(demos: dict, info: EnvInfo, capacity: int, device) -> Storage
 
 
 def run_outer_iteration(sac, disc, disc_env, horizon, expert_sa, args, np_rng, progress, writer, step):
-    """Fresh learner episodes, then the discriminator's steps on them (logged under irl/*)."""
-    k = progress["k"]
-    pairs = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress)
-    stats = update_discriminator(disc, expert_sa, pairs.to(expert_sa.device), k, args.disc)
-    stats.update(outer_iteration=k, disc_env_steps=progress["disc_env_steps"])
-    for name, value in stats.items():
-        writer.add_scalar(f"irl/{name}", value, step)
-    progress["k"] += 1
+    """Fresh learner episodes, then the discriminator's steps on them (logged under irl/*). A signal
+    inside undoes it whole: it is redone on resume."""
+    with undone_on_stop(progress, np_rng, disc):
+        k = progress["k"]
+        pairs = collect_disc_pairs(sac.actor, disc_env, horizon, args, np_rng, progress)
+        stats = update_discriminator(disc, expert_sa, pairs.to(expert_sa.device), k, args.disc)
+        stats.update(outer_iteration=k, disc_env_steps=progress["disc_env_steps"])
+        for name, value in stats.items():
+            writer.add_scalar(f"irl/{name}", value, step)
+        progress["k"] += 1
+
+
+def hybrid_update(sac: SAC, storage: Storage, disc, step: int, segments, absorbing: bool):
+    """One SAC update on a hybrid minibatch: round(rho * batch) expert rows and the rest learner
+    rows, every reward relabelled as -f(s, a) with the current f. Returns (losses, rho)."""
+    rho = rho_at(step, segments)
+    b_obs, b_act, b_next, b_done, _ = storage.sample(sac.cfg.batch_size, rho)
+    b_rew = relabel_rewards(disc, b_obs, b_act)
+    return sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing), rho
 
 
 def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, ckpt) -> tuple:
@@ -969,18 +1013,12 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
     disc = Discriminator(info.obs_dim + info.act_dim, args.sac.hidden_dim).to(run.device)
     segments, absorbing = parse_rho_schedule(rho_schedule(args)), terminal_reward(args) == "min"
     np_rng = np.random.default_rng(args.seed + 1000)
-    progress = dict(step=0, disc_env_steps=0, k=0, episodes=0, history=[], resumed_from_step=0)
-    if ckpt:
-        progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc)
-        progress["resumed_from_step"] = progress["step"]
+    fresh = dict(step=0, disc_env_steps=0, k=0, episodes=0, history=[])
+    progress = restore_checkpoint(ckpt, "irl", sac, storage, np_rng, disc) if ckpt else fresh
+    progress["resumed_from_step"] = progress["step"]
     ckpt_path, meter, reset_prob = run.dir / "checkpoints" / "irl.pt", SPSMeter(), args.irl.reset_prob
-    if progress.get("episode"):  # exact resume: the episode in progress goes on
-        obs, ep_t, ep_return, from_expert, ep_seed = resume_episode(env, progress.pop("episode"))
-    else:
-        ep_seed = args.seed + progress["episodes"]
-        obs, ep_t = start_episode(env, ep_seed, demos, reset_prob, np_rng)
-        progress["episodes"] += 1
-        ep_return, from_expert = 0.0, ep_t > 0
+    episode = next_episode(env, progress, args.seed, demos, reset_prob, np_rng)
+    obs, ep_t, ep_return, from_expert, ep_seed = episode
     losses, rho = {}, 0.0
     next_eval = (progress["step"] // args.eval.frequency + 1) * args.eval.frequency
 
@@ -989,12 +1027,12 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
         save_checkpoint(ckpt_path, sac, storage, np_rng, progress, disc, episode)
 
     stop = partial(saved_on_stop, "IRL phase", progress, checkpoint)
-    evaluation = (sac, args, run, progress, expert_return, expert_curve)
+    evaluation = (sac, args, run, progress, expert_return, expert_curve, np_rng)
+    outer = (disc_env, horizon, expert_sa, args, np_rng, progress, run.writer)
     with progress_bar(args.irl.total_timesteps, progress["step"], "irl") as bar, stop():
         step = progress["step"]
         if step % args.eval.frequency == 0 and 0 < step != (progress["history"] or [{}])[-1].get("step"):
-            with undone_on_stop(progress, np_rng):  # a signal stopped this step's evaluation: it comes first
-                meter.pause_while(evaluate_learner, *evaluation, bar)
+            meter.pause_while(evaluate_learner, *evaluation, bar)  # a signal stopped it: it comes first
         while progress["step"] < args.irl.total_timesteps:
             step = progress["step"]
             if STOP.is_set():
@@ -1002,9 +1040,7 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
                 raise Interrupted("IRL phase", step)
             # 1. an outer iteration starts: fresh learner episodes, then the discriminator's steps
             if step % args.irl.train_every == 0 and progress["k"] <= step // args.irl.train_every:
-                disc_args = (disc_env, horizon, expert_sa, args, np_rng, progress, run.writer)
-                with undone_on_stop(progress, np_rng, disc):  # a stopped one is redone whole on resume
-                    run_outer_iteration(sac, disc, *disc_args, step)
+                run_outer_iteration(sac, disc, *outer, step)
             # 2. act; the env reward is NOT stored (NaN in its column): rewards come from f only
             learn_started = step >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
@@ -1015,30 +1051,25 @@ def train_hype(args: Args, info: EnvInfo, demos: dict, expert_curve, run: Run, c
             # 3. the episode ends: the next one may start at an expert state
             if terminated or ep_t >= horizon:
                 log_episode(run.writer, "charts", from_expert, ep_return, ep_t, step, bar)
-                ep_seed = args.seed + progress["episodes"]
-                obs, ep_t = start_episode(env, ep_seed, demos, reset_prob, np_rng)
-                progress["episodes"], ep_return, from_expert = progress["episodes"] + 1, 0.0, ep_t > 0
+                episode = next_episode(env, progress, args.seed, demos, reset_prob, np_rng)
+                obs, ep_t, ep_return, from_expert, ep_seed = episode
             # 4. one SAC update on a hybrid minibatch, relabelled with the current f
             if learn_started:
                 meter.start(step - 1)
-                rho = rho_at(step, segments)
-                b_obs, b_act, b_next, b_done, _ = storage.sample(args.sac.batch_size, rho)
-                b_rew = relabel_rewards(disc, b_obs, b_act)
-                losses = sac.update(b_obs, b_act, b_next, b_done, b_rew, absorbing)
+                losses, rho = hybrid_update(sac, storage, disc, step, segments, absorbing)
             if step % args.log_frequency == 0 and losses:
                 disc_steps = progress["disc_env_steps"]
                 log_losses(run.writer, "irl", losses, args, step, meter, rho, disc_steps)
             if step >= next_eval:
                 next_eval += args.eval.frequency
-                with undone_on_stop(progress, np_rng):  # (the policy samples: torch's RNG moves)
-                    meter.pause_while(evaluate_learner, *evaluation, bar)
+                meter.pause_while(evaluate_learner, *evaluation, bar)
             if step % args.checkpoint_every == 0:
                 checkpoint()
             bar.update(1)
     if losses:
         check_finite({"qf_loss": losses["qf_loss"]}, "IRL learner", progress["step"])
     if not progress["history"] or progress["history"][-1]["step"] != progress["step"]:
-        with stop(), undone_on_stop(progress, np_rng):
+        with stop():
             evaluate_learner(*evaluation)
     progress.update(SPS=meter.sps(progress["step"]), final_rho=rho)
     plot_curves(run.dir / "learning_curve.png", args, progress["history"], expert_return, expert_curve)
@@ -1212,28 +1243,6 @@ def undone_on_stop(progress: dict, np_rng, *parts):
         for part, state in zip(parts, states):
             part.load_state_dict(state)
         raise
-
-
-def episode_state(env: gym.Env, obs, ep_t: int, ep_return: float, from_expert: bool, seed: int) -> dict:
-    """The learner's episode in progress, for a checkpoint (tensors: checkpoints load with weights_only)."""
-    data, t = simulator(env).data, torch.as_tensor
-    sim = dict(qpos=t(data.qpos.copy()), qvel=t(data.qvel.copy()), act=t(data.act.copy()), time=float(data.time))
-    sim.update(qacc_warmstart=t(data.qacc_warmstart.copy()))
-    goal = getattr(env.unwrapped, "goal", None)
-    sim["goal"] = None if goal is None else t(np.array(goal, dtype=np.float64))
-    return dict(sim=sim, obs=t(np.array(obs)), t=ep_t, ret=ep_return, from_expert=from_expert, seed=seed)
-
-
-def resume_episode(env: gym.Env, saved: dict) -> tuple:
-    """Continue a checkpointed episode exactly where it was: its reset (same seed, so the env's RNG is where it
-    was), then the simulator state, the solver's warm-start and the maze goal. (obs, t, return, from_expert, seed)"""
-    env.reset(seed=saved["seed"])
-    sim, data = saved["sim"], simulator(env).data
-    goal = None if sim["goal"] is None else sim["goal"].numpy()
-    restore_state(env, sim["qpos"].numpy(), sim["qvel"].numpy(), sim["qacc_warmstart"].numpy(), goal)
-    data.act[:], data.time = sim["act"].numpy(), sim["time"]
-    mujoco.mj_forward(simulator(env).model, data)
-    return saved["obs"].numpy(), saved["t"], saved["ret"], saved["from_expert"], saved["seed"]
 
 
 def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None, episode=None) -> None:
