@@ -659,3 +659,43 @@ def assert_counters_of_1000_steps(runs: tuple[Path, Path], history_key: str) -> 
     for res in (json.loads((d / "results.json").read_text()) for d in runs):
         assert (res["policy_env_steps"], res["outer_iterations"]) == (1000, 10), res
         assert [h[history_key] for h in res["history"]] == [250, 500, 750, 1000]
+
+
+def whole_and_killed_in_the_expert_phase(script: str, root: Path, flags: list, horizon: int, resumed_at: str):
+    """The same run from nothing (expert phase first) twice on the CPU, each with its own expert cache: uninterrupted
+    (root/whole), and killed (SIGTERM) once its first expert checkpoint exists, then resumed with its own command
+    (root/killed). The kill lands inside an episode (asserted: the env's episodes run ``horizon`` steps without
+    terminating, e.g. HalfCheetah-v5's, and the checkpoint interval is no multiple of it); ``resumed_at`` is the
+    resume line with {step}. Returns [(run dir, expert cache {experts_dir}/{env_id})] of the two."""
+    env_id = flags[flags.index("--env-id") + 1]
+    runs = []
+    for name in ("whole", "killed"):
+        run_dir, experts = root / name, root / f"{name}_experts"
+        args = [*flags, "--expert.experts-dir", experts, "--run-dir", run_dir]
+        if name == "killed":
+            cmd = [sys.executable, str(REPO_ROOT / script), *map(str, args)]
+            rc, _, err = interrupt_when_exists(cmd, run_dir / "checkpoints" / "expert.pt")
+            assert rc == 130, err[-2000:]
+            step = torch.load(run_dir / "checkpoints" / "expert.pt", weights_only=False)["progress"]["step"]
+            assert step % horizon != 0 and not (experts / env_id / "demos.npz").exists(), step
+        rc, out, err = run_script_subprocess(script, *args, timeout=600)
+        assert rc == 0, err[-2000:]
+        assert name == "whole" or resumed_at.format(step=step) in out + err, (out + err)[-2000:]
+        runs.append((run_dir, experts / env_id))
+    return runs
+
+
+def assert_same_expert_phase(runs) -> None:
+    """Both runs of ``whole_and_killed_in_the_expert_phase`` end their expert phase alike: the same step, episode
+    count and learning curve in checkpoints/expert.pt, bit-identical expert weights and demos in their caches."""
+    (first, first_cache), (second, second_cache) = runs
+    progress = [torch.load(d / "checkpoints" / "expert.pt", weights_only=False)["progress"] for d in (first, second)]
+    counters = [(p["step"], p["episodes"], p["curve"]) for p in progress]
+    assert counters[0] == counters[1], counters
+    actors = [torch.load(c / "expert_actor.pt", weights_only=False)["actor"] for c in (first_cache, second_cache)]
+    for k, v in actors[0].items():
+        torch.testing.assert_close(v, actors[1][k], rtol=0, atol=0)
+    with np.load(first_cache / "demos.npz") as a, np.load(second_cache / "demos.npz") as b:
+        assert a.files == b.files
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
