@@ -908,12 +908,13 @@ def train_policy(args: Args, game: dict, reward_net, device, run_dir: Path, writ
     return agent, state
 
 
-def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag: str) -> dict:
+def evaluate(args: Args, agent: Agent, game: dict, video_dir: Path, tag: str) -> dict:
     """Phase 5: the paper's protocol -- full games (no life-loss episodes), stochastic policy,
-    N games per seed; each env plays a fixed quota of games, so short games do not count more."""
-    per_seed, episodes = [], args.eval.episodes
+    N games per seed; each env plays a fixed quota of games, so short games do not count more.
+    Videos are written after the last game: an interrupted evaluation writes nothing."""
+    per_seed, episodes, videos = [], args.eval.episodes, {}
     bar = Progress(episodes * len(args.eval.seeds), tag, unit="game")
-    for s_i, seed in enumerate(args.eval.seeds):
+    for seed in args.eval.seeds:
         num_envs = min(args.eval.num_envs, episodes)
         quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
         envs = make_envs(game, num_envs, life_loss=False)
@@ -931,10 +932,8 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
             for i in np.flatnonzero(over & (finished < quota)):
                 returns.append(float(tracker.score[i]))
                 bar.update(1, seed=seed, score=f"{tracker.score[i]:.0f}")
-                writer.add_scalar(f"{tag}/episodic_return", tracker.score[i], s_i * episodes + len(returns))
             if video is not None and over[0]:
-                write_video(video, video_dir / f"{tag}_seed{seed}.webm")
-                video = None
+                videos[video_dir / f"{tag}_seed{seed}.webm"], video = video, None
             finished += over
             tracker.pop(over)
         envs.close()
@@ -942,9 +941,18 @@ def evaluate(args: Args, agent: Agent, game: dict, writer, video_dir: Path, tag:
         per_seed.append({"seed": seed, "mean": mean, "std": std, "returns": returns})
         print(f"[{tag}] seed {seed}: {mean:.2f} +- {std:.2f} over {len(returns)} games")
     bar.close()
+    for path, frames in videos.items():
+        write_video(frames, path)
     means = [p["mean"] for p in per_seed]
     summary = {"best_mean": max(means), "mean_of_means": float(np.mean(means)), "episodes_per_seed": episodes}
     return {"per_seed": per_seed} | summary
+
+
+def log_games(writer, tag: str, ev: dict) -> None:
+    """Each game's score of an evaluation, numbered seed by seed (tag/episodic_return)."""
+    for s_i, per_seed in enumerate(ev["per_seed"]):
+        for j, score in enumerate(per_seed["returns"]):
+            writer.add_scalar(f"{tag}/episodic_return", score, s_i * ev["episodes_per_seed"] + j + 1)
 
 
 def demo_stats(returns) -> dict:
@@ -991,7 +999,8 @@ def run_pipeline(args: Args, game: dict, run_dir: Path, device, writer, demos, r
     if args.stop_after == "policy":
         return None
     # 5. evaluation: the paper's protocol, into results.json
-    ev = evaluate(args, agent, game, writer, run_dir / "videos", "eval")
+    ev = evaluate(args, agent, game, run_dir / "videos", "eval")
+    log_games(writer, "eval", ev)
     demonstrator = histories.get("demonstrator")
     results = {"env_id": args.env_id, "seed": args.seed, "demos": stats, "reward": reward["info"]}
     step = state["global_step"]
@@ -1022,24 +1031,35 @@ def main(args: Args) -> Optional[dict]:
     print(f"run directory: {run_dir}")
     try:
         if args.eval_only:
-            return evaluate_only(args, game, run_dir, found, device, writer)
+            return evaluate_only(args, game, run_dir, found, device)
         demos, reward, snapshots = found["demos"], found["reward_model"], found["snapshots"]
         return run_pipeline(args, game, run_dir, device, writer, demos, reward, found["checkpoints"], snapshots)
     # a UsageError here: the collected demos are unusable
     except (UsageError, NonFiniteLoss, Interrupted) as e:
         resume = f"; resume with: {resume_command(run_dir)}" if isinstance(e, Interrupted) else ""
-        print(f"{'interrupted' if resume else 'error'}: {e}{resume}", file=sys.stderr)
+        message = f"{'interrupted' if resume else 'error'}: {e}{resume}"
+        if resume and args.eval_only:  # its files are written after the last game, or not at all
+            message = "interrupted during --eval-only: no evaluation written; the same command starts it again"
+        print(message, file=sys.stderr)
         raise SystemExit(e.exit_code) from None
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         restore_signals()
         print(f"run directory: {run_dir}")
 
 
-def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device, writer) -> dict:
-    """--eval-only RUN_DIR: RUN_DIR/policy.pt evaluated with --eval.*, into evaluations/eval_NNN.json."""
+def evaluate_only(args: Args, game: dict, run_dir: Path, found: dict, device) -> dict:
+    """--eval-only RUN_DIR: RUN_DIR/policy.pt evaluated with --eval.*, into evaluations/eval_NNN.json and
+    TensorBoard, both written after the last game."""
+    from torch.utils.tensorboard import SummaryWriter
+
     agent, path = found["policy"].to(device), found["eval_path"]
-    ev = evaluate(args, agent, game, writer, run_dir / "videos", path.stem)
+    games = f"{args.eval.episodes} games x {len(args.eval.seeds)} seeds"
+    print(f"evaluating {run_dir / 'policy.pt'}: {games}", flush=True)
+    ev = evaluate(args, agent, game, run_dir / "videos", path.stem)
+    with SummaryWriter(str(run_dir)) as writer:
+        log_games(writer, path.stem, ev)
     save(path, "evaluation", env_id=agent.env_id, policy="policy.pt", eval=ev, device=str(device))
     print(f"[eval-only] best seed mean {ev['best_mean']:.2f}; written to {path}")
     return ev
@@ -1470,7 +1490,8 @@ def start_run(args: Args, game: dict, run_dir: Path, found: dict):
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, **settings)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     restore_signals = lambda: [signal.signal(s, h) for s, h in handlers.items()]  # noqa: E731
-    return device, SummaryWriter(str(run_dir)), restore_signals
+    writer = None if args.eval_only else SummaryWriter(str(run_dir))  # --eval-only: its own, after the games
+    return device, writer, restore_signals
 
 
 def parse_args(argv: Optional[list] = None) -> Args:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
+    check_eval_only_signal_writes_nothing,
     check_foreign_run_dirs_refused,
     check_help_groups,
     check_numeric_flag_cases,
@@ -365,6 +367,7 @@ def check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeyp
     eval_only = [SCRIPT, "--eval-only", finished_run, "--eval.episodes", "1", "--eval.seeds", "7"]
     for ev in eval_only_twice(lambda: run_script(*eval_only), finished_run):
         assert ev["env_id"] == "BreakoutNoFrameskip-v4" and len(ev["eval"]["per_seed"][0]["returns"]) == 1
+    assert {"eval_001/episodic_return", "eval_002/episodic_return"} <= read_tags(finished_run)  # each game's score
 
 
 def check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path):
@@ -398,6 +401,9 @@ def test_finished_run_artifacts_contract_and_corrupt_files(tmp_path_factory, mon
     check_whole_pipeline_smoke(finished_run, run_script)
     check_contract_snippet_video_and_eval_only(finished_run, run_script, monkeypatch)
     check_corrupt_artifacts_give_exit_2_or_a_clean_redo(finished_run, tmp_path)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # issue 48: --eval-only stops within 10 s and writes nothing
+        (tmp_path / signum.name).mkdir()
+        check_eval_only_signal_writes_nothing(SCRIPT, finished_run, tmp_path / signum.name, signum)
 
 
 @pytest.mark.slow
