@@ -1121,6 +1121,22 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
     return {"mean": mean, "std": std, "returns": returns, "action_shares": shares, **settings}
 
 
+FORMAT_VERSION = 1  # of the files `save` writes; a file of another version is refused
+
+
+def save(path: Path, kind: str, **payload):
+    """The one save of every artifact (policy, world_model, checkpoint .pt; collection .npz of arrays): written
+    atomically, tagged with this script, the kind and the format version (`load`, below, checks the tag)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tagged = {"script": SCRIPT, "kind": kind, "version": FORMAT_VERSION, **payload}
+    if path.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez(f, **tagged)
+    else:
+        torch.save(tagged, tmp)
+    os.replace(tmp, path)
+
+
 def run_simple(args: Args, ctx: dict, state: dict, modules: dict) -> dict:
     """The SimPLe loop (the reference's order): a random collection first, then per epoch train the
     world model on all real data, train PPO inside it, collect real steps with the policy, evaluate
@@ -1301,7 +1317,6 @@ def main(args: Args) -> None:
 
 
 # ---- run management ----
-FORMAT_VERSION = 1  # of the files `save` writes; a file of another version is refused
 PAPER_SIMPLE = {"pong": 12.8, "breakout": 16.4, "freeway": 16.7}  # SD-long, mean of 5 runs, 100K (iris SimPLe.json)
 
 # --wm settings that shape the networks or the optimiser: a run dir is resumed only with the same ones
@@ -1835,19 +1850,6 @@ def save_state(ctx: dict, state: dict, modules: dict):
     ctx["modules"] = modules
     states = {k: m.state_dict() for k, m in modules.items()}
     save(ctx["run_dir"] / "checkpoints" / "state.pt", "checkpoint", state=state, modules=states, rng=rng_states(ctx))
-
-
-def save(path: Path, kind: str, **payload):
-    """The one save of every artifact (policy, world_model, checkpoint .pt; collection .npz of arrays): written
-    atomically, tagged with this script, the kind and the format version."""
-    tmp = path.with_name(path.name + ".tmp")
-    tagged = {"script": SCRIPT, "kind": kind, "version": FORMAT_VERSION, **payload}
-    if path.suffix == ".npz":
-        with open(tmp, "wb") as f:
-            np.savez(f, **tagged)
-    else:
-        torch.save(tagged, tmp)
-    os.replace(tmp, path)
 
 
 def load(path, kind: str, fix: str) -> dict:
