@@ -1090,6 +1090,9 @@ def evaluate_policy(policy, num_envs, episodes, temperature, noop_max, seed, vid
     c = policy.env_config
     frames_cap = min(c["max_episode_frames"], 4 * max_steps) if max_steps else c["max_episode_frames"]
     envs = make_envs(c["rom"], n, c["sticky"], noop_max, frames_cap)
+    if STOP["signal"]:  # making the envs takes seconds on a busy machine: a signal then skips their reset
+        envs.close()
+        raise Interrupted("evaluation interrupted (it restarts on resume)")
     obs, _ = envs.reset(seed=seed)
     ret, done_count, returns, video = np.zeros(n), np.zeros(n, dtype=int), [], [] if video_path else None
     counts = np.zeros(policy.config["num_actions"], dtype=np.int64)
@@ -1308,7 +1311,8 @@ def main(args: Args) -> None:
         raise SystemExit(3) from None
     except Interrupted as e:
         if args.eval_only:  # nothing was written: the evaluation is simply run again
-            print(f"interrupted ({e}): nothing written; re-run it to evaluate", file=sys.stderr)
+            again = "the same command starts it again"
+            print(f"interrupted during --eval-only: no evaluation written; {again}", file=sys.stderr)
             raise SystemExit(130) from None
         run_dir = ctx["run_dir"]
         print(f"interrupted ({e}): state saved; re-run with --run-dir {run_dir} to resume", file=sys.stderr)
@@ -1602,7 +1606,6 @@ def eval_only(args: Args, ctx: dict):
     """--eval-only: the run's policy.pt in the real game (--eval.*, or the grid) -> evaluations/eval_NNN.json."""
     run_dir = ctx["run_dir"]
     out_dir = run_dir / "evaluations"
-    out_dir.mkdir(exist_ok=True)
     taken = [int(p.stem[5:]) for p in out_dir.glob("eval_*.json") if p.stem[5:].isdigit()]
     n = max(taken, default=0) + 1  # eval_001.json first, as every script; nothing is overwritten
     cfg, policy = args.eval, ctx["policy"]
@@ -1613,6 +1616,8 @@ def eval_only(args: Args, ctx: dict):
     if cfg.grid:
         pairs = [(t, k) for t in cfg.grid_temperatures for k in cfg.grid_noops]
     games = f" of at most {cfg.max_steps} steps" if cfg.max_steps else " (full games)"
+    settings = f" at each of {len(pairs)} settings" if cfg.grid else ""
+    print(f"evaluating {run_dir / 'policy.pt'}: {cfg.episodes} games{games}{settings}", flush=True)
     grid = []
     for i, (temperature, noops) in enumerate(pairs):
         first_video = video if i == 0 else None
@@ -1629,6 +1634,7 @@ def eval_only(args: Args, ctx: dict):
         frames = model_vs_real_frames(model, policy, cfg.debug_steps, cfg.temperature, args.seed)
         write_video(frames, run_dir / "videos" / f"debug_model_real_diff_{n:03d}.webm")
         out["debug_video"] = f"videos/debug_model_real_diff_{n:03d}.webm"
+    out_dir.mkdir(exist_ok=True)
     write_json(out_dir / f"eval_{n:03d}.json", out)
     print(f"-> {out_dir}/eval_{n:03d}.json")
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 
 import cv2
@@ -16,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
+    check_eval_only_signal_writes_nothing,
     check_help_groups,
     interrupt_when_exists,
     interrupt_when_found,
@@ -789,3 +791,24 @@ def test_sigterm_inside_a_long_real_collection_exits_130_within_10_s(tmp_path):
     assert "real collection interrupted" in err and "--run-dir run" in err, err[-2000:]
     assert (tmp_path / "run" / "checkpoints" / "state.pt").exists()
     assert not list((tmp_path / "run" / "data").iterdir())  # no partial collection
+
+
+@pytest.fixture
+def finished_pong_run(tmp_path):
+    """What --eval-only reads of a finished run: its policy.pt (untrained, on Pong's 400-frame games) beside
+    results.json."""
+    run_dir = tmp_path / "finished"
+    run_dir.mkdir()
+    policy = sw.Policy(6)
+    policy.env_config = {"env_id": "PongNoFrameskip-v4", "rom": "pong", "sticky": 0.0}
+    policy.env_config |= {"noop_max": 0, "max_episode_frames": 400}
+    sw.save(run_dir / "policy.pt", "policy", **policy.to_file())
+    (run_dir / "results.json").write_text("{}")
+    return run_dir
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_pong_run, tmp_path, signum):
+    """Issue 48: --eval-only of 100,000 games, signalled once it announces the evaluation: exit 130 within 10 s, one
+    line saying nothing was written, the run dir byte for byte as before (conftest's check, as FILTER and HyPE)."""
+    check_eval_only_signal_writes_nothing(SCRIPT, finished_pong_run, tmp_path, signum)
