@@ -508,18 +508,25 @@ def check_stop(where: str) -> None:
 PROGRESS_EVERY_S = 30.0  # stderr not a terminal (a log file): a plain progress line this often, no tqdm bars
 
 
-class LogLines:
-    """Progress where stderr is not a terminal: one plain line every PROGRESS_EVERY_S seconds and one at the end,
-    never tqdm's carriage-return bars (they flood a redirected log). The part of tqdm's interface the loops use."""
+class Progress:
+    """tqdm's bar on a terminal. Where stderr is not one (a log file): one plain line every PROGRESS_EVERY_S seconds
+    and one at the end, never tqdm's carriage-return bars (they flood a redirected log). Nothing when not enabled."""
 
-    def __init__(self, total: int, initial: int = 0, desc: str = ""):
-        self.total, self.n, self.desc, self.postfix = total, initial, desc, ""
+    def __init__(self, total: int, desc: str, enabled: bool, initial: int = 0):
+        self.lines = enabled and not sys.stderr.isatty()
+        bar = dict(total=total, initial=initial, desc=desc, unit="step", mininterval=2.0)
+        self.bar = tqdm(**bar, disable=self.lines or not enabled)
+        self.total, self.desc, self.n, self.n0, self.postfix = total, desc, initial, initial, ""
         self.t0 = self.last = time.monotonic()
-        self.n0 = initial
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: int, **postfix) -> None:
+        """n more steps done; postfix: the latest values to show (SPS, return, ...)."""
         self.n += n
-        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+        self.bar.update(n)
+        if postfix:
+            self.bar.set_postfix(**postfix)
+            self.postfix = "".join(f", {k} {v}" for k, v in postfix.items())
+        if self.lines and time.monotonic() - self.last >= PROGRESS_EVERY_S:
             self.show()
 
     def show(self) -> None:
@@ -528,36 +535,11 @@ class LogLines:
         done = f"{self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f} %, {rate:.0f} steps/s)"
         print(f"{self.desc}: {done}{self.postfix}", file=sys.stderr, flush=True)
 
-    def set_postfix(self, refresh: bool = True, **values) -> None:
-        self.postfix = "".join(f", {k} {v}" for k, v in values.items())
-
-    def write(self, text: str) -> None:
-        print(text, flush=True)
-
     def close(self) -> None:
-        if self.n != self.n0:
+        self.bar.close()
+        if self.lines and self.n != self.n0:
             self.show()
             self.n0 = self.n
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def progress(total: int, desc: str, enabled: bool, initial: int = 0):
-    """tqdm's bar on a terminal; a plain line every PROGRESS_EVERY_S seconds otherwise (a log file)."""
-    if enabled and not sys.stderr.isatty():
-        return LogLines(total, initial, desc)
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        disable=not enabled,
-        unit="step",
-        mininterval=2.0,
-    )
 
 
 # ---- Phases: observation-normaliser warm-up, then training (rollout, bonus, PPO update)
@@ -572,7 +554,7 @@ def init_obs_normalization(envs, obs_rms: RunningMeanStd, args: Args, world: "Wo
     total, total_sq = np.zeros((84, 84)), np.zeros((84, 84))
     obs, *_ = envs.step(rng.integers(0, n_actions, size=num_envs))
     show = args.progress_bar and world.rank == 0
-    with progress(all_steps, "obs-norm warm-up", show) as bar:
+    with contextlib.closing(Progress(all_steps, "obs-norm warm-up", show)) as bar:
         for i in range(steps):
             frames = obs[:, -1].astype(np.float32)  # copy before the next step reuses the buffer
             envs.send(rng.integers(0, n_actions, size=num_envs))
@@ -785,8 +767,8 @@ def log_iteration(writer, bar, run: dict, logs: dict, avg_return: float, lr: flo
     int_reward, rooms = logs["rnd/intrinsic_reward"], logs.get("charts/visited_rooms_train")
     for key, value in (("step", step), ("avg_return", avg_return), ("int_reward", int_reward), ("train_rooms", rooms)):
         run["history"][key].append(value)
-    bar.update(step - bar.n)  # the bar counts global steps (and starts at the resumed one)
-    bar.set_postfix(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
+    postfix = dict(sps=f"{run['sps']:.0f}", avg_ret=f"{avg_return:.1f}", int_r=f"{int_reward:.3f}")
+    bar.update(step - bar.n, **postfix)  # the bar counts global steps (and starts at the resumed one)
 
 
 def measure_sps(run: dict, sps_start):
@@ -823,9 +805,9 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             init_obs_normalization(envs, obs_rms, args, world, writer)
     player, buf = Player(envs, agent, env_seed, device), Rollout(T, N, device)
     show = args.progress_bar and world.rank == 0
-    bar = progress(num_iterations * batch_size, "training", show, run["global_step"])
+    bar = Progress(num_iterations * batch_size, "training", show, run["global_step"])
     sps_start = None
-    save_snapshot = partial(checkpoint, run_dir, rom, args, learner, world=world)
+    save_snapshot = partial(checkpoint, run_dir, rom, args, world)
     try:
         for iteration in range(start + 1, num_iterations + 1):
             if ppo.anneal_lr:
@@ -863,7 +845,7 @@ def train(args: Args, rom: str, device, run_dir: Path, snapshot, world: "World",
             stop = flags[0].item() > 0
             reached = ppo.target_score is not None and avg_return >= ppo.target_score
             if stop or reached or iteration % args.checkpoint_every == 0 or iteration == num_iterations:
-                save_snapshot(run=run, recent=recent, filter_state=filter_state)
+                save_snapshot(snapshot_state(learner, run, recent, filter_state))
             if stop:
                 raise Interrupted(f"stopped by signal at iteration {iteration}; a snapshot is saved")
             if reached:
@@ -966,7 +948,7 @@ def resolve_env_id(env_id: str) -> str:
     raise UsageError(f"unknown Atari env id {env_id!r}: {hint}")
 
 
-def check_args(args: Args, world_size: int) -> None:
+def check_args(args: Args) -> None:
     """Every numeric flag in its range (see `ranged`) and the rules between flags."""
     groups = [(f"{f.name}.", getattr(args, f.name)) for f in dataclasses.fields(args)]
     for prefix, group in [("", args), *(g for g in groups if dataclasses.is_dataclass(g[1]))]:
@@ -983,7 +965,7 @@ def check_args(args: Args, world_size: int) -> None:
 def validate(args: Args, world: "World") -> Inputs:
     """Every check on user input before anything is written; rank 0 checks the run dir and tells the other ranks.
     Returns what it loaded (the latest snapshot, or the policy for --eval-only)."""
-    check_args(args, world.size)
+    check_args(args)
     rom = "" if args.eval_only else resolve_env_id(args.env_id)
     use_cuda = args.cuda and torch.cuda.is_available()
     device = torch.device(f"cuda:{world.local_rank % max(torch.cuda.device_count(), 1)}" if use_cuda else "cpu")
@@ -1048,11 +1030,10 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
         raise UsageError(f"cannot write in {probe}: pass a writable --run-dir") from None
 
 
-def resume_command(run_dir: Path, world_size: int = 1, argv: Optional[list] = None) -> str:
+def resume_command(run_dir: Path, world_size: int) -> str:
     """The exact command that resumes this run: this one's flags with --run-dir set to the run dir (the default
     run dir ends in a timestamp, so the same command alone would start a new run)."""
-    script = sys.argv[0] if argv is None else SCRIPT
-    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    argv, kept = sys.argv[1:], []
     while argv:
         arg = argv.pop(0)
         if arg == "--run-dir" or arg == "--run_dir":
@@ -1060,7 +1041,7 @@ def resume_command(run_dir: Path, world_size: int = 1, argv: Optional[list] = No
         elif not arg.startswith(("--run-dir=", "--run_dir=")):
             kept.append(arg)
     launcher = ["torchrun", f"--nproc-per-node={world_size}"] if world_size > 1 else ["python"]
-    return shlex.join([*launcher, script, *kept, "--run-dir", str(run_dir)])
+    return shlex.join([*launcher, sys.argv[0], *kept, "--run-dir", str(run_dir)])
 
 
 def changed_flags(saved: dict, now: dict, prefix: str = "") -> list[str]:
@@ -1138,22 +1119,10 @@ def snapshot_state(learner: dict, run: dict, recent, filter_state, copied: bool 
     return state
 
 
-def checkpoint(
-    run_dir: Path,
-    rom: str,
-    args: Args,
-    learner: dict,
-    run=None,
-    recent=None,
-    filter_state=None,
-    *,
-    world: "World",
-    state: Optional[dict] = None,
-) -> None:
-    """Rank 0: the snapshot (`state`, or the learner's now) into checkpoints/; keeps the newest snapshots."""
+def checkpoint(run_dir: Path, rom: str, args: Args, world: "World", state: dict) -> None:
+    """Rank 0: the snapshot `state` into checkpoints/; keeps the newest snapshots."""
     if world.rank != 0:
         return
-    state = state if state is not None else snapshot_state(learner, run, recent, filter_state)
     save(run_dir / "checkpoints" / f"ckpt_{state['iteration']:08d}.pt", "snapshot", **state)
     for old in checkpoint_paths(run_dir)[: -args.keep_checkpoints]:
         old.unlink(missing_ok=True)
@@ -1162,7 +1131,7 @@ def checkpoint(
 
 @contextlib.contextmanager
 def saved_on_stop(save_snapshot, learner: dict, run: dict, recent, filter_state, copy_on_entry: bool = False):
-    """A signal noticed inside the block (check_stop raised): save_snapshot(state=...), then the stop goes on to main.
+    """A signal noticed inside the block (check_stop raised): save_snapshot(state), then the stop goes on to main.
     The state saved: with copy_on_entry, a copy taken on entry (the block's iteration is not whole; single process
     only: the ranks of a torchrun job stop at an iteration's end), else the state at the stop."""
     live = (learner, run, recent, filter_state)
@@ -1170,7 +1139,7 @@ def saved_on_stop(save_snapshot, learner: dict, run: dict, recent, filter_state,
     try:
         yield
     except Interrupted as e:
-        save_snapshot(state=last if last is not None else snapshot_state(*live))
+        save_snapshot(last if last is not None else snapshot_state(*live))
         raise Interrupted(f"{e}; the snapshot of the last whole iteration is saved") from None
 
 
