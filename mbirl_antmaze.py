@@ -1195,11 +1195,11 @@ class SAC:
         self.graphs = CudaGraphs(self._update, self.cuda)
 
 
-def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float):
+def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: int, rng, p_tremble: float, stop=None):
     """n complete real episodes (reset seeds seed, seed + 1, ...) with the deterministic actor and
     the trembling hand, run side by side on the envs so the actor acts on one batch per step (one
     call, not one per env: on a GPU each call is a round trip). -> (s, a) pairs, steps, (x, y)
-    paths, terminations (mazes: the goal was reached), returns."""
+    paths, terminations (mazes: the goal was reached), returns; None once stop() says so."""
     pairs, paths, terminations, returns = [[] for _ in range(n)], [None] * n, [False] * n, [0.0] * n
     obs, episode, started = [None] * len(envs), [None] * len(envs), 0
     low, high = envs[0].action_space.low, envs[0].action_space.high
@@ -1211,6 +1211,8 @@ def collect_real_trajectories(envs: list[gym.Env], actor: Actor, n: int, seed: i
         live = [j for j in range(len(envs)) if episode[j] is not None]
         if not live:
             break
+        if stop is not None and stop():  # (a signal, asked once per step of the envs)
+            return None
         actions = actor.act(np.stack([obs[j] for j in live]))
         for j, action in zip(live, actions):
             i, action = episode[j], tremble(action, rng, p_tremble, low, high)
@@ -1242,14 +1244,17 @@ def update_discriminator(
     return {"disc_loss": float(loss.detach()), "ipm": float(ipm.detach())}
 
 
-def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float) -> dict:
+def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: float, stop=None) -> dict | None:
     """Deterministic episodes ending at the goal: success rate (goal within 0.45), returns and
-    paths."""
+    paths (None when stop() cut it short)."""
     envs = [make_env(env_id) for _ in range(min(episodes, REAL_ENVS))]
     rng = np.random.default_rng(seed)
-    _, steps, paths, successes, returns = collect_real_trajectories(envs, actor, episodes, seed, rng, p_tremble)
+    real = collect_real_trajectories(envs, actor, episodes, seed, rng, p_tremble, stop)
     for env in envs:
         env.close()
+    if real is None:
+        return None
+    _, steps, paths, successes, returns = real
     return {
         "success_rate": float(np.mean(successes)) if env_family(env_id) != "mujoco" else None,
         "mean_return": float(np.mean(returns)),
@@ -2247,8 +2252,16 @@ def make_policy_envs(policy: Actor, num_envs: int = 1) -> gym.vector.SyncVectorE
 
 
 def eval_only(args: Args, run: RunContext) -> None:
+    """--eval-only: policy.pt in the real env -> evaluations/eval_NNN.json; a signal stops it, nothing written."""
     actor = run.policy
-    r = evaluate(actor, actor.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
+    run.listen()
+    print(f"evaluating {Path(args.eval_only) / 'policy.pt'}: {args.eval.episodes} episodes", flush=True)
+    setting = (args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
+    r = evaluate(actor, actor.env_id, *setting, stop=run.stop_requested)
+    if r is None:
+        again = "the same command starts it again"
+        print(f"interrupted during --eval-only: no evaluation written; {again}", file=sys.stderr)
+        raise SystemExit(130)
     out_dir = run.run_dir / "evaluations"
     number = 1 + max((int(p.stem[5:]) for p in out_dir.glob("eval_[0-9][0-9][0-9].json")), default=0)
     result = {

@@ -628,27 +628,47 @@ def test_a_finished_run_rerun_is_nothing_to_do_with_its_flags_and_exit_2_naming_
 
 
 def test_eval_only_prints_the_summary_and_numbers_from_eval_001(tmp_path):
-    """Issue 48 item 11: --eval-only prints one human line as the other scripts do (not a JSON line) and writes
-    evaluations/eval_001.json, then eval_002.json; results.json is untouched (conftest's eval_only_twice)."""
-    from conftest import eval_only_twice
+    """Issue 48 item 11: --eval-only prints what it evaluates, then one human summary line as the other scripts do
+    (not a JSON line), and writes evaluations/eval_001.json, then eval_002.json; results.json is untouched
+    (conftest's eval_only_twice)."""
+    from conftest import eval_only_twice, keep_signals
 
-    run_dir = tmp_path / "finished"
-    mb.save_policy(run_dir / "policy.pt", mb.Actor(6, 2, 8), ENV)
-    (run_dir / "results.json").write_text("{}")
+    run_dir = finished_point_run(tmp_path)
     printed = []
 
     def run_eval_only():
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "2"]))
+            keep_signals(lambda: mb.main(mb.cli(["--eval-only", str(run_dir), "--eval.episodes", "2"])))
         printed.append(out.getvalue().strip())
         return 0, printed[-1], ""
 
     records = eval_only_twice(run_eval_only, run_dir)
     assert all(r["episodes"] == 2 and 0 <= r["success_rate"] <= 1 for r in records)
-    for number, line in enumerate(printed, start=1):
+    for number, text in enumerate(printed, start=1):
+        start, line = text.splitlines()  # what is evaluated (as FILTER and HyPE say it), then the summary
+        assert start == f"evaluating {run_dir / 'policy.pt'}: 2 episodes", start
         assert line.startswith("eval success rate ") and " over 2 episodes -> " in line, line
-        assert line.endswith(f"eval_{number:03d}.json") and len(line.splitlines()) == 1, line
+        assert line.endswith(f"eval_{number:03d}.json"), line
+
+
+def finished_point_run(tmp_path) -> Path:
+    """What --eval-only reads of a finished run: its policy.pt (an untrained actor on PointMaze UMaze) beside
+    results.json."""
+    run_dir = tmp_path / "finished"
+    mb.save_policy(run_dir / "policy.pt", mb.Actor(6, 2, 8), ENV)
+    (run_dir / "results.json").write_text("{}")
+    return run_dir
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(tmp_path, signum):
+    """Issue 48: --eval-only of 100,000 episodes, signalled once it announces the evaluation: exit 130 within 10 s,
+    one line saying nothing was written, the run dir byte for byte as before (conftest's check, as FILTER and
+    HyPE)."""
+    from conftest import check_eval_only_signal_writes_nothing
+
+    check_eval_only_signal_writes_nothing("mbirl_antmaze.py", finished_point_run(tmp_path), tmp_path, signum)
 
 
 def test_expert_only_makes_or_checks_the_expert_data_and_writes_no_run_dir(tmp_path, experts_dir):
