@@ -764,13 +764,18 @@ def drain(q: queue.Queue) -> list:
 
 class ClipRecorder:
     """Records clips of `length` steps from a few envs at a time: the post-step observations' frames
-    ((T + S - 1) single frames), the actions that led to them, and the true score changes."""
+    ((T + S - 1) single frames), the actions that led to them, and the true score changes.
+    With `replay` (--labeler human: the game's ROM, sticky and noop settings, the envs' first seed)
+    each clip also carries its env's seed, the game's number and the game's actions so far, from
+    which the labelling app replays the clip in colour for the person."""
 
-    def __init__(self, length: int, stack: int, slots: int, num_envs: int, rng: np.random.Generator):
+    def __init__(self, length: int, stack: int, slots: int, num_envs: int, rng, replay: Optional[dict] = None):
         # at most one clip per env at a time (--ga3c.workers 2 or 3 has fewer envs than slots)
         self.length, self.stack, self.slots = length, stack, min(slots, num_envs)
-        self.num_envs, self.rng = num_envs, rng
+        self.num_envs, self.rng, self.replay = num_envs, rng, replay
         self.active: dict[int, dict] = {}
+        self.games = [0] * num_envs  # games each env ended since its seeded reset
+        self.history: list[list[int]] = [[] for _ in range(num_envs if replay else 0)]
 
     def observe(self, env_ids, obs, actions, rewards, game_over, life_lost, source: str) -> list[dict]:
         while len(self.active) < self.slots:
@@ -778,6 +783,11 @@ class ClipRecorder:
             self.active[int(self.rng.choice(free))] = {"frames": [], "actions": [], "rewards": [], "lives_lost": 0}
         finished = []
         for j, env in enumerate(env_ids.tolist()):
+            if self.replay:  # the game's actions so far
+                self.history[env].append(int(actions[j]))
+                if game_over[j]:
+                    self.games[env] += 1
+                    self.history[env] = []
             clip = self.active.get(env)
             if clip is None:
                 continue
@@ -798,6 +808,9 @@ class ClipRecorder:
                         "source": source,
                     }
                 )
+                if self.replay:
+                    game = {"seed": self.replay["seed"] + env, "game": self.games[env]}
+                    finished[-1]["replay"] = self.replay | game | {"actions": np.array(self.history[env], np.uint8)}
                 del self.active[env]
         return finished
 
@@ -945,7 +958,8 @@ class SyntheticLabeller:
         self.clips = {int(c): tuple(info) for c, info in state["clips"].items()}
         self.answers, self.tree = state["answers"], state["tree"]
 
-    def add_clip(self, frames, actions, true_rewards, stack: int, source: str, lives_lost: int = 0) -> int:
+    def add_clip(self, frames, actions, true_rewards, stack: int, source: str, lives_lost=0, replay=None) -> int:
+        """Saves the clip's arrays (`replay` is for the person's app, which shows clips in colour)."""
         clip = max(self.clips, default=0) + 1
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / f"clip_{clip}.npz.tmp", "wb") as f:
@@ -1094,6 +1108,7 @@ class Teacher:
                 self.stack,
                 clip["source"],
                 clip.get("lives_lost", 0),
+                clip.get("replay"),
             )
         return clip["id"]
 
@@ -1276,7 +1291,9 @@ def train(args: Args, run_dir: Path, game: Game, checkpoints: dict, device, bf16
         with torch.no_grad():
             return shared.reward_net(obs.flatten(0, 1)).view(true_rewards.shape)
 
-    recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, workers, rng)
+    replay = {"rom": game.rom, "sticky": game.sticky, "noop_max": args.env.noop_max, "seed": args.seed}
+    replay = replay if args.labeler == "human" else None
+    recorder = ClipRecorder(args.labels.clip_length, max(1, stack), 4, workers, rng, replay)
     start_thread(shared, run_predictor, envs, net, shared, args.ga3c.t_max, num_actions, recorder, args.seed)
     log = RunLog(args, run_dir, shared, teacher, progress)
     try:

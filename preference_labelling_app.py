@@ -2,8 +2,10 @@
 
 A person answers the teacher's queries in a browser while the agent trains: the teacher adds clips and queries to the
 store, the page shows them, the teacher reads the answers in order. Sections: the label store (one SQLite file per
-env, clips shared by the env's experiments as in rl-teacher-atari, each rendered once as a looping GIF), the pages
-(HTML, CSS, JavaScript), the HTTP server. Not part of the algorithm: the synthetic and rl labellers never import it.
+env, clips shared by the env's experiments as in rl-teacher-atari, each replayed in colour at the game's resolution
+and rendered once as a looping GIF), the pages (their HTML, CSS and JavaScript are static files in the folder
+preference_labelling_app_pages/ beside this file), the HTTP server. Not part of the algorithm: the synthetic and rl
+labellers never import it; the reward model only ever sees the agent's grey 84x84 frames.
 Only the person's own browser can answer (Host, Origin, a token signed per browser and bound to its leases; beyond
 loopback an access token printed at start-up), and a client's mistakes get a JSON 4xx, never a 5xx.
 """
@@ -34,7 +36,6 @@ ANSWERS = ("left", "right", "equal", "cant_tell")
 # ---- the label store -----------------------------------------------------------------------------------------------
 QUERY_KINDS = ("pair", "tree")
 CLIP_FPS = 15.0  # Atari with frameskip 4: 60 / 4 agent steps per second, the speed a person sees the game at
-CLIP_SCALE = 1  # clips are stored at the agent's resolution; the pages upscale them 4x, nearest neighbour (CSS)
 CLIP_HOLD_LAST_MS = 300  # the last frame is held so the loop's seam is visible
 SCHEMA_VERSION = 1
 QUERY_COLUMNS = "id, kind, left_clip, right_clip, node, created"
@@ -53,23 +54,31 @@ class StaleQuery(Exception):
     status = 409
 
 
-def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS, scale: int = CLIP_SCALE) -> tuple[bytes, bytes]:
-    """A looping animated GIF of grey uint8 frames (T, H, W), `scale` times larger, and a PNG of its first frame.
+def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS) -> tuple[bytes, bytes]:
+    """A looping animated GIF of uint8 frames, grey (T, H, W) or colour (T, H, W, 3), and a PNG of its first frame.
 
-    Why GIF: it plays in every current browser with no plugin and no codec (an `<img>`, looping by itself), and a
-    grey frame has at most 256 levels, so GIF's 256-colour palette stores it losslessly: the few-pixel Pong ball
-    stays sharp, where a low-bitrate WebM would smear it. Real Atari clips are a few KB (Pillow stores only the
+    Why GIF: it plays in every current browser with no plugin and no codec (an `<img>`, looping by itself), and its
+    256-colour palette stores a grey frame, or an Atari frame (at most 128 colours), losslessly: the few-pixel Pong
+    ball stays sharp, where a low-bitrate WebM would smear it. Real Atari clips are a few KB (Pillow stores only the
     changed rectangle of each frame). Upscaling is left to the browser (CSS `image-rendering: pixelated`, the same
-    nearest-neighbour pixels on screen): encoding 4x larger frames cost 5x the time (75 against 13 ms for 25 Pong
-    frames), in the training process, and 3x the bytes.
+    nearest-neighbour pixels on screen): encoding 4x larger frames cost 5x the time and 3x the bytes.
     """
     from PIL import Image
 
     frames = np.asarray(frames)
-    if frames.ndim != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise ValueError(f"frames must be uint8 (T, H, W) with T >= 1, got {frames.dtype} {frames.shape}")
-    h, w = frames.shape[1:]
-    images = [Image.fromarray(f, "L").resize((w * scale, h * scale), Image.NEAREST) for f in frames]
+    if frames.dtype != np.uint8 or frames.ndim not in (3, 4) or len(frames) == 0 or frames.shape[3:] not in ((), (3,)):
+        raise ValueError(f"frames must be uint8 (T, H, W) or (T, H, W, 3), T >= 1; got {frames.dtype} {frames.shape}")
+    if frames.ndim == 3:
+        images = [Image.fromarray(f, "L") for f in frames]
+    else:  # one palette of the clip's colours, each pixel its index: exact, unlike Pillow's own quantisation
+        codes = frames.astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], np.uint32)
+        colours, index = np.unique(codes, return_inverse=True)
+        if len(colours) > 256:
+            raise ValueError(f"a colour clip needs at most 256 colours for GIF, this one has {len(colours)}")
+        palette = np.stack([colours >> 16, colours >> 8 & 255, colours & 255], 1).astype(np.uint8).ravel().tolist()
+        images = [Image.fromarray(i.astype(np.uint8), "P") for i in index.reshape(codes.shape)]
+        for image in images:
+            image.putpalette(palette)
     # GIF stores durations in centiseconds: round the cumulative time so the average rate is exactly `fps`.
     ends_cs = np.round(np.arange(1, len(frames) + 1) * 100.0 / fps).astype(int)
     durations = (np.diff(ends_cs, prepend=0) * 10).tolist()
@@ -79,6 +88,69 @@ def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS, scale: int = CLIP
     poster = io.BytesIO()
     images[0].save(poster, format="PNG")
     return gif.getvalue(), poster.getvalue()
+
+
+def noop_count(seed: int, game: int, noop_max: int) -> int:
+    """The no-ops AtariVectorEnv's emulator `seed` made at the start of its `game`-th game (0 = the seeded reset's):
+    each reset draws one number in [0, noop_max - 1] from C++'s std::mt19937(seed) through libstdc++'s
+    uniform_int_distribution (Lemire's multiply-and-reject); numpy's legacy MT19937 gives the same raw draws."""
+    span, draws, out = max(1, noop_max), iter(()), []
+    rng = np.random.RandomState(seed)
+    while len(out) <= game:
+        draw = next(draws, None)
+        if draw is None:  # a rejection needs one more draw than numbers wanted: draw in chunks
+            draws = iter(rng.randint(0, 2**32, size=game + 8, dtype=np.uint64).tolist())
+            continue
+        if (draw * span) % 2**32 < (2**32 - span) % span:
+            continue  # rejected, as libstdc++ does
+        out.append(draw * span >> 32)
+    return out[game]
+
+
+def replay_clip(replay: dict, frames: np.ndarray, stack: int) -> np.ndarray | None:
+    """The clip in colour, (T, 210, 160, 3): the game's actions replayed in one emulator set up as the training
+    script's AtariVectorEnv (its ROM, seed, sticky actions; FIRE and the same hidden no-ops at reset, frameskip 4, the
+    last two frames' maximum shrunk to 84x84), each step shown as its last frame. None when the replay's grey frames
+    differ from the clip's recorded `frames` (T + stack - 1): with sticky actions, a game after an emulator's first
+    (its random state carries over from the games before, which are not kept)."""
+    import cv2
+    from ale_py import Action, ALEInterface, LoggerMode, roms
+
+    ALEInterface.setLoggerMode(LoggerMode.Error)
+    ale = ALEInterface()
+    ale.setInt("random_seed", int(replay["seed"]))
+    ale.setFloat("repeat_action_probability", float(replay["sticky"]))
+    ale.loadROM(roms.get_rom_path(replay["rom"]))
+    action_set, actions = ale.getMinimalActionSet(), np.asarray(replay["actions"])
+    fire = Action.FIRE in action_set
+    ale.reset_game()
+    if fire:
+        ale.act(Action.FIRE)
+    for _ in range(noop_count(replay["seed"], replay["game"], replay["noop_max"]) - fire):
+        ale.act(Action.NOOP)
+        if ale.game_over():
+            ale.reset_game()
+
+    def shrink(screen):
+        return cv2.resize(screen, (84, 84), interpolation=cv2.INTER_AREA)
+
+    grey = [np.zeros((84, 84), np.uint8)] * (stack - 1) + [shrink(ale.getScreenGrayscale())]
+    colour, first = [ale.getScreenRGB()], len(actions) - len(frames)  # steps before `first` need no screens
+    for i, action in enumerate(actions.tolist()):
+        pair = []
+        for skip in range(4, 0, -1):
+            ale.act(action_set[action])
+            if ale.game_over():  # a clip ends before its game does
+                return None
+            if skip <= 2 and i >= first:
+                pair.append(ale.getScreenGrayscale())
+        if i >= first:
+            grey.append(shrink(np.maximum(*pair)))
+            colour.append(ale.getScreenRGB())
+    t = len(frames) - stack + 1
+    if len(grey) < len(frames) or not np.array_equal(np.stack(grey[-len(frames) :]), frames):
+        return None
+    return np.stack(colour[-t:])
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -229,14 +301,13 @@ class LabelStore:
                     tmp.unlink()
 
     # ---- clips ----
-    def add_clip(
-        self, frames: np.ndarray, actions: np.ndarray, true_rewards: np.ndarray, stack: int, source: str, lives_lost=0
-    ) -> int:
+    def add_clip(self, frames, actions, true_rewards, stack: int, source: str, lives_lost=0, replay=None) -> int:
         """Save a clip's arrays and its rendered GIF, then record it; returns the clip id.
 
         frames: uint8 (T + stack - 1, H, W) single grey frames (step t sees frames[t:t+stack]); actions (T,);
         true_rewards (T,), the game's score change per step; stack frames per observation (0 = none, like 1);
-        lives_lost: lives the player lost during the clip (the synthetic labeller's penalty).
+        lives_lost: lives the player lost during the clip (the synthetic labeller's penalty); replay: how to replay
+        the clip's game (see replay_clip) to show it in colour at the game's resolution, else the GIF shows `frames`.
         """
         frames, actions, true_rewards = np.asarray(frames), np.asarray(actions), np.asarray(true_rewards)
         stack = max(1, int(stack)) if int(stack) >= 0 else int(stack)  # 0 = no stacking = 1 frame per observation
@@ -256,7 +327,8 @@ class LabelStore:
         arrays = io.BytesIO()
         rewards = true_rewards.astype(np.float32)  # Atari frames compress about tenfold
         np.savez_compressed(arrays, frames=frames, actions=actions.astype(np.int64), true_rewards=rewards, stack=stack)
-        gif, poster = render_clip_gif(frames[stack - 1 :])
+        colour = None if replay is None else replay_clip(replay, frames, stack)
+        gif, poster = render_clip_gif(frames[stack - 1 :] if colour is None else colour)
         _write_atomic(self.clips_dir / f"{name}.npz", arrays.getvalue())
         _write_atomic(self.clips_dir / f"{name}.png", poster)
         _write_atomic(self.clips_dir / f"{name}.gif", gif)

@@ -402,6 +402,31 @@ def test_clip_recorder_cuts_clips_and_restarts_at_a_new_game():
     assert rec.active[0]["actions"] == []  # a new game restarts the clip
 
 
+def test_clip_recorder_adds_the_replay_for_a_person_and_changes_nothing_else():
+    """--labeler human: each clip also carries its env's seed, game number and the game's actions so far (the app
+    replays them in colour); the clips themselves and the random draws are those of the synthetic and rl labellers."""
+    base = {"rom": "pong", "sticky": 0.0, "noop_max": 30, "seed": 100}
+    plain, human = (pref.ClipRecorder(3, 2, 2, 3, np.random.default_rng(0), r) for r in (None, base))
+    out = {"plain": [], "human": []}
+    for t in range(12):
+        ids = np.array([0, 1, 2]) if t % 2 else np.array([2, 0])  # async: some envs each step
+        obs = np.full((len(ids), 2, 84, 84), t, np.uint8)
+        actions, rewards, no = ids + t, np.full(len(ids), float(t)), np.zeros(len(ids), bool)
+        over = (ids == 2) & (t == 5)  # env 2's game ends at step 5
+        out["plain"] += plain.observe(ids, obs, actions, rewards, over, no, "x")
+        out["human"] += human.observe(ids, obs, actions, rewards, over, no, "x")
+    assert len(out["plain"]) == len(out["human"]) >= 4 and plain.rng.random() == human.rng.random()
+    for a, b in zip(out["plain"], out["human"]):
+        assert "replay" not in a and a.keys() == b.keys() - {"replay"}
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    replays = {(c["replay"]["seed"], c["replay"]["game"], tuple(c["replay"]["actions"].tolist())) for c in out["human"]}
+    # env e is seeded 100 + e and acts e + t at step t; env 2 acts at every step, its first game ends at step 5
+    assert {(102, 0, (2, 3, 4)), (102, 1, (8, 9, 10))} <= replays  # its second game's actions start afresh
+    assert all(actions == tuple(range(len(actions))) for seed, _, actions in replays if seed == 100)  # one game
+    assert {seed for seed, _, _ in replays} >= {100, 102}
+    assert all(c["replay"].items() >= base.items() - {("seed", 100)} for c in out["human"])
+
+
 # ---- behaviour: the reward model learns from synthetic preferences -------------------------------------------------
 def synthetic_clip(rng, quality: float, length: int = 6) -> dict:
     """A clip of a policy of known quality: each step scores with probability `quality`, and a scoring step shows a

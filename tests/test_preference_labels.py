@@ -142,7 +142,92 @@ def test_gif_frame_durations_average_the_game_speed():
     assert sum(durations) == 2000 + labels.CLIP_HOLD_LAST_MS
     assert set(durations[:-1]) <= {60, 70}
     assert Image.open(io.BytesIO(png)).size == (84, 84)
-    assert Image.open(io.BytesIO(labels.render_clip_gif(make_frames(3, 1), scale=2)[0])).size == (168, 168)
+
+
+def gif_frames(data: bytes, mode: str) -> np.ndarray:
+    from PIL import Image
+
+    gif, shown = Image.open(io.BytesIO(data)), []
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        shown.append(np.asarray(gif.convert(mode)))
+    return np.stack(shown)
+
+
+def test_a_colour_gif_keeps_every_pixel_of_a_128_colour_palette():
+    rng = np.random.default_rng(0)
+    palette = rng.integers(0, 256, (128, 3), dtype=np.uint8)  # as many colours as Atari's NTSC palette
+    frames = palette[rng.integers(0, 128, (4, 210, 160))]
+    gif, png = labels.render_clip_gif(frames)
+    np.testing.assert_array_equal(gif_frames(gif, "RGB"), frames)
+    np.testing.assert_array_equal(gif_frames(png, "RGB")[0], frames[0])
+    with pytest.raises(ValueError, match="at most 256 colours"):
+        labels.render_clip_gif(rng.integers(0, 256, (2, 20, 20, 3), dtype=np.uint8))
+
+
+def record_clips(rom: str, num_envs: int, steps: int, seed: int, sticky: float = 0.0) -> list[dict]:
+    """Clips of random play recorded as preference_ga3c_atari.py records them for --labeler human: its
+    asynchronous AtariVectorEnv (half the envs per batch) and ClipRecorder, which adds what replays them."""
+    import preference_ga3c_atari as script
+
+    envs = script.make_envs(rom, num_envs, 4, sticky, script.EnvArgs(), num_envs // 2, 1)
+    rng = np.random.default_rng(seed)
+    replay = {"rom": rom, "sticky": sticky, "noop_max": 30, "seed": seed}
+    recorder = script.ClipRecorder(25, 4, 4, num_envs, rng, replay)
+    obs, info = envs.reset(seed=seed)
+    acted, last, clips = np.zeros(num_envs, bool), np.zeros(num_envs, np.int64), []
+    for _ in range(steps):
+        ids = info["env_id"]
+        acted[ids], last[ids] = True, rng.integers(envs.single_action_space.n, size=len(ids))
+        envs.send(last[ids])
+        obs, reward, terminated, truncated, info = envs.recv()
+        ids, no = info["env_id"], np.zeros(len(info["env_id"]), bool)
+        stepped = acted[ids]
+        over = (terminated | truncated)[stepped]
+        clips += recorder.observe(ids[stepped], obs[stepped], last[ids[stepped]], reward[stepped], over, no, "random")
+    envs.close()
+    return clips
+
+
+def test_replayed_clips_are_the_recorded_ones_in_colour():
+    """Breakout (FIRE at reset, short random games): each clip replayed from its game's seed, hidden no-ops and
+    actions in one emulator gives exactly the grey frames the vector env gave, also in an env's later games."""
+    clips = record_clips("breakout", 4, 700, seed=3)
+    later = [c for c in clips if c["replay"]["game"] > 0]
+    assert len(later) >= 3
+    for clip in later[:4] + clips[:2]:
+        colour = labels.replay_clip(clip["replay"], clip["frames"], 4)  # None unless the grey frames match
+        assert colour is not None and colour.shape == (25, 210, 160, 3) and colour.dtype == np.uint8
+        # the game in colour: more than grey levels, and the colours of Atari's palette only
+        assert (colour[..., 0] != colour[..., 2]).any() and len(np.unique(colour.reshape(-1, 3), axis=0)) <= 128
+        touched = clip["frames"].copy()
+        touched[-1, 40, 40] ^= 1  # one grey level of one pixel: the replay no longer matches, refused
+        assert labels.replay_clip(clip["replay"], touched, 4) is None
+    # Other actions: the paddle held right, or held left, for the last 20 steps; it cannot end where it did both times.
+    held = [clip["replay"] | {"actions": clip["replay"]["actions"].copy()} for _ in range(2)]
+    held[0]["actions"][-20:], held[1]["actions"][-20:] = 2, 3  # RIGHT, LEFT in Breakout's minimal action set
+    assert None in [labels.replay_clip(replay, clip["frames"], 4) for replay in held]
+
+
+def test_noop_counts_follow_the_emulators_generator():
+    """libstdc++'s uniform_int_distribution over std::mt19937(seed): seed 1's first four draws in [0, 29], as
+    the vector env's first four resets of an emulator seeded 1 drew them (found by replaying Pong and Breakout)."""
+    assert [labels.noop_count(1, g, 30) for g in range(4)] == [12, 29, 21, 27]
+    assert [labels.noop_count(7, g, 30) for g in range(4)] == [2, 6, 23, 9]
+    assert {labels.noop_count(5, g, 1) for g in range(20)} == {0}  # noop_max 1 (or 0): never a hidden no-op
+
+
+def test_a_clip_with_replay_is_stored_grey_for_the_reward_model_and_shown_in_colour(store):
+    clip = record_clips("pong", 2, 300, seed=1)[-1]
+    cid = store.add_clip(clip["frames"], clip["actions"], clip["true_rewards"], 4, "random", 0, clip["replay"])
+    np.testing.assert_array_equal(store.clip_arrays(cid)["frames"], clip["frames"])  # what the reward model reads
+    shown = gif_frames((store.clips_dir / store.clip_info(cid)["media"]).read_bytes(), "RGB")
+    np.testing.assert_array_equal(shown, labels.replay_clip(clip["replay"], clip["frames"], 4))
+    # A replay that does not reproduce the recorded frames (sticky actions in a later game): shown grey, as recorded.
+    wrong = clip["replay"] | {"seed": clip["replay"]["seed"] + 1}
+    cid = store.add_clip(clip["frames"], clip["actions"], clip["true_rewards"], 4, "random", 0, wrong)
+    shown = gif_frames((store.clips_dir / store.clip_info(cid)["media"]).read_bytes(), "L")
+    np.testing.assert_array_equal(shown, clip["frames"][3:])
 
 
 def test_answer_once_then_stale_unknown_and_bad_answers(store):
@@ -734,24 +819,14 @@ def browser():
 
 @pytest.fixture(scope="module")
 def pong_frames():
-    """Real Pong frames (84x84 grey, ale-py's AtariVectorEnv, random actions), past the serve so the ball moves."""
-    from ale_py.vector_env import AtariVectorEnv
-
-    env = AtariVectorEnv("pong", 1, stack_num=1, repeat_action_probability=0.0, reward_clipping=False, noop_max=0)
-    obs, _ = env.reset(seed=0)
-    rng = np.random.default_rng(0)
-    frames = []
-    for _ in range(200):
-        obs, *_ = env.step(rng.integers(0, 6, 1))
-        frames.append(obs[0, -1].copy())
-    env.close()
-    return np.stack(frames[50:])
+    """Clips of real Pong (random play, recorded as for --labeler human), from late enough that the ball moves."""
+    return record_clips("pong", 2, 500, seed=0)[-12:]
 
 
-def add_pong_clip(store, frames, k: int, t: int = 25, stack: int = 4) -> int:
-    start = (17 * k) % (len(frames) - t - stack)
-    window = frames[start : start + t + stack - 1]
-    return store.add_clip(window, np.zeros(t, np.int64), np.zeros(t, np.float32), stack, f"random#{k}")
+def add_pong_clip(store, clips, k: int) -> int:
+    """The k-th (mod 12) Pong clip, which the store replays in colour."""
+    c = clips[k % len(clips)]
+    return store.add_clip(c["frames"], c["actions"], c["true_rewards"], 4, f"random#{k}", 0, c["replay"])
 
 
 def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
@@ -769,20 +844,36 @@ def shown_query(driver) -> int | None:
     return int(value) if value else None
 
 
-def clip_loaded_width(driver, element_id: str) -> list:
-    """[the clip's own width, its width on screen] once loaded, else [0, 0]."""
+def clip_loaded_size(driver, element_id: str) -> list:
+    """[the clip's own width and height, its width and height on screen] once loaded, else []."""
     return driver.execute_script(
         "const img = document.getElementById(arguments[0]);"
-        "return img.complete && img.naturalWidth ? [img.naturalWidth, img.clientWidth] : [0, 0];",
+        "return img.complete && img.naturalWidth ? [img.naturalWidth, img.naturalHeight, img.clientWidth, "
+        "img.clientHeight] : [];",
         element_id,
     )
 
 
+COLOUR_PIXELS = """
+const img = document.getElementById(arguments[0]), canvas = document.createElement("canvas");
+canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+const context = canvas.getContext("2d");
+context.drawImage(img, 0, 0);
+const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+let coloured = 0;
+for (let i = 0; i < data.length; i += 4) if (data[i] !== data[i + 1] || data[i + 1] !== data[i + 2]) coloured += 1;
+return [img.naturalWidth, img.naturalHeight, coloured / (data.length / 4)];
+"""
+
+
 def assert_clips_playing(driver, ids=("clip-left", "clip-right")):
-    """Each clip is loaded (84 px, shown 336 px wide) and playing: what the browser paints for it changes over time.
-    (A canvas cannot tell: drawImage always draws an animated image's first frame.)"""
+    """Each clip is loaded in colour at the game's resolution (160x210, scaled up to fit the window, its shape
+    kept) and playing: what the browser paints for it changes over time. (A canvas only draws the first frame.)"""
     for element_id in ids:
-        wait_for(lambda: clip_loaded_width(driver, element_id) == [84, 336], what=f"{element_id} to load")
+        size = wait_for(lambda: clip_loaded_size(driver, element_id), what=f"{element_id} to load")
+        assert size[:2] == [160, 210] and size[2] > 160 and abs(size[2] / size[3] - 160 / 210) < 0.01, size
+        width, height, coloured = driver.execute_script(COLOUR_PIXELS, element_id)
+        assert (width, height) == (160, 210) and coloured > 0.5  # Pong's brown field, its orange and green paddles
         element = driver.find_element("id", element_id)
         first = element.screenshot_as_png
         wait_for(lambda: element.screenshot_as_png != first, timeout=5, what=f"{element_id} to play")

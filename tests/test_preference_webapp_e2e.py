@@ -17,7 +17,14 @@ import time
 
 import pytest
 from conftest import REPO_ROOT, subprocess_env
-from test_preference_labels import browser, press, shown_query, wait_for  # noqa: F401 (browser is a fixture)
+from test_preference_labels import (  # noqa: F401 (browser is a fixture)
+    COLOUR_PIXELS,
+    browser,
+    clip_loaded_size,
+    press,
+    shown_query,
+    wait_for,
+)
 
 import preference_labelling_app as labels
 
@@ -141,6 +148,10 @@ def test_browser_labels_a_pairwise_training_run(browser, tmp_path):  # noqa: F81
     try:
         browser.get(run.app_url())
         assert browser.current_url.endswith("/experiments/e2e-pairwise/compare")
+        # The person sees the game in colour at its own resolution, replayed from what the agents did.
+        wait_for(lambda: shown_query(browser), 120, "the first pair")
+        wait_for(lambda: clip_loaded_size(browser, "clip-left"), what="the left clip to load")
+        assert browser.execute_script(COLOUR_PIXELS, "clip-left")[:2] == [160, 210]
         given = label_in_browser(browser, run)
         rc = run.wait()
     finally:
@@ -150,6 +161,11 @@ def test_browser_labels_a_pairwise_training_run(browser, tmp_path):  # noqa: F81
     # Every answer the browser gave is in the store once, as given, from the web app; nothing else answered.
     assert [(a["id"], a["answer"]) for a in stored] == given[: len(stored)] and len(given) - len(stored) <= 1
     assert all(a["labeller"].startswith("web:") and a["kind"] == "pair" for a in stored)
+    # Every clip asked about (from games after an emulator's first too: 800-frame games) replayed in colour.
+    from PIL import Image
+
+    sizes = [Image.open(gif).size for gif in (store_dir / f"{ENV}_clips").glob("*.gif")]
+    assert len(sizes) > 6 and set(sizes) == {(160, 210)}  # the grey fallback would be 84x84
     # Training asked beyond the pretraining labels and consumed the answers while the agent learned.
     results = json.loads((run_dir / "results.json").read_text())
     assert len(stored) > 6 and results["labels"] == len(stored) and results["updates"] > 0
