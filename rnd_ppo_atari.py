@@ -481,11 +481,7 @@ def intrinsic_rewards(raw, filter_state, reward_rms: RunningMeanStd, gamma: floa
     return raw / torch.sqrt(reward_rms.var.float()).clamp_min(1e-8), filter_state
 
 
-# ---- How a run ends early (main turns these into exit codes 2, 3 and 130); progress bars
-class UsageError(Exception):
-    """A bad input the user can fix: main prints it as one line and exits 2."""
-
-
+# ---- How a run ends early (main turns these into exit codes 3 and 130); progress bars
 class NonFiniteLoss(Exception):
     """A loss or statistic became NaN or infinite: main exits 3."""
 
@@ -914,6 +910,10 @@ REQUIRED["snapshot"] |= {"global_step", "recent_returns", "history", "rooms_seen
 ARCHITECTURE = ("rnn_hidden_layers", "rnn_hidden_size")  # a snapshot cannot be resumed with other values
 OTHER_FAMILIES = ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid", "Swimmer", "Reacher", "Pusher", "Inverted")
 OTHER_FAMILIES += ("CartPole", "Pendulum", "MountainCar", "Acrobot", "LunarLander", "BipedalWalker", "CarRacing")
+
+
+class UsageError(Exception):
+    """A bad input the user can fix: main prints it as one line and exits 2."""
 
 
 class Inputs(NamedTuple):
