@@ -1363,14 +1363,15 @@ def start_run(args: Args):
     if ctx.get("finished"):
         print(f"{ctx['run_dir']} holds a finished run (results.json); nothing to do")
         return None
-    setup_run(args, ctx)
-    try:
-        modules, state = build_modules(args, ctx)
-    except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
-        raise UsageError(
-            f"a saved network ({ctx['run_dir']}/checkpoints/state.pt or --world-model) does not fit this script's "
-            f"networks ({type(e).__name__}): pass a new --run-dir or another world model"
-        ) from None
+    with stop_on_signals():  # a signal during the set-up is kept in STOP: the run stops at its first step
+        setup_run(args, ctx)
+        try:
+            modules, state = build_modules(args, ctx)
+        except (RuntimeError, KeyError) as e:  # a checkpoint of other network shapes (another version of this file)
+            raise UsageError(
+                f"a saved network ({ctx['run_dir']}/checkpoints/state.pt or --world-model) does not fit this "
+                f"script's networks ({type(e).__name__}): pass a new --run-dir or another world model"
+            ) from None
     return ctx, state, modules
 
 
@@ -1929,8 +1930,7 @@ class SignalGuard:
     def __init__(self, ctx: dict, state: dict, modules: dict):
         self.ctx, self.state, self.modules = ctx, state, modules
 
-    def __enter__(self):
-        STOP["signal"] = 0
+    def __enter__(self):  # (STOP keeps a signal that came during the set-up, see start_run)
         self.old = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
 
     @staticmethod

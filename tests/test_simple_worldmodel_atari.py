@@ -812,3 +812,27 @@ def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(fini
     """Issue 48: --eval-only of 100,000 games, signalled once it announces the evaluation: exit 130 within 10 s, one
     line saying nothing was written, the run dir byte for byte as before (conftest's check, as FILTER and HyPE)."""
     check_eval_only_signal_writes_nothing(SCRIPT, finished_pong_run, tmp_path, signum)
+
+
+def test_a_signal_during_the_set_up_stops_the_run_at_its_first_step(tmp_path, monkeypatch):
+    """Issue 48 (a signal answered at any point): SIGTERM while the networks are built (after the run dir and the
+    writer exist, before the first phase) is not a kill: the run stops at its first step, exit 130, the state
+    saved, no collection written."""
+    import tyro
+    from conftest import quiet_main
+
+    build = sw.build_modules
+
+    def build_then_signal(args, ctx):
+        built = build(args, ctx)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), handler  # the script's, not the default (a kill)
+        handler(signal.SIGTERM, None)  # as the signal would, without risking this test process
+        return built
+
+    monkeypatch.setattr(sw, "build_modules", build_then_signal)
+    monkeypatch.setitem(sw.STOP, "signal", 0)  # (the flag goes back to 0 after the test)
+    run_dir = tmp_path / "run"
+    code, err = quiet_main(lambda: sw.main(tyro.cli(sw.Args, args=[*TINY, "--run-dir", str(run_dir)])))
+    assert code == 130 and f"--run-dir {run_dir}" in err, err
+    assert (run_dir / "checkpoints" / "state.pt").exists() and not list((run_dir / "data").iterdir())
