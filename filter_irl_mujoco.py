@@ -201,7 +201,8 @@ def tremble(action: np.ndarray, rng: np.random.Generator, p: float, low, high) -
 class LearnerEnv:
     """The learner's env: an episode starts from a uniformly chosen expert state with probability
     `reset_prob`; actions pass through the trembling hand. The true reward it returns is for
-    LOGGING only (never in the buffer)."""
+    LOGGING only (never in the buffer). With reset_prob and p_tremble 0 it is the plain env: the
+    expert phase uses it so that its checkpoints hold the episode in progress too."""
 
     def __init__(self, env: gym.Env, demos: dict, reset_prob: float, p_tremble: float, rng):
         self.env, self.demos, self.rng = env, demos, rng
@@ -690,15 +691,19 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
     env, device = make_env(args.env_id, args.seed), pick_device(args)
     agent = SAC(info, args.sac, device)
     np_rng = np.random.default_rng(args.seed)
+    expert_env = LearnerEnv(env, {}, 0.0, 0.0, np_rng)  # no expert states, no trembling: the env
     rows = buffer_rows(args.sac, args.expert.timesteps, ckpt)
     rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=True)
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
         progress = restore_checkpoint(ckpt, "expert phase", np_rng, [env], agent=agent, rb=rb)
+    obs, ret, length = start_or_continue(expert_env, progress, args.seed, ckpt, np_rng, [env])
     where = (run_dir / "checkpoints" / "expert.pt", "expert_checkpoint", np_rng, [env], progress)
-    checkpoint = partial(save_checkpoint, *where, agent=agent, rb=rb)  # everything, every RNG
-    obs, _ = env.reset(seed=args.seed + progress["episodes"])
-    ret, length, step, meter = 0.0, 0, progress["step"], SPSMeter()
+    step, meter = progress["step"], SPSMeter()
+
+    def checkpoint() -> None:  # everything, every RNG, and the episode in progress
+        save_checkpoint(*where, agent=agent, rb=rb, episode=expert_env.episode(obs, ret, length))
+
     stop = saved_on_stop("expert phase", progress, checkpoint)
     with progress_bar(args.expert.timesteps, step, "expert SAC") as bar, stop:
         while step < args.expert.timesteps:
@@ -707,7 +712,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
                 raise Interrupted("expert phase", step)
             explore = step < args.sac.learning_starts  # uniform random actions first
             action = info.random_action(np_rng) if explore else agent.act(obs)
-            next_obs, reward, terminated, truncated, _ = env.step(action)
+            _, next_obs, reward, terminated, truncated = expert_env.step(action)
             rb.add(obs, action, next_obs, terminated, reward)
             ret, length, obs = ret + float(reward), length + 1, next_obs
             if terminated or truncated:
@@ -716,7 +721,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
                 bar.set_postfix(ret=f"{ret:.0f}")
                 progress["episodes"] += 1
                 progress["curve"].append((step, ret))
-                (obs, _), ret, length = env.reset(), 0.0, 0
+                obs, ret, length = expert_env.reset(), 0.0, 0
             progress["step"] = step = step + 1
             if step > args.sac.learning_starts:
                 meter.start(step - 1)
