@@ -828,16 +828,18 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
     progress = {"step": 0, "episodes": 0, "curve": []}
     if ckpt:
         progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
-    ckpt_path, meter = run.dir / "checkpoints" / "expert.pt", SPSMeter()
-    obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
-    progress["episodes"] += 1
-    ep_return, losses = 0.0, {}
-    checkpoint = partial(save_checkpoint, ckpt_path, sac, storage, np_rng, progress)
+    ckpt_path, meter, losses = run.dir / "checkpoints" / "expert.pt", SPSMeter(), {}
+    obs, ep_t, ep_return, _, ep_seed = next_episode(env, progress, args.seed, None, 0.0, np_rng)
+
+    def checkpoint() -> None:  # everything, every RNG, and the episode in progress
+        episode = episode_state(env, obs, ep_t, ep_return, False, ep_seed)
+        save_checkpoint(ckpt_path, sac, storage, np_rng, progress, episode=episode)
+
     stop = saved_on_stop("expert phase", progress, checkpoint)
     with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar, stop:
         while progress["step"] < args.expert.timesteps:
             if STOP.is_set():
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                checkpoint()
                 raise Interrupted("expert phase", progress["step"])
             learn_started = progress["step"] >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
@@ -848,8 +850,8 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
             if terminated or ep_t >= horizon:
                 log_episode(run.writer, "expert", False, ep_return, ep_t, step, bar)
                 progress["curve"].append((step, ep_return))
-                obs, ep_t = start_episode(env, args.seed + progress["episodes"], None, 0.0, np_rng)
-                progress["episodes"], ep_return = progress["episodes"] + 1, 0.0
+                episode = next_episode(env, progress, args.seed, None, 0.0, np_rng)
+                obs, ep_t, ep_return, _, ep_seed = episode
             if learn_started:
                 meter.start(step - 1)
                 b_obs, b_act, b_next, b_done, b_rew = storage.sample(args.sac.batch_size, 0.0)
@@ -857,11 +859,11 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
             if step % args.log_frequency == 0 and losses:
                 log_losses(run.writer, "expert", losses, args, step, meter)
             if step % args.checkpoint_every == 0:
-                save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+                checkpoint()
                 curve = progress["curve"]
                 plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), curve)
             bar.update(1)
-    save_checkpoint(ckpt_path, sac, storage, np_rng, progress)
+    checkpoint()
     env.close()
     return sac, progress["curve"]
 

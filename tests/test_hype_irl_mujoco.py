@@ -25,6 +25,7 @@ from conftest import (
     assert_counters_of_1000_steps,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
+    assert_same_expert_phase,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
     check_eval_only_signal_writes_nothing,
@@ -45,6 +46,7 @@ from conftest import (
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
+    whole_and_killed_in_the_expert_phase,
     whole_and_killed_then_resumed,
     write_minari_dataset,
 )
@@ -868,3 +870,19 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     the uninterrupted run's: the checkpoint holds the episode in progress (simulator state, its seed, time index,
     observation), and a signal inside an outer iteration or an evaluation puts its RNGs and counters back first."""
     assert_same_weights_and_eval_returns(hy.load_policy, *whole_and_resumed_runs)
+
+
+@pytest.mark.slow
+def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
+    """Issue 48 (exact resume, expert phase): SAC on the true reward, killed inside an episode (HalfCheetah-v5 never
+    terminates; 400-step episodes here, the kill comes with the checkpoint of step 500) and resumed, continues that
+    episode (simulator state, its seed, time index, return, every RNG): the counters, expert weights, demos and the
+    final policy equal an uninterrupted run's."""
+    flags = ["--env-id", "HalfCheetah-v5", "--max-episode-steps", 400, "--expert.timesteps", 1200]
+    flags += ["--expert.num-demos", 1, "--sac.learning-starts", 500, "--checkpoint-every", 500]
+    flags += ["--irl.total-timesteps", 600, "--irl.train-every", 300, "--eval.frequency", 600]
+    flags += ["--disc.trajectories", 1, "--torch-threads", 1, *TINY]
+    resumed_at = "[expert] resuming from step {step}"
+    runs = whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 400, resumed_at)
+    assert_same_expert_phase(runs)
+    assert_same_weights_and_eval_returns(hy.load_policy, runs[0][0], runs[1][0])
