@@ -1448,6 +1448,19 @@ def evaluate(net: GA3CNet, game: Game, args: Args, video_dir: Optional[Path] = N
     return scores.tolist()
 
 
+def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
+    """Browser-playable VP9 WebM of 84x84 grey frames, upscaled."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    height, width = frames[0].shape
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP90"), fps, (width * scale, height * scale))
+    for frame in frames:
+        big = cv2.resize(frame, (width * scale, height * scale), interpolation=cv2.INTER_NEAREST)
+        writer.write(cv2.cvtColor(big, cv2.COLOR_GRAY2BGR))
+    writer.release()
+
+
 def main(args: Args) -> int:
     try:
         checked = validate(args)  # the run directory, the game, the checkpoints and labels to resume from
@@ -1746,19 +1759,6 @@ def plot_progress(progress: dict, final_eval: Optional[float], path: Path, env_i
     fig.savefig(tmp, dpi=90)
     plt.close(fig)
     os.replace(tmp, path)
-
-
-def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
-    """Browser-playable VP9 WebM of 84x84 grey frames, upscaled."""
-    import cv2
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    height, width = frames[0].shape
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"VP90"), fps, (width * scale, height * scale))
-    for frame in frames:
-        big = cv2.resize(frame, (width * scale, height * scale), interpolation=cv2.INTER_NEAREST)
-        writer.write(cv2.cvtColor(big, cv2.COLOR_GRAY2BGR))
-    writer.release()
 
 
 def save_policy(path: Path, net: GA3CNet, args: Args, game: Game):
