@@ -209,6 +209,15 @@ def test_replayed_clips_are_the_recorded_ones_in_colour():
     assert None in [labels.replay_clip(replay, clip["frames"], 4) for replay in held]
 
 
+def test_with_sticky_actions_only_an_emulator_s_first_game_is_replayed():
+    """ALE/*-v5: the emulator's random state at a later game's start depends on every game before it."""
+    clips = record_clips("breakout", 4, 500, seed=5, sticky=0.25)
+    first, later = [c for c in clips if c["replay"]["game"] == 0], [c for c in clips if c["replay"]["game"] > 0]
+    assert first and later
+    assert all(labels.replay_clip(c["replay"], c["frames"], 4) is not None for c in first[:3])
+    assert all(labels.replay_clip(c["replay"], c["frames"], 4) is None for c in later)
+
+
 def test_noop_counts_follow_the_emulators_generator():
     """libstdc++'s uniform_int_distribution over std::mt19937(seed): seed 1's first four draws in [0, 29], as
     the vector env's first four resets of an emulator seeded 1 drew them (found by replaying Pong and Breakout)."""
@@ -774,7 +783,9 @@ def test_leased_labelling_by_20_clients_never_offers_one_query_twice(store):
 
 
 # ---- a real browser ----
-SCREENSHOT_DIR_VAR = "PREFERENCE_WEBAPP_SCREENSHOTS"  # set to a folder (docs/assets/preference_ga3c_atari) to keep them
+# Set to a folder to keep the screenshots: the docs show compare, sort and tree.png as
+# docs/images/preference_*_colour.png, and the empty pages' in docs/assets/preference_ga3c_atari/.
+SCREENSHOT_DIR_VAR = "PREFERENCE_WEBAPP_SCREENSHOTS"
 
 
 def skip_or_fail(reason: str):
