@@ -556,7 +556,7 @@ def _read_pages() -> dict[str, str]:
     try:
         return {name: (PAGES_DIR / name).read_text(encoding="utf-8") for name in PAGE_FILES}
     except OSError as e:  # the file was copied without its folder: main's validation reports this ImportError
-        raise ImportError(f"the labelling app needs {PAGES_DIR.name}/ beside it ({e.strerror}: {e.filename})") from e
+        raise ImportError(f"{e.filename}: {e.strerror}") from e
 
 
 PAGES = _read_pages()

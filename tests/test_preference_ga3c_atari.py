@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -756,6 +757,21 @@ def test_help_is_grouped_by_phase(run_script):
 
 
 # ---- bad input: one line, exit 2, nothing created --------------------------------------------------------------------
+def test_the_labelling_app_without_its_pages_folder_is_refused_before_any_work(tmp_path):
+    """--labeler human with the companion copied but not its preference_labelling_app_pages/ folder: exit 2, one line
+    naming the folder, no run directory."""
+    for name in ("preference_ga3c_atari.py", "preference_labelling_app.py"):
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(tmp_path / "preference_ga3c_atari.py"), "--labeler", "human", "--labels.port", "0"]
+    cmd += ["--run-dir", str(run_dir), "--labels.store-dir", str(tmp_path / "store")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "preference_labelling_app_pages/" in lines[0], proc.stderr
+    assert not run_dir.exists() and not (tmp_path / "store").exists()
+
+
 def numeric_fields(cls, prefix=""):
     """(flag path, field) for every int/float field of Args and its nested groups."""
     for f in dataclasses.fields(cls):
