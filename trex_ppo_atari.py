@@ -1197,9 +1197,7 @@ def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
             raise UsageError(f"{run_dir} holds a run on {saved.get('env_id')}, not {env_id}: pass a new --run-dir")
     elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise UsageError(f"{run_dir} exists and is not a run dir of {SCRIPT} (no args.json): pass a new --run-dir")
-    probe = run_dir
-    while not probe.exists():
-        probe = probe.parent
+    probe = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     try:
         tempfile.TemporaryDirectory(dir=probe).cleanup()
     except OSError:
@@ -1317,9 +1315,8 @@ def load(path, kind: str):
         obj = None
     if isinstance(obj, dict) and obj.get("script", SCRIPT) != SCRIPT:
         raise UsageError(f"{path} was not written by {SCRIPT}: load it with its own script")
-    if not isinstance(obj, dict) or (obj.get("kind"), obj.get("version")) != (kind, VERSION):
-        raise UsageError(f"{path} is not a readable {what}: {FIXES[kind]}")
-    if set(KEYS[kind]) - set(obj):
+    readable = isinstance(obj, dict) and (obj.get("kind"), obj.get("version")) == (kind, VERSION)
+    if not readable or set(KEYS[kind]) - set(obj):
         raise UsageError(f"{path} is not a readable {what}: {FIXES[kind]}")
     try:
         if kind == "policy":
