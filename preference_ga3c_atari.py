@@ -17,6 +17,7 @@ Usage:
 Re-running with the same --run-dir resumes. Flags, file formats and results: docs/preference_ga3c_atari.md.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -1461,8 +1462,9 @@ def write_video(frames: list, path: Path, scale: int = 4, fps: int = 15):
     writer.release()
 
 
-def main(args: Args) -> int:
+def main(argv: Optional[list[str] | Args] = None) -> int:
     try:
+        args = argv if isinstance(argv, Args) else parse_args(argv)
         checked = validate(args)  # the run directory, the game, the checkpoints and labels to resume from
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -1995,11 +1997,21 @@ def refuse_changed_flags(run_dir: Path, saved: dict, args: Args):
         )
 
 
+def check_path_length(path: Path, flag: str) -> Path:
+    """The path, or a UsageError when the file system cannot hold it (255 bytes a name, 4095 a path, as on Linux)."""
+    if any(len(os.fsencode(part)) > 255 for part in path.parts) or len(os.fsencode(str(path.absolute()))) > 4095:
+        limits = "255 bytes a name, 4095 a path"
+        raise UsageError(f"{flag}: {str(path)[:60]}... is too long for the file system ({limits}): shorten it")
+    return path
+
+
 def validate(args: Args) -> dict:
     """Every check that can fail on user input, before anything is created; returns what it loaded."""
     check_numbers(args)
+    if not args.exp_name or "/" in args.exp_name or args.exp_name in (".", ".."):
+        raise UsageError("--exp-name must be a non-empty name without '/' (and not '.' or '..')")
     if args.eval_only:
-        run_dir = Path(args.eval_only)
+        run_dir = check_path_length(Path(args.eval_only), "--eval-only")
         if not (run_dir / "policy.pt").is_file():
             raise UsageError(f"{run_dir / 'policy.pt'} not found: pass the run directory of a finished run")
         try:
@@ -2017,6 +2029,8 @@ def validate(args: Args) -> dict:
     run_dir = Path(
         args.run_dir or f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     )
+    check_path_length(run_dir, "--run-dir" if args.run_dir else "--exp-name (in the default run directory)")
+    check_path_length(Path(args.labels.store_dir), "--labels.store-dir")
     sticky = sticky_default if args.env.sticky_actions < 0 else args.env.sticky_actions
     ctx = {
         "run_dir": run_dir,
@@ -2088,6 +2102,7 @@ def check_labels(args: Args, ctx: dict):
     if args.labeler == "synthetic":
         store_dir, experiment = Path(args.labels.store_dir), args.exp_name.replace("/", "_")
         saved = store_dir / f"{args.env_id.replace('/', '_')}_synthetic" / experiment / "labels.json"
+        check_path_length(saved, "--exp-name (or --labels.store-dir)")
         state = {"clips": {}, "answers": [], "tree": None}
         if saved.is_file() and not (args.force_new_labels or args.force_new_clips):  # (those delete it unread)
             try:
@@ -2196,5 +2211,29 @@ def prepare_run(args: Args, ctx: dict):
     return device, bf16
 
 
+def parse_args(argv: Optional[list[str]] = None) -> Args:
+    """tyro.cli; a flag it rejects raises a one-line UsageError (exit 2). tyro hands the rejection to a hook before it
+    prints anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
+    try:
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:  # a tyro without it prints its own box, also with exit code 2
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+
+    def one_line(event):  # raising here replaces tyro's box
+        if getattr(event, "tokens", None):
+            raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)} (see --help)")
+        flag = event.argument.display_name() if getattr(event, "argument", None) is not None else "a flag"
+        if getattr(event, "choices", None):
+            reason = f"{event.value!r} is not one of {', '.join(event.choices)}"
+        elif getattr(event, "reason", None) == "too_few_values":
+            reason = "a value is missing"
+        else:  # (the first line: for a union, tyro lists each member's failure below it)
+            reason = (getattr(event, "message", None) or "a bad value").splitlines()[0]
+        raise UsageError(f"{flag}: {reason} (see --help)")
+
+    with on_parse_error(one_line):
+        return tyro.cli(Args, args=argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main(tyro.cli(Args)))
+    sys.exit(main())

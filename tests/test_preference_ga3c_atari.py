@@ -861,33 +861,81 @@ def test_every_numeric_flag_is_checked(tmp_path, path, field):
         (["--ga3c.workers", "1"], "--ga3c.workers"),
         (["--reward.ensemble", "1"], "--reward.ensemble"),
         (["--reward.mask-top", "50", "--reward.mask-bottom", "40"], "mask"),
-        (["--ga3c.t-max", "1.5"], ""),
+        (["--ga3c.t-max", "1.5"], "--ga3c.t-max"),
+        (["--labels.budget", "3.5"], "--labels.budget"),
+        (["--eval.seed", "nan"], "--eval.seed"),
+        (["--labels.port", "1e3"], "--labels.port"),
+        (["--seed"], "--seed"),
+        (["--labeler", "nobody"], "--labeler"),
+        (["--no-such-flag", "1"], "--no-such-flag"),
+        (["--threads", "2"], "--threads"),
         (["--eval-only", "/nonexistent/run"], "policy.pt"),
+        (["--eval-only", "/tmp/" + "e" * 300], "--eval-only"),
+        (["--exp-name", "../../escape"], "--exp-name"),
+        (["--exp-name", "a/b"], "--exp-name"),
+        (["--exp-name", ".."], "--exp-name"),
+        (["--exp-name", "."], "--exp-name"),
+        (["--exp-name", ""], "--exp-name"),
+        (["--exp-name", "x" * 300], "--exp-name"),  # the synthetic labeller's folder is named after it
+        (["--labels.store-dir", "/tmp/" + "s" * 300], "--labels.store-dir"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, extra, message):
     # in-process through the command line's own parser and main (a subprocess per case cost ~4 s of imports each);
-    # the real command's path is the subprocess test below
-    import tyro
-
+    # the real command's path is the subprocess test below. tyro's own refusals (a float or NaN for an int, an unknown
+    # flag, a missing value) are one line too, not tyro's box
     argv = ["--run-dir", str(tmp_path / "run"), "--labels.store-dir", str(tmp_path / "s"), *extra]
-    try:
-        rc = pref.main(tyro.cli(pref.Args, args=argv))
-    except SystemExit as e:  # tyro's own refusal of a type error: a box, also exit 2
-        rc = e.code
+    rc = pref.main(argv)
     err = capsys.readouterr().err
     assert rc == 2
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    if extra != ["--ga3c.t-max", "1.5"]:
-        assert len(lines) == 1 and message in lines[0] and "Traceback" not in err
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
+    assert not list(tmp_path.iterdir())
 
 
-def test_bad_input_from_the_real_command_is_one_line_and_exit_2(run_script, tmp_path):
-    rc, out, err = run_script(
-        SCRIPT, "--env-id", "NotAGame-v4", "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s"
-    )
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and "unknown Atari env id" in err and "Traceback" not in err
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--exp-name", "../../escape"], "without '/'"),  # made runs/PongNoFrameskip-v4__.. and runs/escape__1__...
+        (["--exp-name", ".."], "not '.' or '..'"),
+        (["--exp-name", ""], "non-empty"),
+        (["--exp-name", "n" * 250], "too long"),  # the default run dir's name would be over 255 bytes
+        (["--run-dir", "r" * 256], "too long"),
+        (["--run-dir", "/".join(["d" * 200] * 25)], "too long"),  # a path over 4095 bytes
+    ],
+)
+def test_names_that_are_not_one_folder_are_refused_before_anything_is_created(
+    tmp_path, monkeypatch, capsys, argv, message
+):
+    monkeypatch.chdir(tmp_path)  # the default run dir (runs/...) is made here
+    assert pref.main([*argv, "--labels.store-dir", "store"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and argv[0] in err and message in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [(p, f) for p, f in numeric_fields(pref.Args) if f.type is int],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_every_int_flag_given_a_fraction_or_nan_is_one_line_naming_it(tmp_path, capsys, path, field):
+    flag = "--" + path.replace("_", "-")
+    for value in ("3.5", "nan", "1e3", ""):
+        assert pref.main([flag, value, "--run-dir", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"error: {flag}:") and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(["--env-id", "NotAGame-v4"], "unknown Atari env id"), (["--labels.budget", "3.5"], "--labels.budget")],
+)
+def test_bad_input_from_the_real_command_is_one_line_and_exit_2(run_script, tmp_path, bad, message):
+    rc, out, err = run_script(SCRIPT, *bad, "--run-dir", tmp_path / "run", "--labels.store-dir", tmp_path / "s")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
 
 
