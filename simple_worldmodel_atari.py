@@ -1398,6 +1398,8 @@ def validate(args: Args) -> dict:
         lo, hi = LIMITS[name]
         if not (math.isfinite(value) and lo <= value <= hi):
             raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
+    if not args.exp_name or "/" in args.exp_name or args.exp_name in (".", ".."):  # a part of the run dir's name
+        raise UsageError("--exp-name must be a non-empty name without '/' (and not '.' or '..')")
     if args.wm.filter_double_steps > args.wm.compress_steps:
         raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
     grid = args.eval.grid_temperatures + args.eval.grid_noops
@@ -1427,7 +1429,8 @@ def validate(args: Args) -> dict:
     if args.mode != "model-free" and args.ppo.minibatch_steps > args.ppo.num_steps:
         raise UsageError("--ppo.minibatch-steps must be <= --ppo.num-steps")
     default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.run_dir or default)
+    flag = "--run-dir" if args.run_dir else "--exp-name (in the default run directory)"
+    run_dir = check_path_length(Path(args.run_dir or default), flag)
     ctx = {"rom": rom, "sticky": sticky, "schedule": schedule, "run_dir": run_dir}
     check_run_dir(args, ctx)
     if args.world_model:
@@ -1435,6 +1438,14 @@ def validate(args: Args) -> dict:
             raise UsageError("--world-model is for --mode simple or play")
         ctx["world_model_ck"] = check_world_model(args.world_model, args, rom)
     return ctx
+
+
+def check_path_length(path: Path, flag: str) -> Path:
+    """The path, or a UsageError when the file system cannot hold it (255 bytes a name, 4095 a path, as on Linux)."""
+    if any(len(os.fsencode(part)) > 255 for part in path.parts) or len(os.fsencode(str(path.absolute()))) > 4095:
+        limits = "255 bytes a name, 4095 a path"
+        raise UsageError(f"{flag} {str(path)[:60]}... is too long for the file system ({limits}): shorten it")
+    return path
 
 
 def check_run_dir(args: Args, ctx: dict):
@@ -1593,7 +1604,7 @@ def load_policy(path, device="cpu") -> Policy:
 
 
 def validate_eval_only(args: Args) -> dict:
-    run_dir = Path(args.eval_only)
+    run_dir = check_path_length(Path(args.eval_only), "--eval-only")
     path = run_dir / "policy.pt"
     if not path.exists():
         raise UsageError(f"{path} does not exist: pass --eval-only a run dir of this script that has a policy.pt")
@@ -2050,5 +2061,33 @@ def plot_learning_curve(history: list, path: Path, env_id: str):
     os.replace(tmp, path)
 
 
+def parse_args(argv: Optional[list[str]] = None) -> Args:
+    """tyro.cli; a flag it rejects exits 2 with one line naming it. tyro hands the rejection to a hook before it
+    prints anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
+    try:
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:  # a tyro without it prints its own box, also with exit code 2
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+
+    def one_line(event):  # raising here replaces tyro's box
+        if getattr(event, "tokens", None):
+            raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)} (see --help)")
+        flag = event.argument.display_name() if getattr(event, "argument", None) is not None else "a flag"
+        if getattr(event, "choices", None):
+            reason = f"{event.value!r} is not one of {', '.join(event.choices)}"
+        elif getattr(event, "reason", None) == "too_few_values":
+            reason = "a value is missing"
+        else:  # (the first line: for a union, tyro lists each member's failure below it)
+            reason = (getattr(event, "message", None) or "a bad value").splitlines()[0]
+        raise UsageError(f"{flag}: {reason} (see --help)")
+
+    try:
+        with on_parse_error(one_line):
+            return tyro.cli(Args, args=argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(parse_args())

@@ -521,17 +521,65 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
         (["--eval-only", "/nonexistent/run"], "policy.pt"),
         (["--world-model", "/nonexistent/wm.pt"], "world_model.pt"),
         (["--eval.policy", "uniform-random"], "--eval-only"),
+        # tyro's own refusals are one line naming the flag through its parse-error hook, not its box (issue 48)
+        (["--seed", "3.5"], "--seed"),
+        (["--wm.hidden-size", "nan"], "--wm.hidden-size"),
+        (["--seed"], "--seed"),
+        (["--mode", "nope"], "--mode"),
+        (["--no-such-flag", "1"], "--no-such-flag"),
+        (["--eval-only", "/tmp/" + "e" * 300], "--eval-only"),
+        (["--run-dir", "r" * 256], "--run-dir"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(extra, needle, tmp_path):
     # in-process through the command line's parser and main (a subprocess per case cost ~4 s of imports); the real
     # command's refusals are run as subprocesses in the smoke test (a world model of another game or type)
-    import tyro
-
     target = tmp_path / "run"
-    err = one_line_exit_2(lambda: sw.main(tyro.cli(sw.Args, args=[*TINY, "--run-dir", str(target), *extra])))
+    err = one_line_exit_2(lambda: sw.main(sw.parse_args([*TINY, "--run-dir", str(target), *extra])))
     assert needle in err, err
-    assert not target.exists()
+    assert not target.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--exp-name", "../../escape"], "without '/'"),  # made runs/PongNoFrameskip-v4__.. and runs/escape__1__...
+        (["--exp-name", "a/b"], "without '/'"),
+        (["--exp-name", ".."], "not '.' or '..'"),
+        (["--exp-name", "."], "not '.' or '..'"),
+        (["--exp-name", ""], "non-empty"),
+        (["--exp-name", "n" * 250], "too long"),  # the default run dir's name would be over 255 bytes
+        (["--run-dir", "/".join(["d" * 200] * 25)], "too long"),  # a path over 4095 bytes
+    ],
+)
+def test_names_that_are_not_one_folder_are_refused_before_anything_is_created(tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)  # the default run dir (runs/...) is made here
+    err = one_line_exit_2(lambda: sw.main(sw.parse_args([*TINY, *argv])))
+    assert argv[0] in err and message in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_int_flag_given_a_fraction_or_nan_is_one_line_naming_it(tmp_path):
+    ints = [name for name, value in sw.numeric_fields(sw.Args()) if isinstance(value, int)]
+    assert len(ints) > 20 and "seed" in ints and "wm.hidden_size" in ints
+    for name in ints:
+        flag = "--" + name.replace("_", "-")
+        for value in ("3.5", "nan"):
+            err = one_line_exit_2(lambda: sw.parse_args([flag, value, "--run-dir", str(tmp_path / "run")]))  # noqa: B023
+            assert err.startswith(f"error: {flag}:"), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_real_command_refuses_a_fraction_for_an_int_in_one_line(run_script, tmp_path):
+    rc, out, err = run_script(SCRIPT, "--loop.epochs", "3.5", "--run-dir", tmp_path / "run", timeout=120)
+    assert rc == 2 and err.strip().startswith("error: --loop.epochs:") and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_still_prints_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sw.parse_args(["--help"])
+    assert exit_info.value.code == 0 and "--wm.hidden-size" in capsys.readouterr().out
 
 
 def test_run_dir_of_another_script_or_game_is_refused(tmp_path):
