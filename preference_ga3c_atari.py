@@ -2211,6 +2211,13 @@ def prepare_run(args: Args, ctx: dict):
     return device, bf16
 
 
+RETIRED_FLAGS = {  # an old spelling (or a sibling's) -> the flag its one-line hint names (docs/CONTRACT.md)
+    "--threads": "--torch-threads (the same flag in every script)",
+    "--checkpoint-frequency": "--checkpoint-every-s (this script counts seconds)",
+    "--checkpoint-every": "--checkpoint-every-s (this script counts seconds)",
+}
+
+
 def parse_args(argv: Optional[list[str]] = None) -> Args:
     """tyro.cli; a flag it rejects raises a one-line UsageError (exit 2). tyro hands the rejection to a hook before it
     prints anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
@@ -2220,6 +2227,9 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
         on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
 
     def one_line(event):  # raising here replaces tyro's box
+        retired = [t.split("=")[0] for t in getattr(event, "tokens", None) or () if t.split("=")[0] in RETIRED_FLAGS]
+        if retired:
+            raise UsageError(f"{retired[0]} was renamed: use {RETIRED_FLAGS[retired[0]]}")
         if getattr(event, "tokens", None):
             raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)} (see --help)")
         flag = event.argument.display_name() if getattr(event, "argument", None) is not None else "a flag"

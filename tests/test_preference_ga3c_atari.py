@@ -868,7 +868,10 @@ def test_every_numeric_flag_is_checked(tmp_path, path, field):
         (["--seed"], "--seed"),
         (["--labeler", "nobody"], "--labeler"),
         (["--no-such-flag", "1"], "--no-such-flag"),
-        (["--threads", "2"], "--threads"),
+        (["--threads", "2"], "--threads was renamed: use --torch-threads"),  # old spellings get a hint (CONTRACT.md)
+        (["--threads=2"], "--threads was renamed: use --torch-threads"),
+        (["--checkpoint-every", "60"], "use --checkpoint-every-s"),
+        (["--checkpoint-frequency", "60"], "use --checkpoint-every-s"),
         (["--eval-only", "/nonexistent/run"], "policy.pt"),
         (["--eval-only", "/tmp/" + "e" * 300], "--eval-only"),
         (["--exp-name", "../../escape"], "--exp-name"),
