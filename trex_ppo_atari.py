@@ -221,6 +221,12 @@ def make_envs(game: dict, num_envs: int, life_loss: bool):
     return AtariVectorEnv(game["rom"], num_envs, **frames, **rules, **ends, **resets, full_action_space=False)
 
 
+def emulator_seeds(seed: int, num_envs: int) -> np.ndarray:
+    """seed, seed + 1, ... for the envs' emulators, which take 32-bit seeds: wrapped below 2**31 (unchanged below
+    it), so a large --seed, an evaluation seed or a long run's seed + offset never overflows them."""
+    return (seed + np.arange(num_envs, dtype=np.int64)) % 2**31
+
+
 def fire_action(rom: str) -> Optional[int]:
     """1 when FIRE is action 1 of >= 3 in the minimal action set (FireResetEnv's rule); else None."""
     from ale_py import ALEInterface, LoggerMode, roms
@@ -541,7 +547,7 @@ class Player:
     def __init__(self, envs, rom_fire: Optional[int], seed: int, device):
         self.envs, self.fire, self.device = envs, rom_fire, device
         self.tracker = GameTracker(envs.num_envs)
-        obs, _ = envs.reset(seed=seed)
+        obs, _ = envs.reset(seed=emulator_seeds(seed, envs.num_envs))
         # A zero-copy view of the env's frames (on the CPU): each step copies them once, into the
         # rollout buffer, before the env is stepped again, so the env reusing its buffer is safe.
         self.next_obs = torch.from_numpy(obs).to(device)
@@ -781,7 +787,7 @@ def collect_demos(args: Args, game: dict, snapshots: list, device, run_dir: Path
     for s_i, (iteration, weights) in enumerate(snapshots):
         agent.load_state_dict(weights)
         for episode in range(episodes):
-            obs, _ = env.reset(seed=args.seed + 1000 * s_i + episode)
+            obs, _ = env.reset(seed=emulator_seeds(args.seed + 1000 * s_i + episode, 1))
             demo_frames, demo_actions, score, done = [obs[0].copy()], [], 0.0, False
             while not done:
                 if STOP["signal"]:
@@ -918,7 +924,7 @@ def evaluate(args: Args, agent: Agent, game: dict, video_dir: Path, tag: str) ->
         num_envs = min(args.eval.num_envs, episodes)
         quota = np.array([episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)])
         envs = make_envs(game, num_envs, life_loss=False)
-        obs, _ = envs.reset(seed=seed)
+        obs, _ = envs.reset(seed=emulator_seeds(seed, num_envs))
         tracker, finished, returns = GameTracker(num_envs), np.zeros(num_envs, dtype=int), []
         video = [obs[0, -1].copy()] if args.capture_video else None
         while (finished < quota).any():
@@ -1123,8 +1129,10 @@ def check_args(args: Args) -> None:
         for f in fields(group):
             (low, high), value = f.metadata.get("range", (None, None)), getattr(group, f.name)
             if low is not None and value is not None and not low <= value <= high:
-                name = f"--{prefix}{f.name}".replace("_", "-")
-                raise UsageError(f"{name} must be in [{low:g}, {high:g}] (got {value})")
+                name, (low, high) = f"--{prefix}{f.name}".replace("_", "-"), (exact(low), exact(high))
+                raise UsageError(f"{name} must be in [{low}, {high}] (got {value})")
+    if not args.exp_name or "/" in args.exp_name:
+        raise UsageError("--exp-name must be a non-empty name without '/'")
     if any(not 0 <= s < 2**32 for s in args.eval.seeds) or not args.eval.seeds:
         raise UsageError("--eval.seeds needs one or more seeds in [0, 2**32)")
     ppo, batch = args.ppo, args.ppo.num_envs * args.ppo.num_steps
@@ -1143,6 +1151,11 @@ def check_args(args: Args) -> None:
         raise UsageError("--stop-after has no meaning with --eval-only")
 
 
+def exact(bound: float) -> str:
+    """A range bound as written: 1e+11 stays short, but 4294967295 is not rounded to 4.29497e+09."""
+    return f"{bound:g}" if float(f"{bound:g}") == bound else str(int(bound))
+
+
 def validate(args: Args) -> tuple[dict, Path, dict]:
     """Every check that can fail on user input, before anything is written. Returns the game (the env settings),
     the run dir and what it holds, loaded: finished results, demos, reward model, PPO checkpoints, snapshots."""
@@ -1154,7 +1167,7 @@ def validate(args: Args) -> tuple[dict, Path, dict]:
     game = {"rom": rom, "sticky": sticky, "noop_max": args.env.noop_max}
     game["max_episode_frames"] = args.env.max_episode_frames
     default_dir = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.run_dir or default_dir)
+    run_dir = check_length(Path(args.run_dir or default_dir), "--run-dir" if args.run_dir else "--exp-name")
     check_run_dir(run_dir, args.env_id)
     if sum(score_mask(rom, args.reward)) >= 84:
         raise UsageError("--reward.mask-top + --reward.mask-bottom hide the whole frame: use fewer rows")
@@ -1177,14 +1190,25 @@ def validate(args: Args) -> tuple[dict, Path, dict]:
 
 
 def validate_eval_only(args: Args) -> tuple[dict, Path, dict]:
-    run_dir = Path(args.eval_only)
+    run_dir = check_length(Path(args.eval_only), "--eval-only")
     if not (run_dir / "policy.pt").is_file():
         raise UsageError(f"--eval-only {run_dir}: no policy.pt there; pass the run dir of a finished training run")
+    if not (run_dir / "args.json").is_file():  # (check_run_dir's message would name --run-dir)
+        raise UsageError(f"--eval-only {run_dir}: no args.json there; pass the run dir of a finished training run")
     check_run_dir(run_dir, None)
     policy = load(run_dir / "policy.pt", "policy")["net"]
     numbers = [int(p.stem[5:]) for p in (run_dir / "evaluations").glob("eval_*.json") if p.stem[5:].isdigit()]
     eval_path = run_dir / "evaluations" / f"eval_{max(numbers, default=0) + 1:03d}.json"
     return policy.env_config, run_dir, {"policy": policy, "eval_path": eval_path}
+
+
+def check_length(path: Path, flag: str) -> Path:
+    """The path, or a UsageError when the file system cannot hold it (255 bytes a name, 4095 a path, as on Linux):
+    checked before anything looks at it, so it fails here and not halfway through making the run dir."""
+    if any(len(os.fsencode(part)) > 255 for part in path.parts) or len(os.fsencode(path.absolute())) > 4095:
+        limits = "255 bytes a name, 4095 a path"
+        raise UsageError(f"{flag}: {str(path)[:60]}... is too long for the file system ({limits}): shorten it")
+    return path
 
 
 def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:

@@ -212,6 +212,19 @@ def test_env_id_mapping():
     assert trex.fire_action("breakout") == 1 and trex.fire_action("pong") == 1
 
 
+def test_emulator_seeds_wrap_below_2_31_and_a_maximal_seed_plays():
+    """ale-py's emulators take 32-bit seeds: seed + i is passed unchanged below 2**31 and wrapped above, so the
+    largest --seed (and a long run's seed + 7919 x iteration, or an evaluation seed up to 2**32) does not crash the
+    first reset, as it did with the raw sum."""
+    assert trex.emulator_seeds(5, 3).tolist() == [5, 6, 7]
+    assert trex.emulator_seeds(2**31 - 2, 3).tolist() == [2**31 - 2, 2**31 - 1, 0]
+    envs = trex.make_envs(breakout(max_episode_frames=400), 2, life_loss=False)
+    player = trex.Player(envs, None, seed=4294967295 + 7919 * 10**6 + 104729, device="cpu")
+    again, _ = envs.reset(seed=trex.emulator_seeds(4294967295 + 7919 * 10**6 + 104729, 2))
+    envs.close()
+    assert torch.equal(player.next_obs, torch.from_numpy(again))  # the wrapped seeds are the seeds used
+
+
 # ----------------------------------------------------------------------------------------------- behaviour
 def test_only_real_game_ends_use_the_final_frame():
     """Issue 16's cause: at a lost life (life_loss_info) ale-py's info["final_obs"] holds stale memory. The rollout
@@ -523,6 +536,9 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
         (["--ppo.num-envs", "2.5"], "--ppo.num-envs"),
         (["--policy.reward", "learned"], "'learned' is not one of sigmoid"),
         (["--num-envs", "8"], "unrecognized arguments: --num-envs 8"),
+        (["--seed", "-1"], "--seed must be in [0, 4294967295] (got -1)"),  # the bound exact, not 4.29497e+09
+        (["--seed", "nan"], "--seed: invalid literal"),
+        (["--torch-threads", "100000"], "--torch-threads must be in [0, 1024] (got 100000)"),
     ],
 )
 def test_rules_between_flags_and_parse_errors_are_one_line(argv, needle, tmp_path):
@@ -595,6 +611,53 @@ def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_pa
     line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--reward-model", str(bad_model)])))
     assert "model.pt" in line and "reward model" in line
     assert "no policy.pt" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(other)])))
+
+
+def test_exp_names_that_are_not_a_folder_name_and_paths_too_long_are_refused(tmp_path, monkeypatch):
+    """Issue 48 battery, finding 2: --exp-name becomes part of the default run dir's name, so a '/' in it ("../..")
+    made folders elsewhere, and an empty one an odd name; a name the file system cannot hold (over 255 bytes) gave a
+    traceback after creating runs/. All exit 2 with one line, nothing created, with or without runs/ there."""
+    monkeypatch.chdir(tmp_path)
+    long = "a" * 300
+    cases = [
+        (["--exp-name", "../../escape"], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", "a/b"], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", ""], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", long], "--exp-name: runs/BreakoutNoFrameskip-v4__aaa"),
+        (["--run-dir", str(tmp_path / long / "run")], "--run-dir: "),
+        (["--run-dir", "x/" * 2100], "--run-dir: "),  # a path over 4095 bytes
+        (["--eval-only", str(tmp_path / long)], "--eval-only: "),
+    ]
+    for runs_exists in (False, True):
+        if runs_exists:
+            (tmp_path / "runs").mkdir()
+        for argv, needle in cases:
+            line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv)))
+            assert needle in line and ("too long" in line or "'/'" in line), (argv, line)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == (["runs"] if runs_exists else [])
+
+
+@pytest.mark.filterwarnings("error")  # a warning printed before the error line fails the test
+@pytest.mark.parametrize("how", ["tensor", "foreign dict", "empty", "random bytes", "no args.json"])
+def test_eval_only_of_a_bad_policy_file_is_one_line_and_writes_nothing(tmp_path, how):
+    """Issue 48 battery, finding 5's class: --eval-only on a run dir of this script whose policy.pt is not a policy
+    (a bare tensor, another dict, empty, random bytes), or on a folder without args.json: exit 2, one line naming
+    the file or the flag, no warning before it, nothing written."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if how != "no args.json":
+        (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "BreakoutNoFrameskip-v4"}))
+    write = {
+        "tensor": lambda p: torch.save(torch.zeros(3), p),
+        "foreign dict": lambda p: torch.save({"a": 1}, p),
+        "empty": lambda p: p.write_bytes(b""),
+        "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).bytes(3000)),
+    }
+    write.get(how, write["tensor"])(run_dir / "policy.pt")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*")}
+    line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(run_dir)])))
+    assert ("no args.json there" if how == "no args.json" else "policy.pt is not a readable policy") in line, line
+    assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
 
 
 def test_help_is_grouped_by_phase():
