@@ -170,8 +170,15 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
         maxpool=True,
         stack_num=4,
     )
-    envs.reset(seed=np.arange(seed, seed + num_envs, dtype=np.int64))
+    envs.reset(seed=emulator_seeds(envs, seed))
     return envs
+
+
+def emulator_seeds(envs, seed: int) -> np.ndarray:
+    """seed, seed + 1, ... one per env. ale-py's vector env takes 32-bit seeds: wrapped below 2**31 there (unchanged
+    below it), so a large --seed never overflows it; RoomEnvs' Python envs take any seed, as they always did."""
+    seeds = np.arange(seed, seed + envs.num_envs, dtype=np.int64)
+    return seeds if isinstance(envs, RoomEnvs) else seeds % 2**31
 
 
 # The RAM byte holding the current room, as OpenAI's MontezumaInfoWrapper reads it;
@@ -210,7 +217,10 @@ class RoomEnvs:
     info["room"] (N,) is the room after the step (before an autoreset)."""
 
     def __init__(self, env_args: EnvArgs, rom: str, num_envs: int, seed: int):
-        self.envs = [make_python_env(env_args, rom, seed + i) for i in range(num_envs)]
+        self.envs = []
+        for i in range(num_envs):  # ~0.3 s each on a busy CPU: a signal stops it between two
+            check_stop("during the env start-up")
+            self.envs.append(make_python_env(env_args, rom, seed + i))
         self.num_envs, self.ram_addr = num_envs, ROOM_RAM_ADDRESS[rom]
         self.single_action_space = self.envs[0].action_space
 
@@ -592,7 +602,7 @@ class Player:
     GRU state, scores, and with RoomEnvs the rooms (of this process, and of each episode)."""
 
     def __init__(self, envs, agent: Agent, seed: int, device):
-        obs, _ = envs.reset(seed=np.arange(seed, seed + envs.num_envs, dtype=np.int64))
+        obs, _ = envs.reset(seed=emulator_seeds(envs, seed))
         self.envs, self.device = envs, device
         self.next_obs = torch.tensor(obs, device=device)
         self.next_first = torch.ones(envs.num_envs, device=device)
@@ -955,11 +965,18 @@ def check_args(args: Args) -> None:
         for f in dataclasses.fields(group):
             (low, high), value = f.metadata.get("range", (None, None)), getattr(group, f.name)
             if low is not None and value is not None and not low <= value <= high:
-                name = f"--{prefix}{f.name}".replace("_", "-")
-                raise UsageError(f"{name} must be in [{float(low):g}, {float(high):g}] (got {value})")
+                name, (low, high) = f"--{prefix}{f.name}".replace("_", "-"), (exact(low), exact(high))
+                raise UsageError(f"{name} must be in [{low}, {high}] (got {value})")
+    if not args.exp_name or "/" in args.exp_name:
+        raise UsageError("--exp-name must be a non-empty name without '/'")
     ppo = args.ppo
     if ppo.num_envs % ppo.num_minibatches:
         raise UsageError("--ppo.num-envs must be a multiple of num-minibatches (a minibatch is whole envs)")
+
+
+def exact(bound: float) -> str:
+    """A range bound as written: 1e+09 stays short, but 4294967295 is not rounded to 4.29497e+09."""
+    return f"{float(bound):g}" if float(f"{bound:g}") == bound else str(int(bound))
 
 
 def validate(args: Args, world: "World") -> Inputs:
@@ -988,7 +1005,7 @@ def validate(args: Args, world: "World") -> Inputs:
 
 def validate_run_dir(args: Args, device, rom: str) -> Inputs:
     default = f"runs/{args.env_id.replace('/', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = Path(args.run_dir or default)
+    run_dir = check_length(Path(args.run_dir or default), "--run-dir" if args.run_dir else "--exp-name")
     check_run_dir(run_dir, args.env_id)
     if (run_dir / "results.json").exists():
         finished = read_json(run_dir / "results.json")
@@ -1003,14 +1020,25 @@ def validate_run_dir(args: Args, device, rom: str) -> Inputs:
 
 
 def validate_eval_only(args: Args, device) -> Inputs:
-    run_dir = Path(args.eval_only)
+    run_dir = check_length(Path(args.eval_only), "--eval-only")
     if not (run_dir / "policy.pt").is_file():
         raise UsageError(f"--eval-only {run_dir}: no policy.pt there; pass the run dir of a finished training run")
+    if not (run_dir / "args.json").is_file():  # (check_run_dir's message would name --run-dir)
+        raise UsageError(f"--eval-only {run_dir}: no args.json there; pass the run dir of a finished training run")
     check_run_dir(run_dir, None)
     policy = load_policy(str(run_dir / "policy.pt"))
     numbers = [int(p.stem[5:]) for p in (run_dir / "evaluations").glob("eval_*.json") if p.stem[5:].isdigit()]
     eval_path = run_dir / "evaluations" / f"eval_{max(numbers, default=0) + 1:03d}.json"
     return Inputs(run_dir, device, resolve_env_id(policy.env_id), policy=policy, eval_path=eval_path)
+
+
+def check_length(path: Path, flag: str) -> Path:
+    """The path, or a UsageError when the file system cannot hold it (255 bytes a name, 4095 a path, as on Linux):
+    checked before anything looks at it, so it fails here and not halfway through making the run dir."""
+    if any(len(os.fsencode(part)) > 255 for part in path.parts) or len(os.fsencode(path.absolute())) > 4095:
+        limits = "255 bytes a name, 4095 a path"
+        raise UsageError(f"{flag}: {str(path)[:60]}... is too long for the file system ({limits}): shorten it")
+    return path
 
 
 def check_run_dir(run_dir: Path, env_id: Optional[str]) -> None:
@@ -1165,7 +1193,7 @@ def resume(snapshot: Optional[dict], learner: dict, recent, world, seed: int, fi
         torch.cuda.set_rng_state_all(rng["cuda"])
     if world.rank:  # the snapshot holds rank 0's RNG; the other ranks diverge from it
         torch.manual_seed(seed + world.rank + 7 * run["iteration"])
-        np.random.seed(seed + world.rank + 7 * run["iteration"])
+        np.random.seed((seed + world.rank + 7 * run["iteration"]) % 2**32)  # numpy's seeds are 32-bit
     if world.rank == 0:
         print(f"resumed from iteration {run['iteration']} (global step {run['global_step']})", flush=True)
     if snapshot["filter_state"].shape == filter_state.shape:  # --ppo.num-envs may change on resume
@@ -1469,7 +1497,7 @@ class World:
                 for p in module.state_dict().values():
                     dist.broadcast(p, src=0)
         torch.manual_seed(seed + self.rank)
-        np.random.seed(seed + self.rank)
+        np.random.seed((seed + self.rank) % 2**32)  # numpy's seeds are 32-bit
         random.seed(seed + self.rank)
 
 

@@ -257,6 +257,30 @@ def test_room_envs_give_the_vector_envs_frames_rewards_and_episode_ends():
     assert type(rnd.make_envs(rnd.EnvArgs(), "breakout", 1, 0)).__name__ == "AtariVectorEnv"  # no room byte
 
 
+def test_emulator_seeds_wrap_below_2_31_for_the_vector_env_only():
+    """The envs of rank r start at seed x 100003 + r x N: above 2**31 for --seed 21475 or more, which ale-py's vector
+    env (32-bit seeds) refused with a traceback after the run dir was made. Its seeds are wrapped below 2**31
+    (unchanged below); RoomEnvs' Python envs keep the unwrapped seeds they always had."""
+    seed = 30000 * 100_003
+    vector = rnd.make_envs(rnd.EnvArgs(), "breakout", 2, seed)  # raised TypeError in ale-py's reset
+    assert rnd.emulator_seeds(vector, seed).tolist() == [seed % 2**31, seed % 2**31 + 1]
+    assert rnd.emulator_seeds(vector, 5).tolist() == [5, 6]
+    vector.close()
+    rooms = rnd.make_envs(rnd.EnvArgs(), "montezuma_revenge", 1, seed)
+    assert isinstance(rooms, rnd.RoomEnvs) and rnd.emulator_seeds(rooms, seed).tolist() == [seed]
+
+
+def test_a_signal_while_the_room_envs_start_stops_before_the_next_env(monkeypatch):
+    """Issue 48 battery, finding 6: making 128 RoomEnvs takes ~30 s on a busy CPU (each a gymnasium env with its
+    emulator) and no stop flag was read meanwhile, so a SIGTERM then took up to 51 s. Now each env checks it first."""
+    made = []
+    monkeypatch.setattr(rnd, "make_python_env", lambda *a: made.append(a) or rnd.STOP.update(signal=15))
+    monkeypatch.setattr(rnd, "STOP", {"signal": 0, "solo": True})
+    with pytest.raises(rnd.Interrupted, match="during the env start-up"):
+        rnd.make_envs(rnd.EnvArgs(), "montezuma_revenge", 128, 0)
+    assert len(made) == 1  # the signal came while the first env was made: no second one
+
+
 def test_evaluation_plays_more_episodes_than_envs_in_waves():
     """5 episodes on 2 envs (env 0 plays episodes 0, 2, 4; env 1 plays 1 and 3): every episode is played to the
     10-step cap (40 frames) and keeps its own score, length and rooms."""
@@ -584,6 +608,11 @@ def test_every_numeric_flag_rejects_zero_negative_nan_and_absurd_values(tmp_path
         (["--ppo.num-envs", "6", "--ppo.num-minibatches", "4"], "multiple of num-minibatches"),
         (["--ppo.num-envs", "2.5"], "--ppo.num-envs"),
         (["--eval-only"], "--eval-only"),
+        (["--seed", "-1"], "--seed must be in [0, 4294967295] (got -1)"),  # the bound exact, not 4.29497e+09
+        (["--seed", "3.5"], "--seed: invalid literal"),
+        (["--seed", "nan"], "--seed: invalid literal"),
+        (["--torch-threads", "100000"], "--torch-threads must be in [0, 1024] (got 100000)"),
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
     ],
 )
 def test_rules_between_flags_and_parse_errors_are_one_line(extra, needle, tmp_path):
@@ -621,6 +650,53 @@ def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_pa
     )
     assert "cannot write" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--run-dir", "/proc/rnd_run"])))
     assert "no policy.pt" in one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(other)])))
+
+
+def test_exp_names_that_are_not_a_folder_name_and_paths_too_long_are_refused(tmp_path, monkeypatch):
+    """Issue 48 battery, finding 2: --exp-name becomes part of the default run dir's name, so a '/' in it ("../..")
+    made folders elsewhere, and an empty one an odd name; a name the file system cannot hold (over 255 bytes) gave a
+    traceback after creating runs/. All exit 2 with one line, nothing created, with or without runs/ there."""
+    monkeypatch.chdir(tmp_path)
+    long = "a" * 300
+    cases = [
+        (["--exp-name", "../../escape"], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", "a/b"], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", ""], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", long], "--exp-name: runs/MontezumaRevengeNoFrameskip-v4__aaa"),
+        (["--run-dir", str(tmp_path / long / "run")], "--run-dir: "),
+        (["--run-dir", "x/" * 2100], "--run-dir: "),  # a path over 4095 bytes
+        (["--eval-only", str(tmp_path / long)], "--eval-only: "),
+    ]
+    for runs_exists in (False, True):
+        if runs_exists:
+            (tmp_path / "runs").mkdir()
+        for argv, needle in cases:
+            line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(argv)))
+            assert needle in line and ("too long" in line or "'/'" in line), (argv, line)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == (["runs"] if runs_exists else [])
+
+
+@pytest.mark.filterwarnings("error")  # a warning printed before the error line fails the test
+@pytest.mark.parametrize("how", ["tensor", "foreign dict", "empty", "random bytes", "no args.json"])
+def test_eval_only_of_a_bad_policy_file_is_one_line_and_writes_nothing(tmp_path, how):
+    """Issue 48 battery, finding 5's class: --eval-only on a run dir of this script whose policy.pt is not a policy
+    (a bare tensor, another dict, empty, random bytes), or on a folder without args.json: exit 2, one line naming
+    the file or the flag, no warning before it, nothing written."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if how != "no args.json":
+        (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "MontezumaRevengeNoFrameskip-v4"}))
+    write = {
+        "tensor": lambda p: torch.save(torch.zeros(3), p),
+        "foreign dict": lambda p: torch.save({"a": 1}, p),
+        "empty": lambda p: p.write_bytes(b""),
+        "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).bytes(3000)),
+    }
+    write.get(how, write["tensor"])(run_dir / "policy.pt")
+    before = file_bytes(run_dir)
+    line = one_line_exit_2(lambda: rnd.main(rnd.parse_args(["--eval-only", str(run_dir)])))
+    assert ("no args.json there" if how == "no args.json" else "policy.pt is not a readable policy") in line, line
+    assert file_bytes(run_dir) == before
 
 
 def test_corrupt_snapshot_exits_2_and_names_the_file(run_dir):
@@ -674,18 +750,23 @@ def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path):
     assert rnd.load(rnd.checkpoint_paths(run_dir)[-1], "snapshot")["iteration"] > k
 
 
+# 512 RoomEnvs (a gymnasium env with its emulator each) take a minute or more to make: a signal lands meanwhile
+MANY_ROOM_ENVS = ["--env-id", "MontezumaRevengeNoFrameskip-v4", "--ppo.num-envs", "512"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "phase, flags, wait_for, saved",
     [  # (the phase signalled, its flags, the file whose appearance starts the 2 s wait, the snapshot left)
         ("PPO update", ["--ppo.update-epochs", "40"], "run/checkpoints/ckpt_00000001.pt", 1),
         ("observation-normalisation warm-up", ["--rnd.num-iterations-obs-norm-init", "100000"], "run/args.json", None),
+        ("env start-up", MANY_ROOM_ENVS, "run/args.json", None),
     ],
 )
 def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, phase, flags, wait_for, saved):
     """Issue 48 item 9: the stop flag is checked per env step batch and per PPO minibatch, not once per iteration:
-    a SIGTERM inside a long update or warm-up ends the run with exit 130 within 10 s; inside an update, the snapshot
-    of the last whole iteration is saved."""
+    a SIGTERM inside a long update, warm-up or env start-up ends the run with exit 130 within 10 s; inside an update,
+    the snapshot of the last whole iteration is saved."""
     cmd = [sys.executable, str(REPO_ROOT / SCRIPT), "--env-id", "BreakoutNoFrameskip-v4", *TINY, *flags]
     cmd += ["--checkpoint-every", "1", "--ppo.total-timesteps", "64000", "--run-dir", str(tmp_path / "run")]
     rc, _, err, seconds = interrupt_when_found(cmd, tmp_path, wait_for, after_s=2)
