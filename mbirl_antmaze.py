@@ -240,7 +240,7 @@ class EvalArgs:
 class Args:
     exp_name: str = "mbirl_antmaze"
     """the name of this experiment"""
-    seed: int = 1
+    seed: int = ranged(1, 0, 2**31 - 1)
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
@@ -266,7 +266,7 @@ class Args:
     mbirl_antmaze_goal_reacher.py with the other flags (its --help lists them)"""
     eval_only: str | None = None
     """evaluate RUN_DIR/policy.pt and write RUN_DIR/evaluations/eval_NNN.json; no training"""
-    torch_threads: int = 0
+    torch_threads: int = ranged(0, 0, 1024)
     """CPU threads for torch; 0 = torch's default"""
     checkpoint_every: int = ranged(5000, 1, 1e10)
     """checkpoint every this many real steps (and on SIGINT/SIGTERM)"""
@@ -1484,9 +1484,11 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
     obs = restore_episode(env, c, s.policy, args.seed) if c["step"] else new_episode(env, c, 0, args.seed)
     last = {}
     run.progress_start(h.total_timesteps, c["step"])
-    # the starting point (mazes: behaviour-cloned)
-    if not c["history"] and not run.stop_requested():
-        run.evaluate(0, c, s.agent.actor)
+    # the starting point (mazes: behaviour-cloned), or the evaluation a signal cut short (redone: the actor it
+    # evaluates is the checkpointed one, and an evaluation draws on none of the run's generators)
+    pending_eval = c.get("eval_pending") if c["history"] else 0
+    if pending_eval is not None and not run.stop_requested():
+        run.evaluate(pending_eval, c, s.agent.actor)
     # (pending: a signal stopped step c["step"]'s retraining after its real step; the resumed run redoes the rest)
     while c["step"] < h.total_timesteps or c.get("pending"):
         if run.stop_requested():
@@ -1521,6 +1523,8 @@ def train_hyper(args: Args, demos: dict, model: GaussianEnsemble, elites: torch.
                 if args.actor.lr_decay:
                     s.agent.restart_schedule()
         run.after_step(step, c, last, s)
+    if c.get("eval_pending") is not None:  # the final evaluation, cut short by a signal
+        return run.checkpoint(s, c)
     run.checkpoint(s, c)
     return c, s.agent
 
@@ -1584,6 +1588,11 @@ class RunContext:
     def validate(cls, args: Args) -> "RunContext":
         self = cls()
         self.args = args
+        paths = {"--run-dir": args.run_dir, "--eval-only": args.eval_only, "--expert.path": args.expert.path}
+        paths |= {"--expert.experts-dir": args.expert.experts_dir, "--reacher.path": args.reacher.path}
+        empty = [flag for flag, value in paths.items() if value == ""]  # ("" would mean: the default, or the cwd)
+        if empty:
+            raise UsageError(f"{empty[0]} is empty; pass a path")
         if args.eval_only:
             path = Path(args.eval_only) / "policy.pt"
             if not path.is_file():
@@ -1622,13 +1631,19 @@ class RunContext:
         if not bounded:
             raise UsageError(f"{args.env_id}: the actors assume actions in [-1, 1]; pick another --env-id")
         check_numbers(args)
+        if not args.exp_name or "/" in args.exp_name or args.exp_name in (".", ".."):  # a part of the run dir's name
+            raise UsageError("--exp-name must be a non-empty name without '/' (and not '.' or '..')")
         self.run_dir = Path(args.run_dir or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        check_path_length(self.run_dir, "--run-dir" if args.run_dir else "--exp-name (in the default run directory)")
         if self.run_dir.exists() and not self.run_dir.is_dir() and not args.expert.only:
             raise UsageError(f"--run-dir {self.run_dir} is a file; pass a directory")
         if not args.expert.only:  # (--expert.only writes no run dir)
             check_run_dir(self.run_dir, SCRIPT, args.env_id, ARTIFACTS, args)
             check_writable(self.run_dir, "--run-dir")
         self.cache = Path(args.expert.experts_dir) / args.env_id
+        check_path_length(self.cache, "--expert.experts-dir")
+        if args.expert.path and not args.expert.path.startswith(MINARI):
+            check_path_length(Path(args.expert.path), "--expert.path")
         path = args.expert.path or (self.cache / "demos.npz" if (self.cache / "demos.npz").exists() else None)
         self.demos = (
             None if path is None else load_demos(path, args.env_id, self.obs_dim, self.act_dim, self.nq, self.nv)
@@ -1649,6 +1664,7 @@ class RunContext:
         self.reacher, self.controller = None, "PD controller"
         if self.demos is None and env_family(args.env_id) == "antmaze":
             path = reacher_file(args.reacher.path)
+            check_path_length(path, "--reacher.path")
             if not path.is_file():
                 raise UsageError(
                     f"{args.env_id} needs the goal-reaching Ant controller {path} (train it: python {SCRIPT} "
@@ -1831,12 +1847,19 @@ class RunContext:
             last.pop("rollout_sps", None)  # logged once per refill, not repeated until the next one
         if step % e.frequency == 0 or step == args.hyper.total_timesteps:
             self.evaluate(step, c, s.agent.actor)
+            if c["eval_pending"] is not None:  # a signal: the loop saves the checkpoint now
+                return
         if step % args.checkpoint_every == 0 and step < args.hyper.total_timesteps:
             self.checkpoint(s, c)
 
     def evaluate(self, step: int, c: dict, actor: Actor) -> None:
+        """The evaluation at real step `step` into the history; a signal leaves it pending (c["eval_pending"])."""
         args = self.args
-        r = evaluate(actor, args.env_id, args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
+        setting = (args.eval.episodes, args.seed + 10_000, args.hyper.p_tremble)
+        r = evaluate(actor, args.env_id, *setting, stop=self.stop_requested)
+        c["eval_pending"] = step if r is None else None
+        if r is None:
+            return
         score = r["success_rate"] if self.metric == "success_rate" else r["mean_return"]
         c["history"].append(
             {
@@ -1967,6 +1990,13 @@ def check_run_dir(run_dir: Path, script: str, kind: str, artifacts: dict[str, st
         load(run_dir / path, artifact)
 
 
+def check_path_length(path: Path, flag: str) -> None:
+    """A UsageError when the file system cannot hold path (255 bytes a name, 4095 a path, as on Linux)."""
+    if any(len(os.fsencode(part)) > 255 for part in path.parts) or len(os.fsencode(str(path.absolute()))) > 4095:
+        limits = "255 bytes a name, 4095 a path"
+        raise UsageError(f"{flag} {str(path)[:60]}... is too long for the file system ({limits}); shorten it")
+
+
 def check_writable(path: Path, flag: str) -> None:
     """The nearest existing ancestor of path must be a directory we can create something in (nothing is left)."""
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
@@ -2001,7 +2031,8 @@ def check_ranges(args) -> None:
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 flag = f"--{prefix}{f.name.replace('_', '-')}"
-                raise UsageError(f"{flag} must lie in [{lo:g}, {hi:g}], not {v}")
+                bounds = [f"{b:g}" if float(f"{b:g}") == b else str(b) for b in (lo, hi)]  # 2147483647 stays exact
+                raise UsageError(f"{flag} must lie in [{bounds[0]}, {bounds[1]}], not {v}")
 
 
 def check_numbers(args: Args) -> None:
@@ -2010,8 +2041,6 @@ def check_numbers(args: Args) -> None:
         raise UsageError("--model.num-elites must not exceed --model.ensemble-size")
     if args.hyper.exploration_steps >= args.hyper.total_timesteps:
         raise UsageError("--hyper.exploration-steps must be below --hyper.total-timesteps")
-    if args.torch_threads < 0:
-        raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
     if args.actor.lr_decay and env_family(args.env_id) != "mujoco":
         raise UsageError("--actor.lr-decay schedules the SAC actor of the MuJoCo ids; mazes' TD3+BC keeps its lr (0)")
     try:
@@ -2240,6 +2269,8 @@ def reacher_file(path: str) -> Path:
 def load_policy(path, device: str = "cpu") -> Actor:
     """policy.pt -> the actor in eval mode, with act(obs) and env_id."""
     saved = torch.load(path, map_location=device, weights_only=False)
+    if not isinstance(saved, dict) or saved.get("script") != SCRIPT:  # (indexing a tensor with a key warns)
+        raise ValueError(f"{path} is not a policy file of {SCRIPT}")
     actor = {"Actor": Actor, "GaussianActor": GaussianActor}[saved["network"]](**saved["config"]).to(device)
     actor.load_state_dict(saved["state_dict"])
     actor.env_id, actor.max_dist = saved["env_id"], saved.get("max_dist")  # max_dist: goal reachers only
@@ -2427,7 +2458,7 @@ def peek(argv: list[str]):
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("env-id", "run-dir", "eval-only"):
-        parser.add_argument(f"--{flag}", f"--{flag.replace('-', '_')}")
+        parser.add_argument(f"--{flag}", f"--{flag.replace('-', '_')}", nargs="?")  # (a missing value: tyro's line)
     return parser.parse_known_args(argv)[0]
 
 
@@ -2437,7 +2468,7 @@ def env_preset(argv: list[str]) -> Args:
     env_id = seen.env_id or Args.env_id
     if seen.eval_only and (Path(seen.eval_only) / "policy.pt").is_file():
         try:
-            env_id = torch.load(Path(seen.eval_only) / "policy.pt", map_location="cpu", weights_only=False)["env_id"]
+            env_id = load_policy(Path(seen.eval_only) / "policy.pt").env_id
         except Exception:  # noqa: BLE001 - validation reports an unreadable policy
             pass
     return preset(env_id)
@@ -2493,12 +2524,19 @@ def cli(argv: list[str] | None = None) -> Args:
     --train-goal-reacher (or a run dir of it) runs mbirl_antmaze_goal_reacher.py with the other flags."""
     argv = sys.argv[1:] if argv is None else argv
     refuse_retired_flags(argv)
+    seen = peek(argv)  # (both are looked at before tyro parses: a path the file system cannot hold is refused first)
+    for flag, value in (("--run-dir", seen.run_dir), ("--eval-only", seen.eval_only)):
+        try:
+            check_path_length(Path(value or "."), flag)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     if "--train-goal-reacher" in argv or saved_script(argv) == "mbirl_antmaze_goal_reacher.py":
         import mbirl_antmaze_goal_reacher as phase0
 
         phase0.main(phase0.cli([a for a in argv if a != "--train-goal-reacher"]))
         raise SystemExit(0)
-    args = tyro.cli(Args, args=argv, default=env_preset(argv))
+    args = parse(argv, env_preset(argv))
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
     if saved is not None and saved.exists() and saved_script(argv) in (SCRIPT, None):  # (another's: validation)
         try:
@@ -2510,8 +2548,36 @@ def cli(argv: list[str] | None = None) -> Args:
         except (ValueError, TypeError, AttributeError):
             print(f"error: {saved} is not a run's args.json; pass another --run-dir", file=sys.stderr)
             raise SystemExit(2)
-        args = tyro.cli(Args, args=argv, default=default)
+        args = parse(argv, default)
     return args
+
+
+def parse(argv: list[str], default: Args) -> Args:
+    """tyro.cli; a flag it rejects exits 2 with one line naming it. tyro hands the rejection to a hook before it
+    prints anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
+    try:
+        from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
+    except ImportError:  # a tyro without it prints its own box, also with exit code 2
+        on_parse_error = lambda hook: contextlib.nullcontext()  # noqa: E731
+
+    def one_line(event):  # raising here replaces tyro's box
+        if getattr(event, "tokens", None):
+            raise UsageError(f"unrecognized arguments: {' '.join(event.tokens)} (see --help)")
+        flag = event.argument.display_name() if getattr(event, "argument", None) is not None else "a flag"
+        if getattr(event, "choices", None):
+            reason = f"{event.value!r} is not one of {', '.join(event.choices)}"
+        elif getattr(event, "reason", None) == "too_few_values":
+            reason = "a value is missing"
+        else:  # (the first line: for a union, tyro lists each member's failure below it)
+            reason = (getattr(event, "message", None) or "a bad value").splitlines()[0]
+        raise UsageError(f"{flag}: {reason} (see --help)")
+
+    try:
+        with on_parse_error(one_line):
+            return tyro.cli(Args, args=argv, default=default)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -526,10 +526,11 @@ def _same_final_state(first: Path, second: Path) -> None:
 
 @pytest.mark.slow
 def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts_dir, monkeypatch):
-    """Issue 48 item 7: resume is exact on the CPU. Killed (SIGTERM) at the first checkpoint (mid-loop, mid-episode)
-    or in the middle of the loop's second model retraining or second refill of model rollouts, then resumed: the
-    same counters (4 model trainings, not 5), evaluations and weights as the uninterrupted run. The model rollouts
-    are saved, the real episode in progress is replayed, and a model phase a signal stopped is undone and redone."""
+    """Issue 48 item 7: resume is exact on the CPU. Killed (SIGTERM) at the first checkpoint (mid-loop, mid-episode),
+    in the middle of the loop's second model retraining or second refill of model rollouts, or of a periodic or the
+    final evaluation, then resumed: the same counters (4 model trainings, not 5), evaluations and weights as the
+    uninterrupted run. The model rollouts are saved, the real episode in progress is replayed, a model phase a signal
+    stopped is undone and redone, and an evaluation it stopped is redone first."""
     flags = ["--expert.experts-dir", str(experts_dir), *TINY, "--hyper.total-timesteps", "800", "--torch-threads", "1"]
     flags += ["--checkpoint-every", "200", "--eval.frequency", "400"]
     script = str(REPO_ROOT / "mbirl_antmaze.py")
@@ -546,8 +547,15 @@ def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts
     assert rc == 0 and "resumed at real step" in out and "warning" not in out, err[-2000:]
     _same_final_state(tmp_path / "whole", tmp_path / "killed")
     # SIGTERM in the middle of the third call of train_ensemble (pretraining, then the loop's first two retrainings),
-    # and in the second refill of model rollouts (after its retraining: both are undone and redone)
-    for name, call, poll in (("train_ensemble", 3, 1), ("model_rollout", 2, 0)):
+    # and in the second refill of model rollouts (after its retraining: both are undone and redone); in the middle of
+    # the evaluation at real step 400 and of the final one at 800 (left pending, redone first on resume)
+    model_phase = {"pending": True, "model_trainings": 1, "step": 250}
+    for name, call, poll, expected in (
+        ("train_ensemble", 3, 1, model_phase),
+        ("model_rollout", 2, 0, model_phase),
+        ("evaluate", 2, 5, {"eval_pending": 400, "step": 400}),
+        ("evaluate", 3, 5, {"eval_pending": 800, "step": 800}),
+    ):
         original, calls = getattr(mb, name), []
 
         def signalled(*a, original=original, calls=calls, call=call, poll=poll, **kw):
@@ -564,15 +572,16 @@ def test_a_killed_and_resumed_run_ends_as_an_uninterrupted_one(tmp_path, experts
             return original(*bound.args, **bound.kwargs)
 
         monkeypatch.setattr(mb, name, signalled)
-        main = ["--run-dir", str(tmp_path / name), *flags]
+        main = ["--run-dir", str(tmp_path / f"{name}_{call}"), *flags]
         code, err = quiet_main(lambda: mb.main(mb.cli(main)))  # noqa: B023
         assert code == 130 and len(calls) == call, err[-2000:]
-        saved = torch.load(tmp_path / name / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
-        assert saved["pending"] and saved["model_trainings"] == 1 and saved["step"] == 250, saved
+        saved = torch.load(tmp_path / f"{name}_{call}" / "checkpoints" / "hyper.pt", weights_only=False)["counters"]
+        assert {k: saved.get(k) for k in expected} == expected, saved
+        assert len(saved["history"]) == call - 1 or name != "evaluate", saved["history"]
         monkeypatch.setattr(mb, name, original)
         code, err = quiet_main(lambda: mb.main(mb.cli(main[:2])))  # noqa: B023
         assert code == 0, err[-2000:]
-        _same_final_state(tmp_path / "whole", tmp_path / name)
+        _same_final_state(tmp_path / "whole", tmp_path / f"{name}_{call}")
 
 
 def test_a_signal_ends_an_endless_pretraining_with_its_best_weights_and_the_run_resumes(run_dir, experts_dir):
@@ -740,6 +749,9 @@ def _numeric_fields():
             for f in dataclasses.fields(getattr(module.Args(), group)):
                 if f.type in (int, float, int | None, float | None):
                     yield script, group, f.name
+    for f in dataclasses.fields(mb.Args):  # the top-level ones (--seed, --torch-threads, --checkpoint-every)
+        if f.type in (int, float, int | None, float | None):
+            yield "mbirl_antmaze", None, f.name
 
 
 def _valid_args(script, tmp_path):
@@ -753,13 +765,15 @@ def test_generated_bad_numbers_are_refused_before_any_work(tmp_path, script, gro
     validate = mb.RunContext.validate if script == "mbirl_antmaze" else gr.ReacherRun.validate
     for bad in (-1, float("nan"), 1e15):
         args = _valid_args(script, tmp_path)
-        setattr(getattr(args, group), name, bad)
+        setattr(getattr(args, group) if group else args, name, bad)
         with pytest.raises(mb.UsageError, match=name.replace("_", "-")):
             validate(args)
     args = _valid_args(script, tmp_path)
-    setattr(getattr(args, group), name, 0)
-    assert getattr(getattr(args, group), name) == 0
+    setattr(getattr(args, group) if group else args, name, 0)
+    assert getattr(getattr(args, group) if group else args, name) == 0
     zero_ok = {
+        "seed",
+        "torch_threads",
         "kp",
         "kd",
         "waypoint_jitter",
@@ -827,6 +841,93 @@ def _path_flags():
         for prefix, g in groups or [("", f)]:
             if g.name.endswith("_dir"):
                 yield "--" + (prefix + g.name).replace("_", "-")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "-1"], "--seed must lie in [0, 2147483647], not -1"),  # was numpy's ValueError traceback
+        (["--seed", "2147483648"], "--seed must lie in [0, 2147483647]"),
+        (["--torch-threads", "100000"], "--torch-threads must lie in [0, 1024], not 100000"),  # was "can't start"
+        (["--torch-threads", "-1"], "--torch-threads must lie in [0, 1024]"),
+        # tyro's own refusals: one line naming the flag through its parse-error hook, not its box
+        (["--actor.hidden", "3.5"], "error: --actor.hidden:"),
+        (["--eval.episodes", "nan"], "error: --eval.episodes:"),
+        (["--seed"], "error: --seed: a value is missing"),
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
+        # a name that is not one folder (it made runs/PointMaze_UMaze-v3__.. and runs/escape__1__...)
+        (["--exp-name", "../../escape"], "--exp-name must be a non-empty name without '/'"),
+        (["--exp-name", "a/b"], "without '/'"),
+        (["--exp-name", ".."], "not '.' or '..'"),
+        (["--exp-name", "."], "not '.' or '..'"),
+        (["--exp-name", ""], "non-empty"),
+        (["--exp-name", "n" * 250], "--exp-name (in the default run directory)"),  # its name would be over 255 bytes
+        (["--run-dir", "r" * 256], "--run-dir r"),
+        (["--run-dir", "/".join(["d" * 200] * 25)], "too long"),  # a path over 4095 bytes
+        (["--eval-only", "e" * 300], "--eval-only e"),
+        (["--expert.experts-dir", "c" * 300], "--expert.experts-dir c"),
+        (["--expert.path", "p" * 300], "--expert.path p"),
+        (["--run-dir="], "--run-dir is empty"),  # was the default run dir: a new run
+        (["--eval-only="], "--eval-only is empty"),  # was a training run, not an evaluation
+        (["--expert.experts-dir="], "--expert.experts-dir is empty"),  # was the cache in the working directory
+        (["--expert.path="], "--expert.path is empty"),
+        (["--run-dir"], "error: --run-dir: a value is missing"),  # was argparse's usage (3 lines), from peek
+        (["--eval-only"], "error: --eval-only: a value is missing"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_naming_them_before_anything_is_created(tmp_path, monkeypatch, argv, message):
+    """Issue 48's second battery: bounds stated in the message, tyro's refusals and odd names one line, nothing made
+    (the default run dir and the expert cache would be made in the working directory)."""
+    from conftest import one_line_exit_2
+
+    monkeypatch.chdir(tmp_path)
+    line = one_line_exit_2(lambda: mb.main(mb.cli(argv)))
+    assert message in line, line
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_int_flag_given_a_fraction_or_nan_is_one_line_naming_it(tmp_path):
+    from conftest import one_line_exit_2
+
+    groups = [(f"{f.name}.", f.type) for f in dataclasses.fields(mb.Args) if dataclasses.is_dataclass(f.type)]
+    ints = [
+        prefix + f.name
+        for prefix, cls in [("", mb.Args), *groups]
+        for f in dataclasses.fields(cls)
+        if f.type in (int, int | None)
+    ]
+    assert len(ints) > 20 and {"seed", "torch_threads", "eval.episodes", "actor.hidden"} <= set(ints)
+    for name in ints:
+        flag = "--" + name.replace("_", "-")
+        for value in ("3.5", "nan"):
+            line = one_line_exit_2(lambda: mb.cli([flag, value, "--run-dir", str(tmp_path / "run")]))  # noqa: B023
+            assert line.startswith(f"error: {flag}:"), line
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_still_prints_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mb.cli(["--help"])
+    assert exit_info.value.code == 0 and "--hyper.total-timesteps" in capsys.readouterr().out
+
+
+def test_eval_only_on_a_file_that_is_not_a_dict_is_one_line_without_warnings(tmp_path):
+    """A policy.pt holding a tensor (or a list) was indexed by key before it was checked: two torch UserWarnings
+    before the error line. Now nothing is indexed before the file is known to be this script's dict."""
+    import warnings
+
+    from conftest import one_line_exit_2
+
+    for name, content in (("tensor", torch.zeros(3)), ("list", [1, 2]), ("foreign", {"env_id": ENV, "a": 1})):
+        (tmp_path / name).mkdir()
+        torch.save(content, tmp_path / name / "policy.pt")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            line = one_line_exit_2(lambda: mb.main(mb.cli(["--eval-only", str(tmp_path / name)])))  # noqa: B023
+        assert "policy.pt" in line and not caught, [str(w.message) for w in caught]
+        assert not (tmp_path / name / "evaluations").exists()
+    with pytest.raises(ValueError, match="not a policy file"):
+        mb.load_policy(tmp_path / "tensor" / "policy.pt")
 
 
 def test_unwritable_paths_a_truncated_policy_and_retired_ids_exit_2_with_one_line_and_create_nothing(tmp_path):
