@@ -1400,6 +1400,9 @@ def validate(args: Args) -> dict:
             raise UsageError(f"--{name.replace('_', '-')} must be in [{lo}, {hi}] (got {value})")
     if not args.exp_name or "/" in args.exp_name or args.exp_name in (".", ".."):  # a part of the run dir's name
         raise UsageError("--exp-name must be a non-empty name without '/' (and not '.' or '..')")
+    empty = [name for name in ("run_dir", "eval_only", "world_model") if getattr(args, name) == ""]
+    if empty:  # ("" would mean: the default run dir, training instead of an evaluation, no world model)
+        raise UsageError(f"--{empty[0].replace('_', '-')} is empty: pass a path")
     if args.wm.filter_double_steps > args.wm.compress_steps:
         raise UsageError("--wm.filter-double-steps must be <= --wm.compress-steps")
     grid = args.eval.grid_temperatures + args.eval.grid_noops
