@@ -1608,6 +1608,9 @@ class RunContext:
             return self
         if args.train_goal_reacher:
             raise UsageError("--train-goal-reacher runs mbirl_antmaze_goal_reacher.py: pass it on the command line")
+        retired = retired_env_id(args.env_id)  # (first: an id gymnasium no longer registers, e.g. Hopper-v2, too)
+        if retired:
+            raise UsageError(f"{args.env_id} is a retired version; use {retired} (--env-id)")
         if args.env_id not in gym.registry:
             import difflib
 
@@ -1615,9 +1618,6 @@ class RunContext:
             raise UsageError(
                 f"unknown env id {args.env_id!r}; did you mean {', '.join(close) or 'PointMaze_UMaze-v3'}? (--env-id)"
             )
-        retired = retired_env_id(args.env_id)
-        if retired:
-            raise UsageError(f"{args.env_id} is a retired version; use {retired} (--env-id)")
         if env_family(args.env_id) is None:
             raise UsageError(
                 f"{args.env_id} is not supported: pass a PointMaze_* or AntMaze_* id, {' or '.join(MUJOCO_IDS)}"

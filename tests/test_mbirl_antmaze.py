@@ -945,7 +945,9 @@ def test_unwritable_paths_a_truncated_policy_and_retired_ids_exit_2_with_one_lin
             line = one_line_exit_2(lambda: mb.main(mb.cli(argv)))  # noqa: B023
             assert flag in line and "not writable" in line, line
             assert not run_dir.exists() and not (tmp_path / "new-cache").exists()
-    for env_id, current in (("AntMaze_UMaze-v3", "AntMaze_UMaze-v5"), ("Hopper-v4", "Hopper-v5"), ("Ant-v3", "Ant-v5")):
+    retired = [("AntMaze_UMaze-v3", "AntMaze_UMaze-v5"), ("Hopper-v4", "Hopper-v5"), ("Ant-v3", "Ant-v5")]
+    retired += [("AntMaze_UMaze-v2", "AntMaze_UMaze-v5"), ("Hopper-v2", "Hopper-v5")]  # no longer registered
+    for env_id, current in retired:
         argv = ["--run-dir", str(run_dir), "--env-id", env_id]
         assert f"use {current}" in one_line_exit_2(lambda: mb.main(mb.cli(argv)))  # noqa: B023
     finished = tmp_path / "finished"
