@@ -699,3 +699,14 @@ def assert_same_expert_phase(runs) -> None:
         assert a.files == b.files
         for k in a.files:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def assert_long_paths_refused(main, cwd: Path, flags: tuple[str, ...]) -> None:
+    """Each path flag given a name the file system cannot hold (300 bytes), and --exp-name making such a default run
+    dir: ``main(argv)`` exits 2 with one line naming the flag and the limit, and nothing is created in ``cwd`` (the
+    test's working directory)."""
+    long_path = str(cwd / ("b" * 300))
+    for flag, value in [(f, long_path) for f in flags] + [("--exp-name", "a" * 300)]:
+        line = one_line_exit_2(lambda: main([flag, value]))
+        assert flag in line and "too long for the file system" in line, line
+    assert not any(cwd.iterdir()), sorted(cwd.iterdir())
