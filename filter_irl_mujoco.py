@@ -1370,6 +1370,25 @@ def flat_fields(obj, prefix: str = ""):
             yield f"{prefix}{spec.name}", value, spec
 
 
+def check_paths(args: Args) -> None:
+    """Every path flag (and the default run dir an --exp-name makes) fits the file system, checked before any
+    of them is looked at."""
+    default_run_dir = None if args.run_dir else f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    paths = {"--run-dir": args.run_dir, "--exp-name": default_run_dir, "--eval-only": args.eval_only}
+    paths |= {"--expert.experts-dir": args.expert.experts_dir, "--expert.path": args.expert.path}
+    for flag, path in paths.items():
+        if path is not None and not fits_file_system(path):
+            limits = "255 bytes a name, 4095 a path"
+            raise UsageError(f"{flag}: {str(path)[:60]}... is too long for the file system ({limits}): shorten it")
+
+
+def fits_file_system(path: str) -> bool:
+    """Whether the file system can hold the path (255 bytes a name, 4095 a path, as on Linux): checked before anything
+    looks at it, so a long one fails here with one line and not halfway through making the run dir."""
+    parts = Path(path).parts
+    return all(len(os.fsencode(p)) <= 255 for p in parts) and len(os.fsencode(Path(path).absolute())) <= 4095
+
+
 def check_args(args: Args) -> None:
     """Ranges (NaN fails every one; `ranged` fields in Args) and cross-field rules of every flag."""
     for name, value, spec in flat_fields(args):
@@ -1383,6 +1402,7 @@ def check_args(args: Args) -> None:
                 raise UsageError(f"{flag} must lie in {interval}, not {value}")
     if not args.exp_name or "/" in args.exp_name:
         raise UsageError("--exp-name must be a non-empty name without '/'")
+    check_paths(args)
     if not args.expert.only and args.sac.learning_starts >= args.irl.total_timesteps:
         raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
     if args.track and importlib.util.find_spec("wandb") is None:
@@ -1509,6 +1529,7 @@ def parse_args(argv: Optional[list[str]]) -> Args:
         new = RETIRED_FLAGS[retired[0]]
         raise UsageError(f"{retired[0]} was renamed: use {new} (the same flag in every script)")
     args = tyro_cli(argv, None)
+    check_paths(args)
     saved_path = Path(args.run_dir) / "args.json" if args.run_dir and not args.eval_only else None
     if saved_path is None or not saved_path.exists():
         return args

@@ -24,6 +24,7 @@ from conftest import (
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_counters_of_1000_steps,
+    assert_long_paths_refused,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_expert_phase,
@@ -735,3 +736,8 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     flags += ["--sac.learning-starts", 500, "--checkpoint-every", 500, "--torch-threads", 1, *TINY]
     resumed_at = "expert phase: resuming at step {step}"
     assert_same_expert_phase(whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 1000, resumed_at))
+
+
+def test_paths_the_file_system_cannot_hold_are_refused_before_anything_is_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_long_paths_refused(fi.main, tmp_path, ("--run-dir", "--eval-only", "--expert.experts-dir", "--expert.path"))

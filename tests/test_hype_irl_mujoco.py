@@ -23,6 +23,7 @@ from conftest import (
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_counters_of_1000_steps,
+    assert_long_paths_refused,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_expert_phase,
@@ -886,3 +887,8 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     runs = whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 400, resumed_at)
     assert_same_expert_phase(runs)
     assert_same_weights_and_eval_returns(hy.load_policy, runs[0][0], runs[1][0])
+
+
+def test_paths_the_file_system_cannot_hold_are_refused_before_anything_is_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_long_paths_refused(hy.main, tmp_path, ("--run-dir", "--eval-only", "--expert.experts-dir", "--expert.path"))
