@@ -170,6 +170,8 @@ def make_envs(env_args: EnvArgs, rom: str, num_envs: int, seed: int):
         maxpool=True,
         stack_num=4,
     )
+    # making and seeding 128 emulators are two C++ calls of ~10 CPU-s each, which no signal interrupts: check between
+    check_stop("during the env start-up")
     envs.reset(seed=emulator_seeds(envs, seed))
     return envs
 

@@ -270,15 +270,33 @@ def test_emulator_seeds_wrap_below_2_31_for_the_vector_env_only():
     assert isinstance(rooms, rnd.RoomEnvs) and rnd.emulator_seeds(rooms, seed).tolist() == [seed]
 
 
-def test_a_signal_while_the_room_envs_start_stops_before_the_next_env(monkeypatch):
+def test_a_signal_while_the_envs_start_stops_before_the_next_env_or_the_seeded_reset(monkeypatch):
     """Issue 48 battery, finding 6: making 128 RoomEnvs takes ~30 s on a busy CPU (each a gymnasium env with its
-    emulator) and no stop flag was read meanwhile, so a SIGTERM then took up to 51 s. Now each env checks it first."""
+    emulator) and no stop flag was read meanwhile, so a SIGTERM then took up to 51 s; now each env checks it first.
+    ale-py's vector env is made and then seeded by two long C++ calls (~10 CPU-s each for 128 emulators) that no
+    signal interrupts: the flag is checked between them, so a signal during the first skips the second."""
+    import ale_py.vector_env
+
     made = []
     monkeypatch.setattr(rnd, "make_python_env", lambda *a: made.append(a) or rnd.STOP.update(signal=15))
     monkeypatch.setattr(rnd, "STOP", {"signal": 0, "solo": True})
     with pytest.raises(rnd.Interrupted, match="during the env start-up"):
         rnd.make_envs(rnd.EnvArgs(), "montezuma_revenge", 128, 0)
     assert len(made) == 1  # the signal came while the first env was made: no second one
+
+    class SignalledWhileMade:  # stands for AtariVectorEnv: a signal arrives while its constructor runs
+        def __init__(self, **settings):
+            self.num_envs = settings["num_envs"]
+            rnd.STOP.update(signal=15)
+
+        def reset(self, seed):
+            made.append(seed)
+
+    monkeypatch.setattr(ale_py.vector_env, "AtariVectorEnv", SignalledWhileMade)
+    rnd.STOP["signal"] = 0
+    with pytest.raises(rnd.Interrupted, match="during the env start-up"):
+        rnd.make_envs(rnd.EnvArgs(), "breakout", 128, 0)
+    assert len(made) == 1  # not seeded after the signal
 
 
 def test_evaluation_plays_more_episodes_than_envs_in_waves():
