@@ -2552,9 +2552,10 @@ def cli(argv: list[str] | None = None) -> Args:
     return args
 
 
-def parse(argv: list[str], default: Args) -> Args:
-    """tyro.cli; a flag it rejects exits 2 with one line naming it. tyro hands the rejection to a hook before it
-    prints anything (the flag, the reason), so its printed box is never parsed; --help still prints and exits 0."""
+def parse(argv: list[str], default, cls: type = Args):
+    """tyro.cli of `cls` (this script's Args, or the goal reacher's); a flag it rejects exits 2 with one line naming
+    it. tyro hands the rejection to a hook before it prints anything (the flag, the reason), so its printed box is
+    never parsed; --help still prints and exits 0."""
     try:
         from tyro._errors import on_parse_error  # tyro's (experimental) parse-error hook
     except ImportError:  # a tyro without it prints its own box, also with exit code 2
@@ -2574,7 +2575,7 @@ def parse(argv: list[str], default: Args) -> Args:
 
     try:
         with on_parse_error(one_line):
-            return tyro.cli(Args, args=argv, default=default)
+            return tyro.cli(cls, args=argv, default=default)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import tyro
 
 import mbirl_antmaze as mb
 from mbirl_antmaze import GOAL_RADIUS, REACHER_OBS, SAC, ActorArgs, Buffer, NonFiniteLoss, UsageError, reacher_obs
@@ -77,7 +76,7 @@ class EvalArgs:
 
 @dataclass
 class Args:
-    seed: int = 1
+    seed: int = mb.ranged(1, 0, 2**31 - 1)
     """seed of the experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
@@ -91,7 +90,7 @@ class Args:
     """the wandb entity"""
     run_dir: str | None = None
     """run directory; default runs/ant_goal_reacher__{seed}__{unix_time}; an existing one is resumed"""
-    torch_threads: int = 0
+    torch_threads: int = mb.ranged(0, 0, 1024)
     """CPU threads for torch; 0 = torch's default"""
     checkpoint_every: int = mb.ranged(5000, 1, 1e10)
     """checkpoint every this many Ant steps (and on SIGINT/SIGTERM)"""
@@ -253,8 +252,6 @@ class ReacherRun(mb.RunContext):
         mb.check_ranges(args)
         if args.reacher.goal_min > args.reacher.goal_max:
             raise UsageError("--reacher.goal-min must not exceed --reacher.goal-max")
-        if args.torch_threads < 0:
-            raise UsageError("--torch-threads must be >= 0 (0 = torch's default)")
         self.run_dir = Path(args.run_dir or f"runs/ant_goal_reacher__{args.seed}__{int(time.time())}")
         mb.check_run_dir(self.run_dir, SCRIPT, "the Ant", {"checkpoints/reacher.pt": "reacher"}, args)
         out = mb.reacher_file(args.reacher.path)
@@ -367,7 +364,7 @@ def cli(argv: list[str] | None = None) -> Args:
     """Parse the command line; an existing --run-dir's args.json gives the defaults (`--run-dir X` resumes)."""
     argv = sys.argv[1:] if argv is None else argv
     mb.refuse_retired_flags(argv)
-    args = tyro.cli(Args, args=argv)
+    args = mb.parse(argv, None, Args)  # (a flag tyro rejects: one line, exit 2)
     saved = Path(args.run_dir) / "args.json" if args.run_dir else None
     if saved is not None and mb.saved_script(argv) == SCRIPT:  # (another script's run: validation says so)
         try:
@@ -379,7 +376,7 @@ def cli(argv: list[str] | None = None) -> Args:
         except (ValueError, TypeError, KeyError, AttributeError):
             print(f"error: {saved} is not a run's args.json; pass another --run-dir", file=sys.stderr)
             raise SystemExit(2)
-        args = tyro.cli(Args, args=argv, default=default)
+        args = mb.parse(argv, default, Args)
     return args
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, interrupt_when_exists
+from conftest import REPO_ROOT, interrupt_when_exists, one_line_exit_2
 
 sys.path.insert(0, str(REPO_ROOT))
 import mbirl_antmaze as mb  # noqa: E402
@@ -1278,6 +1278,22 @@ def test_goal_reacher_command_lines_exit_2_with_one_line(run_script, run_dir):
         rc, _, err = run_script(*cmd, "--run-dir", run_dir, "--reacher.goal-min", "7", timeout=120)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "--reacher.goal-min" in err, err
         assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--seed", "3.5"], "--seed"),  # the parser's rejection: one line, not tyro's box
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (["--seed", "-1"], "--seed must lie in [0, 2147483647]"),
+        (["--torch-threads", "100000"], "--torch-threads must lie in [0, 1024]"),
+    ],
+)
+def test_goal_reacher_parse_errors_and_ranges_are_one_line(argv, needle, tmp_path):
+    run_dir = tmp_path / "run"
+    argv = [*argv, "--run-dir", str(run_dir), "--reacher.path", str(tmp_path / "c.pt")]
+    line = one_line_exit_2(lambda: gr.main(gr.cli(argv)))
+    assert needle in line and not run_dir.exists(), line
 
 
 # --------------------------------------------------------------------------------------------- MuJoCo (Hopper, SAC)
