@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A/B of the 2026-11-28 reading changes (issue 46): rnd, filter, hype at 4314729 (before) against HEAD (after),
+# (run it with the venv active, from anywhere)
 # alternating 20-s turns for S seconds each (benchmarks/alternate.py); the before scripts must be in /tmp/ab/before:
 #   mkdir -p /tmp/ab/before && for f in rnd_ppo_atari filter_irl_mujoco hype_irl_mujoco; do git show 4314729:$f.py > /tmp/ab/before/$f.py; done
 set -euo pipefail
-cd /work/main; . .venv/bin/activate
+cd "$(dirname "$0")/.."
 ex=/tmp/ab/experts
 if [ ! -f $ex/Hopper-v5/demos.npz ]; then
   OMP_NUM_THREADS=1 python filter_irl_mujoco.py --env-id Hopper-v5 --expert.experts-dir $ex --expert.timesteps 2000 \
