@@ -725,6 +725,10 @@ class Shared:
         self.error: Optional[BaseException] = None
 
 
+class UsageError(Exception):
+    """Bad input: main prints the one-line message and exits 2 before any work."""
+
+
 class NonFiniteLoss(Exception):
     """A loss became NaN or infinite: main exits 3, the last checkpoint is kept."""
 
@@ -1510,10 +1514,6 @@ def main(argv: Optional[list[str] | Args] = None) -> int:
 # ---- run management ----------------------------------------------------------------------------------------
 # Everything below is plumbing a reader of the algorithm can skip: validation, resume, logging, signals, files.
 SCRIPT = "preference_ga3c_atari.py"
-
-
-class UsageError(Exception):
-    """Bad input: main prints the one-line message and exits 2 before any work."""
 
 
 FORMAT_VERSION = 1  # of the files `save` writes; a file of another version (or none) is refused
