@@ -710,3 +710,50 @@ def assert_long_paths_refused(main, cwd: Path, flags: tuple[str, ...]) -> None:
         line = one_line_exit_2(lambda: main([flag, value]))
         assert flag in line and "too long for the file system" in line, line
     assert not any(cwd.iterdir()), sorted(cwd.iterdir())
+
+
+def assert_exp_names_and_long_paths_refused(run, cwd: Path, env_id: str) -> None:
+    """An --exp-name that is not one folder name ('../..', 'a/b', empty) or makes a default run dir the file system
+    cannot hold, a --run-dir with a 300-byte name or over 4095 bytes, and an --eval-only with a 300-byte name:
+    ``run(argv)`` (the script's main on those flags) exits 2 with one line, and nothing is created in ``cwd`` (the
+    test's working directory), with or without a runs/ folder there."""
+    long, slash = "a" * 300, "--exp-name must be a non-empty name without '/'"
+    cases = [
+        (["--exp-name", "../../escape"], slash),
+        (["--exp-name", "a/b"], slash),
+        (["--exp-name", ""], slash),
+        (["--exp-name", long], f"--exp-name: runs/{env_id}__aaa"),
+        (["--run-dir", str(cwd / long / "run")], "--run-dir: "),
+        (["--run-dir", "x/" * 2100], "--run-dir: "),  # a path over 4095 bytes
+        (["--eval-only", str(cwd / long)], "--eval-only: "),
+    ]
+    for runs_exists in (False, True):
+        if runs_exists:
+            (cwd / "runs").mkdir()
+        for argv, needle in cases:
+            line = one_line_exit_2(lambda: run(argv))
+            assert needle in line and ("too long" in line or "'/'" in line), (argv, line)
+        assert sorted(p.name for p in cwd.rglob("*")) == (["runs"] if runs_exists else [])
+
+
+def assert_bad_policy_file_refused_by_eval_only(run, run_dir: Path, how: str, script: str, env_id: str) -> None:
+    """--eval-only on a run dir of ``script`` whose policy.pt is not a policy (``how``: "tensor", "foreign dict",
+    "empty", "random bytes"), or on a folder without args.json ("no args.json"): ``run(argv)`` exits 2 with one line
+    naming the file or the flag, and nothing in the folder changes. (Mark the test filterwarnings("error") so that
+    a warning printed before the line fails it.)"""
+    import torch
+
+    run_dir.mkdir()
+    if how != "no args.json":
+        (run_dir / "args.json").write_text(json.dumps({"script": script, "env_id": env_id}))
+    write = {
+        "tensor": lambda p: torch.save(torch.zeros(3), p),
+        "foreign dict": lambda p: torch.save({"a": 1}, p),
+        "empty": lambda p: p.write_bytes(b""),
+        "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).bytes(3000)),
+    }
+    write.get(how, write["tensor"])(run_dir / "policy.pt")
+    before = file_bytes(run_dir)
+    line = one_line_exit_2(lambda: run(["--eval-only", str(run_dir)]))
+    assert ("no args.json there" if how == "no args.json" else "policy.pt is not a readable policy") in line, line
+    assert file_bytes(run_dir) == before

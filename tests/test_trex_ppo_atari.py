@@ -18,6 +18,8 @@ import pytest
 import torch
 from conftest import (
     REPO_ROOT,
+    assert_bad_policy_file_refused_by_eval_only,
+    assert_exp_names_and_long_paths_refused,
     check_eval_only_signal_writes_nothing,
     check_foreign_run_dirs_refused,
     check_help_groups,
@@ -618,23 +620,9 @@ def test_exp_names_that_are_not_a_folder_name_and_paths_too_long_are_refused(tmp
     made folders elsewhere, and an empty one an odd name; a name the file system cannot hold (over 255 bytes) gave a
     traceback after creating runs/. All exit 2 with one line, nothing created, with or without runs/ there."""
     monkeypatch.chdir(tmp_path)
-    long = "a" * 300
-    cases = [
-        (["--exp-name", "../../escape"], "--exp-name must be a non-empty name without '/'"),
-        (["--exp-name", "a/b"], "--exp-name must be a non-empty name without '/'"),
-        (["--exp-name", ""], "--exp-name must be a non-empty name without '/'"),
-        (["--exp-name", long], "--exp-name: runs/BreakoutNoFrameskip-v4__aaa"),
-        (["--run-dir", str(tmp_path / long / "run")], "--run-dir: "),
-        (["--run-dir", "x/" * 2100], "--run-dir: "),  # a path over 4095 bytes
-        (["--eval-only", str(tmp_path / long)], "--eval-only: "),
-    ]
-    for runs_exists in (False, True):
-        if runs_exists:
-            (tmp_path / "runs").mkdir()
-        for argv, needle in cases:
-            line = one_line_exit_2(lambda: trex.main(trex.parse_args(argv)))
-            assert needle in line and ("too long" in line or "'/'" in line), (argv, line)
-        assert sorted(p.name for p in tmp_path.rglob("*")) == (["runs"] if runs_exists else [])
+    assert_exp_names_and_long_paths_refused(
+        lambda argv: trex.main(trex.parse_args(argv)), tmp_path, "BreakoutNoFrameskip-v4"
+    )
 
 
 @pytest.mark.filterwarnings("error")  # a warning printed before the error line fails the test
@@ -643,21 +631,8 @@ def test_eval_only_of_a_bad_policy_file_is_one_line_and_writes_nothing(tmp_path,
     """Issue 48 battery, finding 5's class: --eval-only on a run dir of this script whose policy.pt is not a policy
     (a bare tensor, another dict, empty, random bytes), or on a folder without args.json: exit 2, one line naming
     the file or the flag, no warning before it, nothing written."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    if how != "no args.json":
-        (run_dir / "args.json").write_text(json.dumps({"script": SCRIPT, "env_id": "BreakoutNoFrameskip-v4"}))
-    write = {
-        "tensor": lambda p: torch.save(torch.zeros(3), p),
-        "foreign dict": lambda p: torch.save({"a": 1}, p),
-        "empty": lambda p: p.write_bytes(b""),
-        "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).bytes(3000)),
-    }
-    write.get(how, write["tensor"])(run_dir / "policy.pt")
-    before = {p: p.read_bytes() for p in run_dir.rglob("*")}
-    line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(run_dir)])))
-    assert ("no args.json there" if how == "no args.json" else "policy.pt is not a readable policy") in line, line
-    assert {p: p.read_bytes() for p in run_dir.rglob("*")} == before
+    run = lambda argv: trex.main(trex.parse_args(argv))  # noqa: E731
+    assert_bad_policy_file_refused_by_eval_only(run, tmp_path / "run", how, SCRIPT, "BreakoutNoFrameskip-v4")
 
 
 def test_help_is_grouped_by_phase():
