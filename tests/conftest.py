@@ -757,3 +757,11 @@ def assert_bad_policy_file_refused_by_eval_only(run, run_dir: Path, how: str, sc
     line = one_line_exit_2(lambda: run(["--eval-only", str(run_dir)]))
     assert ("no args.json there" if how == "no args.json" else "policy.pt is not a readable policy") in line, line
     assert file_bytes(run_dir) == before
+
+
+def irl_resume_flags(demos, tiny: list) -> list:
+    """FILTER's and HyPE's kill-and-resume run: InvertedPendulum on the given demos, 1,000 policy steps, an outer
+    iteration and a checkpoint every 100, an evaluation every 250, one torch thread, plus the test file's ``tiny``."""
+    flags = ["--env-id", "InvertedPendulum-v5", "--expert.path", demos, "--irl.total-timesteps", 1000]
+    flags += ["--sac.learning-starts", 50, "--irl.train-every", 100, "--checkpoint-every", 100]
+    return flags + ["--eval.frequency", 250, "--torch-threads", 1, *tiny]

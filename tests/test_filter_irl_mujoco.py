@@ -40,6 +40,7 @@ from conftest import (
     file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
+    irl_resume_flags,
     mujoco_irl_smoke_flags,
     mujoco_rendering_available,
     mutated_arrays,
@@ -705,9 +706,7 @@ def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path
     uninterrupted, and killed (SIGTERM) once its first checkpoint exists, then resumed with its own command."""
     root = tmp_path_factory.mktemp("resume")
     demos = save_npz(root / "demos.npz", pendulum_demos)
-    flags = ["--env-id", PENDULUM, "--expert.path", demos, "--irl.total-timesteps", 1000, "--sac.learning-starts", 50]
-    flags += ["--irl.train-every", 100, "--checkpoint-every", 100, "--eval.frequency", 250, "--torch-threads", 1]
-    flags += TINY
+    flags = irl_resume_flags(demos, TINY)
     return whole_and_killed_then_resumed(SCRIPT, root, flags, "resuming at step {step}")
 
 
