@@ -123,6 +123,51 @@ PY
       done
     done
     ;;
+  montezuma-plot)  # the montezuma runs' figure and table, from their committed records only
+    # (benchmarks/results/rnd_montezuma_<name>_s<seed>/curves.csv, results.json): docs/assets/rnd_ppo_atari/montezuma_10M.png
+    # (score per training episode as a 100-episode running mean, rooms visited in training so far, intrinsic reward;
+    # one line per run, RND and PPO in two colours) and a markdown table on stdout, one row per run.
+    python - <<'PY'
+import csv, json
+from pathlib import Path
+import numpy as np
+import matplotlib; matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+runs = sorted(Path("benchmarks/results").glob("rnd_montezuma_*_s*"))
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+colour = {"rnd": "tab:red", "ppo": "tab:blue"}
+print("| run | frames | training episodes | score, last 100 training episodes | rooms visited in training | evaluation (results.json) |")
+print("|---|---|---|---|---|---|")
+for run in runs:
+    name, seed = run.name.split("_")[2:4]
+    tags = {}
+    for row in csv.DictReader(open(run / "curves.csv")):
+        tags.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
+    curves = {tag: np.array(sorted(pts)) for tag, pts in tags.items()}
+    ret, rooms, intr = (curves.get(t) for t in ("charts/episodic_return", "charts/visited_rooms_train", "rnd/intrinsic_reward"))
+    label = f"{'RND' if name == 'rnd' else 'PPO'} {seed}"
+    style = dict(color=colour[name], ls="-" if seed == "s1" else "--", lw=1.2, label=label)
+    if ret is not None and len(ret):
+        k = min(100, len(ret))
+        axes[0].plot(4e-6 * ret[k - 1 :, 0], np.convolve(ret[:, 1], np.ones(k) / k, "valid"), **style)
+    for ax, curve in ((axes[1], rooms), (axes[2], intr)):
+        if curve is not None:
+            ax.plot(4e-6 * curve[:, 0], curve[:, 1], **style)
+    frames = 4 * max(c[-1, 0] for c in curves.values() if len(c))
+    last = f"{ret[-100:, 1].mean():.1f} (max {ret[:, 1].max():.0f})" if ret is not None else "-"
+    result = json.load(open(run / "results.json")) if (run / "results.json").exists() else None
+    evaluation = "running" if result is None else f"{result['eval_mean_return']:.1f} ± {result['eval_std_return']:.1f} ({result['eval_episodes']} games)"
+    nrooms = f"{rooms[-1, 1]:.0f}" if rooms is not None else "-"
+    print(f"| {label} | {frames / 1e6:.2f}M | {0 if ret is None else len(ret)} | {last} | {nrooms} | {evaluation} |")
+for ax, title in zip(axes, ("score per training episode (100-episode mean)", "rooms visited in training", "intrinsic reward per step")):
+    ax.set_title(title, fontsize=9); ax.set_xlabel("frames (millions)"); ax.grid(alpha=0.3)
+axes[0].legend(fontsize=8)
+fig.suptitle("Montezuma's Revenge: RND against PPO at equal frames (2-core CPU; seeds as lines)", fontsize=9)
+fig.tight_layout()
+out = Path("docs/assets/rnd_ppo_atari/montezuma_10M.png"); out.parent.mkdir(parents=True, exist_ok=True)
+fig.savefig(out, dpi=70); print(out, out.stat().st_size)
+PY
+    ;;
   plot)  # docs/assets/rnd_ppo_atari/montezuma_cpu_evidence.png from the two evidence runs' TensorBoard events
     python - <<'PY'
 import matplotlib; matplotlib.use("Agg")
@@ -152,5 +197,5 @@ fig.savefig(out, dpi=70); print(out, out.stat().st_size)
 PY
     ;;
   *)
-    echo "usage: $0 {throughput-8|throughput-128|throughput-128-int0|warmup|room-envs-cost|montezuma|montezuma-records|evidence|evidence-finish|plot}" >&2; exit 2 ;;
+    echo "usage: $0 {throughput-8|throughput-128|throughput-128-int0|warmup|room-envs-cost|montezuma|montezuma-records|montezuma-plot|evidence|evidence-finish|plot}" >&2; exit 2 ;;
 esac
