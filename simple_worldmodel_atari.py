@@ -478,7 +478,7 @@ class WorldModel(nn.Module):
     bf16 = False  # set from --precision: convolutions under bf16 autocast; heads, LSTM prior and losses in fp32
 
     def forward(self, frames, actions, target=None, step: int = 0, latent_temperature: float = 1.0):
-        """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, 256, C, H, W), reward
+        """frames (B, 4, H, W, C) uint8, actions (B,) -> frame logits (B, H, W, C, 256), reward
         logits (B, 3), auxiliary loss (the prior's cross-entropy; 0 outside stochastic training).
         The posterior is used only in training mode with a target frame; otherwise the bits come
         from the LSTM prior."""
@@ -508,8 +508,12 @@ class WorldModel(nn.Module):
             x = inject(F.dropout(x, cfg.dropout, self.training), a)
             x = F.relu(deconv(x))[:, :, : skip.shape[2], : skip.shape[3]]
             x = add_timing(norm(x + skip))
-        B, _, H, W = x.shape
-        logits = self.frame_head(x).view(B, -1, 256, H, W).transpose(1, 2)
+        # the 1x1 conv applied as what it is, a linear map of each pixel's features, so that each sub-pixel's 256
+        # logits are contiguous for the softmax and argmax (as a conv they were not, and copying them back cost
+        # a third of a CPU training step)
+        logits = F.linear(x.permute(0, 2, 3, 1), self.frame_head.weight.flatten(1), self.frame_head.bias)
+        B, H, W, _ = logits.shape
+        logits = logits.view(B, H, W, -1, 256)
         return logits, torch.cat([x_mid, x.mean((2, 3))], dim=1), aux
 
     def inject_latent(self, x, frames, actions, target, step, latent_temperature):
@@ -544,8 +548,8 @@ class WorldModel(nn.Module):
     def predict(self, frames, actions, pixel_temperature: float = 0.0, latent_temperature: float = 1.0):
         """Next frame (B, H, W, C) uint8 and reward (B,) in {-1, 0, 1}, for the simulated env."""
         logits, reward_logits, _ = self(frames, actions, latent_temperature=latent_temperature)
-        pixels = sample_logits(logits.movedim(1, -1), pixel_temperature)  # (B, C, H, W)
-        return pixels.permute(0, 2, 3, 1).to(torch.uint8), reward_logits.argmax(-1).float() - 1.0
+        pixels = sample_logits(logits, pixel_temperature)  # (B, H, W, C)
+        return pixels.to(torch.uint8), reward_logits.argmax(-1).float() - 1.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -610,9 +614,9 @@ def scheduled_sampling_prob(step: float, exp_steps: int, lin_steps: int, max_pro
 
 
 def clipped_pixel_loss(logits: torch.Tensor, target: torch.Tensor, cutoff: float):
-    """Per-pixel cross-entropy (logits (B, 256, ...), target (B, ...) long) -> (mean of relu(xent -
-    cutoff), mean xent). Pixels already predicted to within the cutoff give no gradient."""
-    xent = F.cross_entropy(logits, target, reduction="none")
+    """Per-pixel cross-entropy (logits (..., 256), target (...) long) -> (mean of relu(xent - cutoff),
+    mean xent). Pixels already predicted to within the cutoff give no gradient."""
+    xent = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none")
     return F.relu(xent - cutoff).mean(), xent.mean().detach()
 
 
@@ -859,11 +863,11 @@ def world_model_loss(model: WorldModel, frames, actions, reward_classes, cfg: Wo
     for k in range(targets):
         real = frames[:, STACK + k]
         logits, reward_logits, aux = model(stack, actions[:, k], target=real, step=step)
-        pixel_loss, pixel_xent = clipped_pixel_loss(logits, real.permute(0, 3, 1, 2).long(), cfg.loss_cutoff)
+        pixel_loss, pixel_xent = clipped_pixel_loss(logits, real.long(), cfg.loss_cutoff)
         loss = loss + pixel_loss + F.cross_entropy(reward_logits, reward_classes[:, k]) + aux
         xent = xent + pixel_xent
         reward_acc = reward_acc + (reward_logits.argmax(-1) == reward_classes[:, k]).float().mean()
-        own = logits.detach().argmax(1).permute(0, 2, 3, 1).to(torch.uint8)
+        own = logits.detach().argmax(-1).to(torch.uint8)
         feed = torch.where((torch.rand(real.shape[0], device=real.device) < p_own)[:, None, None, None], own, real)
         stack = torch.cat([stack[:, 1:], feed[:, None]], dim=1)
     return loss / targets, {"pixel_xent": xent / targets, "reward_accuracy": reward_acc / targets, "ss_prob": p_own}

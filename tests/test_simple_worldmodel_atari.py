@@ -96,13 +96,13 @@ def test_scheduled_sampling_probability_schedule():
 
 def test_clipped_loss_gives_no_gradient_below_the_cutoff():
     # two pixels: class 0 with p = 0.99 (xent 0.01) and class 1 with p = 0.5 (xent log 2)
-    logits = torch.log(torch.tensor([[[0.99, 0.5], [0.01, 0.5]]])).requires_grad_(True)  # (B=1, classes=2, pixels=2)
+    logits = torch.log(torch.tensor([[[0.99, 0.01], [0.5, 0.5]]])).requires_grad_(True)  # (B=1, pixels=2, classes=2)
     target = torch.tensor([[0, 1]])
     clipped, raw = sw.clipped_pixel_loss(logits, target, cutoff=0.03)
     assert raw.item() == pytest.approx(0.351599, rel=1e-5)  # (0.010050 + 0.693147) / 2
     assert clipped.item() == pytest.approx(0.331574, rel=1e-5)  # (0.693147 - 0.03) / 2: the first pixel gives 0
     clipped.backward()
-    assert torch.all(logits.grad[0, :, 0] == 0) and torch.any(logits.grad[0, :, 1] != 0)
+    assert torch.all(logits.grad[0, 0] == 0) and torch.any(logits.grad[0, 1] != 0)
 
 
 def test_input_noise_replaces_the_given_share_by_the_median_colour():
@@ -294,7 +294,7 @@ def test_bf16_world_model_keeps_fp32_heads_prior_and_outputs_and_gradients_close
         torch.manual_seed(1)  # the same posterior noise and sampling draws
         logits, reward_logits, aux = model(frames, actions, target=target, step=0)
         assert logits.dtype == reward_logits.dtype == aux.dtype == torch.float32
-        (logits.logsumexp(1).mean() + reward_logits.sum() + aux).backward()
+        (logits.logsumexp(-1).mean() + reward_logits.sum() + aux).backward()
         assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.prior.parameters())
         grads[bf16] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         model.zero_grad()
