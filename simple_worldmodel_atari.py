@@ -1636,7 +1636,8 @@ def eval_only(args: Args, ctx: dict):
         pairs = [(t, k) for t in cfg.grid_temperatures for k in cfg.grid_noops]
     games = f" of at most {cfg.max_steps} steps" if cfg.max_steps else " (full games)"
     settings = f" at each of {len(pairs)} settings" if cfg.grid else ""
-    print(f"evaluating {run_dir / 'policy.pt'}: {cfg.episodes} games{games}{settings}", flush=True)
+    what = "uniform-random actions (the random baseline)" if cfg.policy == "uniform-random" else run_dir / "policy.pt"
+    print(f"evaluating {what}: {cfg.episodes} games{games}{settings}", flush=True)
     grid = []
     for i, (temperature, noops) in enumerate(pairs):
         first_video = video if i == 0 else None

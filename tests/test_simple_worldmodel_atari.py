@@ -782,7 +782,7 @@ def test_eval_only_numbers_its_files_from_001(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "evaluations")) == ["eval_001.json", "eval_002.json"]
 
 
-def test_uniform_random_baseline_plays_every_action_alike_through_the_same_evaluation(tmp_path):
+def test_uniform_random_baseline_plays_every_action_alike_through_the_same_evaluation(tmp_path, capsys):
     """--eval-only --eval.policy uniform-random: the random baseline in the run's envs and evaluation code. On
     Freeway a policy that always presses UP crosses the road within 300 steps; uniform actions cancel out (0)."""
     actions = sw.UniformRandomPolicy(3, {}, seed=0).act(np.zeros((30_000, 1)))
@@ -797,6 +797,9 @@ def test_uniform_random_baseline_plays_every_action_alike_through_the_same_evalu
     for who in ("trained", "uniform-random"):
         evaluation = sw.EvalArgs(episodes=2, num_envs=2, max_steps=300, noop_max=0, policy=who)
         sw.main(sw.Args(eval_only=str(tmp_path), eval=evaluation))
+    printed = capsys.readouterr().out  # each run says what it evaluates: the policy file, or the baseline
+    assert f"evaluating {tmp_path / 'policy.pt'}: 2 games" in printed
+    assert "evaluating uniform-random actions (the random baseline): 2 games" in printed
     up, uniform = (json.loads((tmp_path / "evaluations" / f"eval_00{n}.json").read_text()) for n in (1, 2))
     assert (up["policy"], uniform["policy"]) == ("trained", "uniform-random")
     assert len(up["returns"]) == len(uniform["returns"]) == 2 and uniform["max_steps"] == 300
