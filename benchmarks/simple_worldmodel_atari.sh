@@ -6,6 +6,7 @@
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu          # the CPU evidence run on Pong (resumable)
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-random   # its random-policy baseline (needs policy.pt)
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-records  # copy its small records to benchmarks/results/
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-plot     # the docs figure and table from those records
 # (freeway-cpu*: the same on Freeway, stopped after epoch 0: its uniform-random first collection of 11,264 steps
 # crossed the road 0 times, so the reward head could only learn "0" and PPO inside the model had nothing to learn
 # from; two of the paper's five Freeway runs also ended at 0. Records: benchmarks/results/simple_cpu_freeway_s1/.)
@@ -86,6 +87,58 @@ freeway-cpu-records | pong-cpu-records)
     fi
     ls -la "$records"
     ;;
+pong-cpu-plot)
+    # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random
+    # baseline's eval_NNN.json in benchmarks/results/simple_cpu_pong_s1/): docs/assets/simple_worldmodel_atari/
+    # pong_cpu_evidence.png (left: open-loop frame error of the model and of copying the last frame over the first
+    # 1 / 12 / 50 steps, per epoch; right: the real score per epoch, mean +- std over its games, the random baseline's
+    # band and the paper's 12.8) and the table, one row per epoch, on stdout and in the records' table.md
+    python - <<'PY'
+import csv, json
+from pathlib import Path
+import matplotlib; matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+records = Path("benchmarks/results/simple_cpu_pong_s1")
+rows = list(csv.DictReader(open(records / "learning_curve.csv")))
+random = [json.load(open(p)) for p in sorted(records.glob("eval_*.json"))]
+random = [r for r in random if r.get("policy") == "uniform-random"][-1]
+num = lambda row, key: float(row[key]) if row.get(key) not in (None, "") else float("nan")
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+epochs = [int(r["epoch"]) for r in rows]
+for h, colour in (("1", "tab:green"), ("12", "tab:blue"), ("50", "tab:purple")):
+    left.plot(epochs, [num(r, f"wm_frame_mse_{h}") for r in rows], "o-", color=colour, label=f"model, first {h}")
+    left.plot(epochs, [num(r, f"wm_copy_frame_mse_{h}") for r in rows], "s--", color=colour, alpha=0.6,
+              label=f"copy last frame, first {h}")
+left.set_yscale("log"); left.set_xlabel("epoch"); left.set_ylabel("open-loop frame MSE (held-out real play)")
+left.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18)); left.grid(alpha=0.3)
+means, stds = [num(r, "eval_mean") for r in rows], [num(r, "eval_std") for r in rows]
+right.errorbar(epochs, means, yerr=stds, fmt="o-", capsize=3, label="policy trained in the model (32 games)")
+lo, hi = random["mean"] - random["std"], random["mean"] + random["std"]
+right.axhspan(lo, hi, color="grey", alpha=0.3, label=f"uniform random, mean +- std ({random['mean']:.2f})")
+right.axhline(12.8, color="tab:red", ls=":", label="paper, SD long (5 runs, 100K steps): 12.8")
+right.set_ylim(-21.5, 14.5); right.set_xlabel("epoch"); right.set_ylabel("real score (full games)")
+right.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18)); right.grid(alpha=0.3)
+for ax in (left, right):
+    ax.set_xticks(epochs or [0])
+fig.suptitle("SimPLe on Pong, 2-core CPU, one seed (budget: see the docs' table)", fontsize=9)
+fig.tight_layout()
+out = Path("docs/assets/simple_worldmodel_atari/pong_cpu_evidence.png")
+fig.savefig(out, dpi=70); print(out, out.stat().st_size)
+table = ["| epoch | real agent steps at its end | world-model steps | frame MSE, model, 1 / 12 / 50 steps | copy the last frame | reward accuracy, model / always 0 (50 steps) | real score, 32 games |"]
+table.append("|---|---|---|---|---|---|---|")
+for r in rows:
+    mse = " / ".join(f"{num(r, f'wm_frame_mse_{h}'):.6f}" for h in ("1", "12", "50"))
+    copy = " / ".join(f"{num(r, f'wm_copy_frame_mse_{h}'):.6f}" for h in ("1", "12", "50"))
+    acc = f"{num(r, 'wm_reward_accuracy_50'):.3f} / {num(r, 'wm_copy_reward_accuracy_50'):.3f}"
+    score = f"{num(r, 'eval_mean'):.2f} ± {num(r, 'eval_std'):.2f}" if r.get("eval_mean") else "-"
+    table.append(f"| {r['epoch']} | {r['real_steps'] or '-'} | {r['world_model_steps']} | {mse} | {copy} | {acc} | {score} |")
+table.append(f"| random | | | | | | {random['mean']:.2f} ± {random['std']:.2f} ({random['episodes']} games) |")
+head = "# The docs' table of the Pong run, written by `bash benchmarks/simple_worldmodel_atari.sh pong-cpu-plot` from\n"
+head += "# learning_curve.csv and the uniform-random eval_NNN.json beside this file\n\n"
+(records / "table.md").write_text(head + "\n".join(table) + "\n")
+print("\n".join(table))
+PY
+    ;;
 quick)
     python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}" \
         --run-dir "runs/simple_quick_${ENV_ID//\//_}_s$SEED"
@@ -108,7 +161,7 @@ throughput)
         python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
     ;;
 *)
-    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-plot]" >&2
     exit 2
     ;;
 esac

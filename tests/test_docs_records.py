@@ -42,6 +42,8 @@ RECORDS_OF = {
     "simple_worldmodel_atari": [
         "simple_quick_pong_s1/*.json",
         "simple_quick_pong_s1/*.log",
+        "simple_cpu_pong_s1/*.md",  # table.md: the CPU run's table, written from its learning_curve.csv
+        "simple_cpu_pong_s1/*.json",  # the random baseline's evaluation
         "simple_worldmodel_atari.md",  # the paper's table, with its source
     ],
 }
