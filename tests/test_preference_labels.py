@@ -165,28 +165,16 @@ def test_a_colour_gif_keeps_every_pixel_of_a_128_colour_palette():
         labels.render_clip_gif(rng.integers(0, 256, (2, 20, 20, 3), dtype=np.uint8))
 
 
-def record_clips(rom: str, num_envs: int, steps: int, seed: int, sticky: float = 0.0) -> list[dict]:
-    """Clips of random play recorded as preference_ga3c_atari.py records them for --labeler human: its
-    asynchronous AtariVectorEnv (half the envs per batch) and ClipRecorder, which adds what replays them."""
-    import preference_ga3c_atari as script
+def record_clips(*args, **kwargs) -> list[dict]:
+    """Clips of random play recorded as training records them for --labeler human: the colour-replay benchmark's
+    record_clips (benchmarks/preference_colour_replay.py), loaded from its file."""
+    import importlib.util
 
-    envs = script.make_envs(rom, num_envs, 4, sticky, script.EnvArgs(), num_envs // 2, 1)
-    rng = np.random.default_rng(seed)
-    replay = {"rom": rom, "sticky": sticky, "noop_max": 30, "seed": seed}
-    recorder = script.ClipRecorder(25, 4, 4, num_envs, rng, replay)
-    obs, info = envs.reset(seed=seed)
-    acted, last, clips = np.zeros(num_envs, bool), np.zeros(num_envs, np.int64), []
-    for _ in range(steps):
-        ids = info["env_id"]
-        acted[ids], last[ids] = True, rng.integers(envs.single_action_space.n, size=len(ids))
-        envs.send(last[ids])
-        obs, reward, terminated, truncated, info = envs.recv()
-        ids, no = info["env_id"], np.zeros(len(info["env_id"]), bool)
-        stepped = acted[ids]
-        over = (terminated | truncated)[stepped]
-        clips += recorder.observe(ids[stepped], obs[stepped], last[ids[stepped]], reward[stepped], over, no, "random")
-    envs.close()
-    return clips
+    benchmark = Path(__file__).resolve().parent.parent / "benchmarks" / "preference_colour_replay.py"
+    spec = importlib.util.spec_from_file_location("colour_replay", benchmark)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.record_clips(*args, **kwargs)
 
 
 def test_replayed_clips_are_the_recorded_ones_in_colour():
