@@ -125,32 +125,36 @@ PY
     ;;
   montezuma-plot)  # the montezuma runs' figure and table, from their committed records only
     # (benchmarks/results/rnd_montezuma_<name>_s<seed>/curves.csv, results.json): docs/assets/rnd_ppo_atari/montezuma_10M.png
-    # (score per training episode as a 100-episode running mean, rooms visited in training so far, intrinsic reward;
-    # one line per run, RND and PPO in two colours) and a markdown table on stdout, one row per run.
+    # (score and length of the training episodes as 100-episode running means, rooms visited in training so far,
+    # intrinsic reward;
+    # one line per run, RND and PPO in two colours) and a markdown table, one row per run, on stdout and in
+    # benchmarks/results/rnd_montezuma_table.md (the record the docs check reads for the page's table).
     python - <<'PY'
 import csv, json
 from pathlib import Path
 import numpy as np
 import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-runs = sorted(Path("benchmarks/results").glob("rnd_montezuma_*_s*"))
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+runs = sorted(p for p in Path("benchmarks/results").glob("rnd_montezuma_*_s*") if p.is_dir())
+fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
 colour = {"rnd": "tab:red", "ppo": "tab:blue"}
-print("| run | frames | training episodes | score, last 100 training episodes | rooms visited in training | evaluation (results.json) |")
-print("|---|---|---|---|---|---|")
+table = ["| run | frames | training episodes | score, last 100 training episodes | agent steps per episode, last 100 | rooms visited in training | evaluation (results.json) |",
+         "|---|---|---|---|---|---|---|"]
 for run in runs:
     name, seed = run.name.split("_")[2:4]
     tags = {}
     for row in csv.DictReader(open(run / "curves.csv")):
         tags.setdefault(row["tag"], []).append((int(row["step"]), float(row["value"])))
     curves = {tag: np.array(sorted(pts)) for tag, pts in tags.items()}
-    ret, rooms, intr = (curves.get(t) for t in ("charts/episodic_return", "charts/visited_rooms_train", "rnd/intrinsic_reward"))
+    ret, length, rooms, intr = (curves.get(t) for t in (
+        "charts/episodic_return", "charts/episodic_length", "charts/visited_rooms_train", "rnd/intrinsic_reward"))
     label = f"{'RND' if name == 'rnd' else 'PPO'} {seed}"
     style = dict(color=colour[name], ls="-" if seed == "s1" else "--", lw=1.2, label=label)
-    if ret is not None and len(ret):
-        k = min(100, len(ret))
-        axes[0].plot(4e-6 * ret[k - 1 :, 0], np.convolve(ret[:, 1], np.ones(k) / k, "valid"), **style)
-    for ax, curve in ((axes[1], rooms), (axes[2], intr)):
+    for ax, curve in ((axes[0], ret), (axes[1], length)):  # per episode: a 100-episode running mean
+        if curve is not None and len(curve):
+            k = min(100, len(curve))
+            ax.plot(4e-6 * curve[k - 1 :, 0], np.convolve(curve[:, 1], np.ones(k) / k, "valid"), **style)
+    for ax, curve in ((axes[2], rooms), (axes[3], intr)):
         if curve is not None:
             ax.plot(4e-6 * curve[:, 0], curve[:, 1], **style)
     frames = 4 * max(c[-1, 0] for c in curves.values() if len(c))
@@ -158,8 +162,13 @@ for run in runs:
     result = json.load(open(run / "results.json")) if (run / "results.json").exists() else None
     evaluation = "running" if result is None else f"{result['eval_mean_return']:.1f} ± {result['eval_std_return']:.1f} ({result['eval_episodes']} games)"
     nrooms = f"{rooms[-1, 1]:.0f}" if rooms is not None else "-"
-    print(f"| {label} | {frames / 1e6:.2f}M | {0 if ret is None else len(ret)} | {last} | {nrooms} | {evaluation} |")
-for ax, title in zip(axes, ("score per training episode (100-episode mean)", "rooms visited in training", "intrinsic reward per step")):
+    steps = f"{length[-100:, 1].mean():.0f}" if length is not None else "-"
+    table.append(f"| {label} | {frames / 1e6:.2f}M | {0 if ret is None else len(ret)} | {last} | {steps} | {nrooms} | {evaluation} |")
+print("\n".join(table))
+Path("benchmarks/results/rnd_montezuma_table.md").write_text("\n".join(table) + "\n")
+titles = ("score per training episode (100-episode mean)", "agent steps per training episode (100-episode mean)",
+          "rooms visited in training", "intrinsic reward per step")
+for ax, title in zip(axes, titles):
     ax.set_title(title, fontsize=9); ax.set_xlabel("frames (millions)"); ax.grid(alpha=0.3)
 axes[0].legend(fontsize=8)
 fig.suptitle("Montezuma's Revenge: RND against PPO at equal frames (2-core CPU; seeds as lines)", fontsize=9)
@@ -181,7 +190,7 @@ def series(run, tag):
         if tag in acc.Tags()["scalars"]:
             pts += [(e.step, e.value) for e in acc.Scalars(tag)]
     return sorted(pts)
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
 for name, label in (("rnd", "RND (int-coef 1)"), ("ppo", "PPO (int-coef 0)")):
     run = f"runs/rnd_evidence/montezuma_{name}_s1"
     for ax, tag in zip(axes, ("charts/episodic_return", "charts/visited_rooms", "rnd/intrinsic_reward")):

@@ -34,7 +34,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 RECORDS_OF = {
     "README": ["**/*.md", "**/*.json", "*.jsonl"],
     "trex_ppo_atari": ["trex_ppo_atari.md"],
-    "rnd_ppo_atari": ["rnd_ppo_atari.md"],
+    "rnd_ppo_atari": [
+        "rnd_ppo_atari.md",
+        "rnd_montezuma_table.md",  # the 10M-frame runs' table, written by montezuma-plot from their curves
+        "rnd_montezuma_*/results.json",
+    ],
     "filter_irl_mujoco": ["filter_irl_mujoco.md", "hype_irl_mujoco.md"],
     "hype_irl_mujoco": ["hype_irl_mujoco.md", "filter_irl_mujoco.md"],
     "preference_ga3c_atari": ["preference_ga3c_atari.md", "preference_ga3c_atari_windows.md"],
