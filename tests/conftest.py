@@ -47,6 +47,16 @@ DEFAULT_SEED = 0
 torch.set_num_threads(1)
 
 
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported from its file (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def subprocess_env() -> dict[str, str]:
     """Environment for script subprocesses: CPU only, one thread, no display, unbuffered output."""
     env = dict(os.environ)

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_benchmark
 
-spec = importlib.util.spec_from_file_location("throughput", REPO_ROOT / "benchmarks" / "throughput.py")
-throughput = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(throughput)
+throughput = load_benchmark("throughput")
 
 
 @pytest.mark.parametrize(
@@ -52,9 +51,7 @@ def test_slope_sps_is_logged_steps_over_wall_time_after_the_leading_fraction():
 
 
 def test_alternate_keeps_only_iterations_inside_a_running_window():
-    alt_spec = importlib.util.spec_from_file_location("alternate", REPO_ROOT / "benchmarks" / "alternate.py")
-    alternate = importlib.util.module_from_spec(alt_spec)
-    alt_spec.loader.exec_module(alternate)
+    alternate = load_benchmark("alternate")
     # (step, wall time) once per iteration of 100 steps; the process ran in [0, 10] and [20, 30].
     points = [(100, 1.0), (200, 3.0), (300, 5.0), (400, 11.0), (500, 21.0), (600, 25.0)]
     windows = [(0.0, 10.0), (20.0, 30.0)]
@@ -186,9 +183,7 @@ def test_tb_to_csv_merges_a_resumed_runs_event_files_and_keeps_the_last_value(tm
     second.add_scalar("charts/episodic_return", 4.25, 300)
     second.close()
     out = tmp_path / "records" / "curves.csv"
-    spec = importlib.util.spec_from_file_location("tb_to_csv", REPO_ROOT / "benchmarks" / "tb_to_csv.py")
-    tb_to_csv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tb_to_csv)
+    tb_to_csv = load_benchmark("tb_to_csv")
     assert tb_to_csv.main([str(run), str(out), "--prefix", "charts/"]) == 0
     assert out.read_text().splitlines() == [
         "tag,step,value",
@@ -197,3 +192,12 @@ def test_tb_to_csv_merges_a_resumed_runs_event_files_and_keeps_the_last_value(tm
         "charts/episodic_return,300,4.25",
     ]
     assert tb_to_csv.main([str(tmp_path / "missing"), str(out)]) == 2
+
+
+def test_reward_probe_auc_counts_pairs_and_halves_ties():
+    auc = load_benchmark("simple_reward_probe").auc
+    # positives 0.35 and 0.8 against negatives 0.1 and 0.4: 0.35 > 0.1, 0.35 < 0.4, 0.8 > both -> 3 of 4 pairs
+    assert auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True])) == 0.75
+    # one tie (0.5 = 0.5) counts half, one win: (0.5 + 1) / 2
+    assert auc(np.array([0.5, 0.5, 0.9]), np.array([True, False, True])) == 0.75
+    assert math.isnan(auc(np.array([0.2, 0.3]), np.array([True, True])))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 import preference_labelling_app as labels
 
@@ -168,13 +169,7 @@ def test_a_colour_gif_keeps_every_pixel_of_a_128_colour_palette():
 def record_clips(*args, **kwargs) -> list[dict]:
     """Clips of random play recorded as training records them for --labeler human: the colour-replay benchmark's
     record_clips (benchmarks/preference_colour_replay.py), loaded from its file."""
-    import importlib.util
-
-    benchmark = Path(__file__).resolve().parent.parent / "benchmarks" / "preference_colour_replay.py"
-    spec = importlib.util.spec_from_file_location("colour_replay", benchmark)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.record_clips(*args, **kwargs)
+    return load_benchmark("preference_colour_replay").record_clips(*args, **kwargs)
 
 
 def test_replayed_clips_are_the_recorded_ones_in_colour():
