@@ -7,6 +7,7 @@
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-random   # its random-policy baseline (needs policy.pt)
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-records  # copy its small records to benchmarks/results/
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-plot     # the docs figure and table from those records
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-probe    # does its reward head see real play's rewards?
 # (freeway-cpu*: the same on Freeway, stopped after epoch 0: its uniform-random first collection of 11,264 steps
 # crossed the road 0 times, so the reward head could only learn "0" and PPO inside the model had nothing to learn
 # from; two of the paper's five Freeway runs also ended at 0. Records: benchmarks/results/simple_cpu_freeway_s1/.)
@@ -86,6 +87,13 @@ freeway-cpu-records | pong-cpu-records)
         cp "runs/logs/simple_cpu_${game}_s1.log" "$records/run.log"
     fi
     ls -la "$records"
+    ;;
+pong-cpu-probe)
+    # the last world model's reward head on every held-out real step (benchmarks/simple_reward_probe.py: one step from
+    # real frames, the prior's and the posterior's bits), one JSON line each into the run's records
+    records=benchmarks/results/simple_cpu_pong_s1
+    mkdir -p "$records"
+    nice -n 19 python benchmarks/simple_reward_probe.py runs/simple_cpu_pong_s1 --out "$records/reward_probe.jsonl"
     ;;
 pong-cpu-plot)
     # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random
