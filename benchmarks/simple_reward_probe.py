@@ -1,6 +1,7 @@
 """Does a SimPLe run's reward head see the rewards of real play? One step from real frames, held-out games only.
 
-    python benchmarks/simple_reward_probe.py RUN_DIR [--max-windows N] [--batch-size B] [--seed S] [--out FILE]
+    python benchmarks/simple_reward_probe.py RUN_DIR [--fresh-head N] [--max-windows N] [--batch-size B] [--seed S]
+        [--out FILE]
 
 For every held-out window of the run's real collections (env 0 of each collection, never trained on), the world
 model (RUN_DIR/world_model.pt, the last epoch's) predicts the reward of one step from the real 4-frame stack and
@@ -15,6 +16,13 @@ bit noise or prior sampling). Printed and written as one JSON line per way (to -
 A head whose argmax never leaves 0 can still carry the signal below the threshold (AUC well above 0.5); an AUC
 near 0.5 with the posterior's bits says the head has not learned where rewards come from at all; a high AUC with
 the posterior's bits and a low one with the prior's says the prior is what loses them.
+
+With --fresh-head N, a third line asks whether the information is in the features at all: a fresh logistic
+regression (reward != 0 or not, classes weighted to balance) is fitted on the features the reward head reads
+(prior's bits, eval mode), from every rewarded training-env window plus N random unrewarded ones, and scored by
+its AUC on the held-out windows. A fresh head far above the trained one says the trained head is what fails (its
+loss, its optimiser, the rarity of rewards); a fresh head near 0.5 says the world model's features do not carry
+the reward yet.
 """
 
 import argparse
@@ -54,7 +62,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-windows", type=int, default=0, help="0: every held-out window")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None, help="append the JSON line to this file too")
+    parser.add_argument("--out", type=Path, default=None, help="append the JSON lines to this file too")
+    parser.add_argument("--fresh-head", type=int, default=0, help="unrewarded training windows for the fresh head")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
@@ -63,7 +72,11 @@ def main(argv=None) -> dict:
     windows = data.windows(1, held_out=True)
     if args.max_windows and len(windows) > args.max_windows:
         windows = windows[np.random.default_rng(args.seed).choice(len(windows), args.max_windows, replace=False)]
-    lines = [probe(model, data, windows, args.batch_size, latent) for latent in ("prior", "posterior")]
+    held_out_features: list = []
+    lines = [probe(model, data, windows, args.batch_size, "prior", held_out_features)]
+    if args.fresh_head:
+        lines.append(fresh_head(model, data, np.concatenate(held_out_features), args))
+    lines.append(probe(model, data, windows, args.batch_size, "posterior"))
     for out in lines:
         out["run_dir"] = str(args.run_dir)
         print(json.dumps(out))
@@ -73,8 +86,9 @@ def main(argv=None) -> dict:
     return lines
 
 
-def probe(model, data, windows: np.ndarray, batch_size: int, latent: str) -> dict:
-    """One step's reward prediction on each window, with the prior's or the posterior's bits."""
+def probe(model, data, windows: np.ndarray, batch_size: int, latent: str, features: list | None = None) -> dict:
+    """One step's reward prediction on each window, with the prior's or the posterior's bits; the reward head's
+    inputs are appended to `features` (batches of numpy arrays) when given."""
     if latent == "posterior":  # training's forward pass with nothing random left: posterior bits, hard, always used
         cfg = model.cfg
         cfg.dropout = cfg.residual_dropout = cfg.bit_noise = cfg.bit_flip = cfg.prior_max_sampling = 0.0
@@ -83,6 +97,9 @@ def probe(model, data, windows: np.ndarray, batch_size: int, latent: str) -> dic
     else:
         model.eval()
     truth, probs = [], []
+    keep = model.reward_head.register_forward_hook(
+        lambda module, inputs, output: features.append(inputs[0].numpy()) if features is not None else None
+    )
     with torch.no_grad():
         for i in range(0, len(windows), batch_size):
             frames, actions, classes = data.sequences(windows[i : i + batch_size], 1)
@@ -90,6 +107,7 @@ def probe(model, data, windows: np.ndarray, batch_size: int, latent: str) -> dic
             _, reward_logits, _ = model(frames[:, : simple.STACK], actions[:, 0], target=target, step=10**9)
             probs.append(torch.softmax(reward_logits, -1).numpy())
             truth.append(classes[:, 0].numpy())
+    keep.remove()
     truth, probs = np.concatenate(truth), np.concatenate(probs)
     predicted = probs.argmax(-1)
     confusion = {
@@ -109,6 +127,51 @@ def probe(model, data, windows: np.ndarray, batch_size: int, latent: str) -> dic
         out[f"p_{name}_when_{name}"] = float(probs[has, c].mean()) if has.any() else None
         out[f"p_{name}_otherwise"] = float(probs[~has, c].mean())
     return out
+
+
+def fresh_head(model, data, held_out_features: np.ndarray, args) -> dict:
+    """A fresh logistic regression on the frozen reward-head inputs: fitted on training-env windows (all rewarded
+    ones and args.fresh_head unrewarded ones), scored on the held-out windows (AUC of reward != 0)."""
+    train = data.windows(1, held_out=False)
+    rewards = np.array([data.collections[c]["rewards"][t, e] for c, e, t in train])
+    rng = np.random.default_rng(args.seed)
+    quiet = np.flatnonzero(rewards == 0)
+    picks = np.concatenate([np.flatnonzero(rewards != 0), rng.choice(quiet, min(args.fresh_head, len(quiet)), False)])
+    features: list = []
+    fit_probe = probe(model, data, train[picks], args.batch_size, "prior", features)
+    x_train, y_train = torch.as_tensor(np.concatenate(features)), torch.as_tensor(rewards[picks] != 0).float()
+    held_out = data.windows(1, held_out=True)
+    y_held = np.array([data.collections[c]["rewards"][t, e] != 0 for c, e, t in held_out])
+    if args.max_windows and len(held_out) > args.max_windows:  # the same subsample main() probed
+        held_out_pick = np.random.default_rng(args.seed).choice(len(held_out), args.max_windows, replace=False)
+        y_held = y_held[held_out_pick]
+    mean, std = x_train.mean(0), x_train.std(0) + 1e-6
+    linear = torch.nn.Linear(x_train.shape[1], 1)
+    positives = y_train.sum().clamp(min=1)
+    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(len(y_train) - positives) / positives)
+    optimizer = torch.optim.LBFGS(linear.parameters(), max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = loss_fn(linear((x_train - mean) / std).squeeze(1), y_train) + 1e-3 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        score_train = linear((x_train - mean) / std).squeeze(1).numpy()
+        score_held = linear((torch.as_tensor(held_out_features) - mean) / std).squeeze(1).numpy()
+    return {
+        "latent": "prior",
+        "probe": "fresh linear head on the frozen reward-head inputs",
+        "train_windows": len(picks),
+        "train_rewarded": int(y_train.sum()),
+        "trained_head_auc_on_them": fit_probe["auc_nonzero"],
+        "fresh_head_auc_train": auc(score_train, y_train.numpy().astype(bool)),
+        "held_out_steps": len(y_held),
+        "rewarded_steps": int(y_held.sum()),
+        "fresh_head_auc": auc(score_held, y_held),
+    }
 
 
 if __name__ == "__main__":

@@ -405,16 +405,18 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     for tag in [f"world_model/{t}" for t in wm_tags] + other_tags:
         assert tag in logged, tag
     assert not list(run_dir.rglob("*.tmp"))
-    # the reward probe (benchmarks/simple_reward_probe.py) reads the finished run: one line per latent, every
-    # held-out window (env 0 of each collection) counted once in the confusion counts
+    # the reward probe (benchmarks/simple_reward_probe.py) reads the finished run: the trained head with each
+    # latent, every held-out window (env 0 of each collection) counted once, and a fresh head on its inputs
     probe_out = tmp_path / "probe.jsonl"
-    lines = load_benchmark("simple_reward_probe").main([str(run_dir), "--out", str(probe_out)])
+    lines = load_benchmark("simple_reward_probe").main([str(run_dir), "--fresh-head", "20", "--out", str(probe_out)])
     held_out = len(sw.load_collections(run_dir).windows(1, held_out=True))
-    assert [line["latent"] for line in lines] == ["prior", "posterior"] and held_out > 0
-    for line in lines:
+    trained, fresh = [lines[0], lines[2]], lines[1]
+    assert [line["latent"] for line in trained] == ["prior", "posterior"] and held_out > 0
+    for line in trained:
         assert line["held_out_steps"] == held_out == sum(sum(row.values()) for row in line["confusion"].values())
         assert 0 <= line["p_minus_otherwise"] <= 1
-    assert [json.loads(x)["latent"] for x in probe_out.read_text().splitlines()] == ["prior", "posterior"]
+    assert fresh["held_out_steps"] == held_out and fresh["train_windows"] == 20 + fresh["train_rewarded"]
+    assert len(probe_out.read_text().splitlines()) == 3
 
     # the user contract: five lines load the policy and act in the envs it was trained on
     _, envs, actions = run_contract_snippet(sw, str(run_dir / "policy.pt"))
