@@ -663,6 +663,22 @@ def test_player_keys_map_to_the_games_actions():
     assert sw.key_action("w", ["NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN"]) == 2
 
 
+def test_version_1_world_models_and_checkpoints_are_refused_policies_and_collections_still_read(tmp_path):
+    """Version 2 changed the world model's layers: a version-1 world model or checkpoint would compute something
+    else, so it is refused naming the file; policies and collections did not change and still load."""
+    for kind in ("world_model", "checkpoint", "policy"):
+        torch.save({"script": SCRIPT, "kind": kind, "version": 1, "payload": 7}, tmp_path / f"{kind}.pt")
+    np.savez(tmp_path / "collection.npz", script=SCRIPT, kind="collection", version=1, rewards=np.zeros(3))
+    for kind in ("world_model", "checkpoint"):
+        with pytest.raises(sw.UsageError, match=f"{kind}.pt as a {kind} file"):
+            sw.load(tmp_path / f"{kind}.pt", kind, "retrain it")
+    assert sw.load(tmp_path / "policy.pt", "policy", "-")["payload"] == 7
+    assert sw.load(tmp_path / "collection.npz", "collection", "-")["rewards"].shape == (3,)
+    with pytest.raises(sw.UsageError):  # a version this script never wrote
+        torch.save({"script": SCRIPT, "kind": "policy", "version": 3}, tmp_path / "future.pt")
+        sw.load(tmp_path / "future.pt", "policy", "-")
+
+
 def test_corrupt_state_or_collection_exits_2_naming_the_file(tmp_path):
     args = sw.Args(run_dir=str(tmp_path / "run"))
     run_dir = tmp_path / "run"
