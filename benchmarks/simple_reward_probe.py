@@ -67,7 +67,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    model = simple.world_model_from(torch.load(args.run_dir / "world_model.pt", map_location="cpu", weights_only=False))
+    fix = "pass a run dir of this version of simple_worldmodel_atari.py"
+    model = simple.world_model_from(simple.load(args.run_dir / "world_model.pt", "world_model", fix))
     data = simple.load_collections(args.run_dir)
     windows = data.windows(1, held_out=True)
     if args.max_windows and len(windows) > args.max_windows:
