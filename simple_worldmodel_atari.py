@@ -1487,8 +1487,9 @@ def check_run_dir(args: Args, ctx: dict):
         ctx["finished"] = (run_dir / "results.json").exists()
         state_file = run_dir / "checkpoints" / "state.pt"
         fix = "delete it to restart the run's training"
-        ctx["resume"] = load(state_file, "checkpoint", fix) if state_file.exists() else None
-        if ctx["resume"] is not None and not ctx["finished"]:
+        ctx["resume"] = None  # a finished run is not resumed, so its checkpoint is not read
+        if state_file.exists() and not ctx["finished"]:
+            ctx["resume"] = load(state_file, "checkpoint", fix)
             check_saved_networks_fit(args, ctx)
         ctx["data"] = load_collections(run_dir)
     probe = run_dir

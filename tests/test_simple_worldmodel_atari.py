@@ -423,8 +423,9 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     envs.close()
     assert actions.shape == (1,) and 0 <= actions[0] < 6
     before = (run_dir / "results.json").read_text()
+    (run_dir / "checkpoints" / "state.pt").write_bytes(b"an unreadable checkpoint")  # a finished run never reads it
     rc, out, err = run_script(SCRIPT, *TINY, "--run-dir", str(run_dir), timeout=120)
-    assert rc == 0 and "finished" in out and (run_dir / "results.json").read_text() == before
+    assert rc == 0 and "finished" in out and (run_dir / "results.json").read_text() == before, err
     rc, out, err = run_script(SCRIPT, "--eval-only", str(run_dir), "--eval.episodes", "1", timeout=200)
     assert rc == 0, err[-2000:]
     ev = json.loads((run_dir / "evaluations" / "eval_001.json").read_text())
