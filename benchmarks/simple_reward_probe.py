@@ -176,4 +176,8 @@ def fresh_head(model, data, held_out_features: np.ndarray, args) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except simple.UsageError as e:  # an unreadable or other-version run dir: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

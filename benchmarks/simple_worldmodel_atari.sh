@@ -91,12 +91,13 @@ freeway-cpu-records | pong-cpu-records)
 pong-cpu-probe)
     # the last world model's reward head on every held-out real step (benchmarks/simple_reward_probe.py: one step from
     # real frames, the prior's and the posterior's bits, and a fresh linear head fitted on its frozen inputs), one JSON
-    # line each into the run's records (rewritten)
+    # line each into the run's records (replaced when the probe finishes; a format-1 world model is refused, exit 2)
     records=benchmarks/results/simple_cpu_pong_s1
     mkdir -p "$records"
-    rm -f "$records/reward_probe.jsonl"
+    rm -f "$records/reward_probe.jsonl.tmp"  # the record is replaced only by a probe that finished
     nice -n 19 python benchmarks/simple_reward_probe.py runs/simple_cpu_pong_s1 --fresh-head 6000 \
-      --out "$records/reward_probe.jsonl"
+      --out "$records/reward_probe.jsonl.tmp"
+    mv "$records/reward_probe.jsonl.tmp" "$records/reward_probe.jsonl"
     ;;
 pong-cpu-plot)
     # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random

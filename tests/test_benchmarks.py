@@ -201,3 +201,15 @@ def test_reward_probe_auc_counts_pairs_and_halves_ties():
     # one tie (0.5 = 0.5) counts half, one win: (0.5 + 1) / 2
     assert auc(np.array([0.5, 0.5, 0.9]), np.array([True, False, True])) == 0.75
     assert math.isnan(auc(np.array([0.2, 0.3]), np.array([True, True])))
+
+
+def test_reward_probe_refuses_a_world_model_of_another_format_in_one_line(tmp_path):
+    import torch
+
+    torch.save(
+        {"script": "simple_worldmodel_atari.py", "kind": "world_model", "version": 1}, tmp_path / "world_model.pt"
+    )
+    probe = [sys.executable, str(REPO_ROOT / "benchmarks" / "simple_reward_probe.py"), str(tmp_path)]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "world_model.pt" in done.stderr and not list(tmp_path.glob("*.jsonl*"))
