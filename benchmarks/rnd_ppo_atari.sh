@@ -111,12 +111,15 @@ PY
   montezuma-records)  # each montezuma run's small records into benchmarks/results/rnd_montezuma_<name>_s<seed>/ (or
     # RESULTS_ROOT/...), at any time (a run still going gives its curves so far): the
     # charts/, eval/ and rnd/ curves as CSV (rooms in training: charts/visited_rooms_train per iteration and
-    # charts/episodic_rooms per episode), args.json, curves.png, and results.json once the run has finished.
+    # charts/episodic_rooms per episode), args.json, curves.png, and results.json once the run has finished. A run
+    # that has not logged a scalar yet (just started) is skipped with a line, and the others are still recorded.
     for dir in "${RUN_ROOT:-runs}"/rnd_montezuma_*_s*; do
       [ -f "$dir/args.json" ] || continue
       out="${RESULTS_ROOT:-benchmarks/results}/$(basename "$dir")"
-      mkdir -p "$out"
-      python benchmarks/tb_to_csv.py "$dir" "$out/curves.csv" --prefix charts/ --prefix eval/ --prefix rnd/
+      if ! python benchmarks/tb_to_csv.py "$dir" "$out/curves.csv" --prefix charts/ --prefix eval/ --prefix rnd/; then
+        echo "skipped $dir: no curves yet" >&2
+        continue
+      fi
       cp "$dir/args.json" "$out/"
       for f in curves.png results.json; do
         if [ -f "$dir/$f" ]; then cp "$dir/$f" "$out/"; fi
@@ -135,7 +138,7 @@ from pathlib import Path
 import numpy as np
 import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-runs = sorted(p for p in Path("benchmarks/results").glob("rnd_montezuma_*_s*") if p.is_dir())
+runs = sorted(p.parent for p in Path("benchmarks/results").glob("rnd_montezuma_*_s*/curves.csv"))
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
 colour = {"rnd": "tab:red", "ppo": "tab:blue"}
 table = ["| run | frames | training episodes | score, last 100 training episodes | agent steps per episode, last 100 | rooms visited in training | evaluation (results.json) |",

@@ -194,6 +194,39 @@ def test_tb_to_csv_merges_a_resumed_runs_event_files_and_keeps_the_last_value(tm
     assert tb_to_csv.main([str(tmp_path / "missing"), str(out)]) == 2
 
 
+def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_yet(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    for name in ("rnd_montezuma_rnd_s1", "rnd_montezuma_rnd_s2"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "args.json").write_text("{}")
+    logged = SummaryWriter(runs / "rnd_montezuma_rnd_s1")
+    logged.add_scalar("charts/visited_rooms_train", 1.0, 4096)
+    logged.add_scalar("losses/value", 0.5, 4096)  # not a recorded prefix
+    logged.close()
+    SummaryWriter(runs / "rnd_montezuma_rnd_s2").close()  # an event file without scalars: the run just started
+    (runs / "rnd_montezuma_rnd_s1" / "results.json").write_text('{"eval_mean_return": 0.0}')
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks/rnd_ppo_atari.sh"), "montezuma-records"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUN_ROOT": str(runs), "RESULTS_ROOT": str(results)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "skipped" in done.stderr and "rnd_montezuma_rnd_s2" in done.stderr
+    assert sorted(p.name for p in (results / "rnd_montezuma_rnd_s1").iterdir()) == [
+        "args.json",
+        "curves.csv",
+        "results.json",
+    ]
+    assert (results / "rnd_montezuma_rnd_s1" / "curves.csv").read_text().splitlines() == [
+        "tag,step,value",
+        "charts/visited_rooms_train,4096,1",
+    ]
+    assert not (results / "rnd_montezuma_rnd_s2").exists()
+
+
 def test_reward_probe_auc_counts_pairs_and_halves_ties():
     auc = load_benchmark("simple_reward_probe").auc
     # positives 0.35 and 0.8 against negatives 0.1 and 0.4: 0.35 > 0.1, 0.35 < 0.4, 0.8 > both -> 3 of 4 pairs
