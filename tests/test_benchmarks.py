@@ -227,6 +227,47 @@ def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_
     assert not (results / "rnd_montezuma_rnd_s2").exists()
 
 
+@pytest.mark.slow
+def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_records_every_run(tmp_path):
+    """Issue 44 item 4's bash glue end to end (expert cache, the gate on its score, FILTER and HyPE runs, records and
+    figure), at budgets of seconds in a tmp root: the real runs take hours, so a slip here would cost a session."""
+    env = {
+        **os.environ,
+        "PAPER_ROOT": str(tmp_path / "runs"),
+        "PAPER_RESULTS": str(tmp_path / "results"),
+        "PAPER_EXPERT_STEPS": "300",
+        "PAPER_IRL_STEPS": "300",
+        "EXPERT_MIN_RETURN": "0",
+    }
+    tiny = ["--sac.learning-starts", "200", "--sac.batch-size", "32"]
+
+    def bench(script, *args, **extra_env):
+        cmd = ["bash", str(REPO_ROOT / "benchmarks" / script), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env={**env, **extra_env}, timeout=300)
+
+    expert = bench("filter_irl_mujoco.sh", "paper-expert", *tiny, "--expert.num-demos", "2")
+    assert expert.returncode == 0 and "300 SAC steps, seed 1, 2 deterministic demos" in expert.stdout, expert.stderr
+    weak = bench("filter_irl_mujoco.sh", "paper-irl", "mm", "1", EXPERT_MIN_RETURN="5000")
+    errors = [line for line in weak.stderr.splitlines() if line.startswith("error:")]
+    assert weak.returncode == 2 and len(errors) == 1 and "re-run paper-expert" in errors[0], weak.stderr
+    assert not (tmp_path / "runs" / "mm_s1").exists()
+    irl = [*tiny, "--eval.frequency", "100", "--eval.episodes", "1"]
+    assert bench("filter_irl_mujoco.sh", "paper-irl", "filter", "1", *irl).returncode == 0
+    assert bench("hype_irl_mujoco.sh", "paper-irl", "1", *irl).returncode == 0
+    finished = (tmp_path / "runs" / "hype_s1" / "results.json").read_bytes()
+    rerun = bench("hype_irl_mujoco.sh", "paper-irl", "1", *irl)  # a finished run: nothing to do, nothing rewritten
+    assert rerun.returncode == 0 and (tmp_path / "runs" / "hype_s1" / "results.json").read_bytes() == finished
+    records = bench("hype_irl_mujoco.sh", "paper-records")
+    assert records.returncode == 0 and "2 learning curves" in records.stdout, records.stderr
+    results = tmp_path / "results"
+    assert (results / "hopper_paper.png").stat().st_size > 0
+    assert (results / "expert" / "expert_meta.json").is_file()
+    for run in ("filter_s1", "hype_s1"):
+        assert (results / run / "results.json").is_file()
+        rows = (results / run / "curves.csv").read_text().splitlines()
+        assert [row.split(",")[1] for row in rows if row.startswith("eval/episodic_return,")] == ["100", "200", "300"]
+
+
 def test_reward_probe_auc_counts_pairs_and_halves_ties():
     auc = load_benchmark("simple_reward_probe").auc
     # positives 0.35 and 0.8 against negatives 0.1 and 0.4: 0.35 > 0.1, 0.35 < 0.4, 0.8 > both -> 3 of 4 pairs
