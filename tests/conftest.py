@@ -214,6 +214,11 @@ def mutated_arrays(valid: dict) -> list[tuple[str, str, dict]]:
     return cases
 
 
+def save_npz(path: Path, demos: dict) -> Path:
+    np.savez_compressed(path, **demos)
+    return path
+
+
 def corrupt_file(path: Path, how: str, seed: int = 0) -> None:
     """Damage a file in place: ``truncated`` keeps the first half of its bytes, ``random`` replaces them all by
     random bytes (at least 64)."""

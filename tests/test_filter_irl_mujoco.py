@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -18,25 +16,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    MUJOCO_ENV_ID_CASES,
     MUJOCO_IRL_DOCUMENTED_VALID,
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_counters_of_1000_steps,
-    assert_long_paths_refused,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_expert_phase,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
-    check_eval_only_signal_writes_nothing,
-    check_help_groups,
-    check_irl_run_files_corrupted,
     check_numeric_flag_cases,
     check_printed_command_resumes,
-    check_video_signal_leaves_no_file,
-    eval_only_twice,
     file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
@@ -46,13 +37,14 @@ from conftest import (
     mutated_arrays,
     numeric_flag_cases,
     one_line_exit_2,
-    quiet_main,
     run_contract_snippet,
     run_script_subprocess,
+    save_npz,
     whole_and_killed_in_the_expert_phase,
     whole_and_killed_then_resumed,
     write_minari_dataset,
 )
+from mujoco_irl_contract import *  # noqa: F403  the contract tests shared with hype_irl_mujoco.py, run on this script
 
 import filter_irl_mujoco as fi
 
@@ -61,6 +53,12 @@ PENDULUM = "InvertedPendulum-v5"
 CPU = torch.device("cpu")
 PENDULUM_SIZES = {"obs": 4, "act": 1, "nq": 2, "nv": 2, "env": PENDULUM}
 TINY = MUJOCO_IRL_TINY
+
+
+@pytest.fixture
+def irl():
+    """The script under test, for the contract tests shared with hype_irl_mujoco.py (mujoco_irl_contract.py)."""
+    return fi
 
 
 class HandExpert:
@@ -79,11 +77,6 @@ class RandomActor:
 
     def act(self, obs, deterministic=True):
         return self.space.sample()
-
-
-def save_npz(path: Path, demos: dict) -> Path:
-    np.savez_compressed(path, **demos)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -389,7 +382,7 @@ def test_filter_learner_reaches_expert_on_inverted_pendulum_without_env_reward(t
 # ------------------------------------------------------------------------------------------ the real command
 def test_smoke_full_pipeline_writes_all_artifacts_and_a_vp9_video(run_script, run_dir, tmp_path):
     experts = tmp_path / "experts"
-    video = ["--capture-video"] if rendering_available() else []
+    video = ["--capture-video"] if mujoco_rendering_available(fi, PENDULUM) else []
     rc, out, err = run_script(SCRIPT, *mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), *video, *TINY, timeout=300)
     assert rc == 0, err[-2000:]
     assert_run_directory_printed_at_start_and_end(out, run_dir)
@@ -410,10 +403,6 @@ def test_smoke_full_pipeline_writes_all_artifacts_and_a_vp9_video(run_script, ru
         assert_vp9_video(run_dir / "videos" / "final.webm", fi.VIDEO_SIZE)
 
 
-def rendering_available() -> bool:
-    return mujoco_rendering_available(fi, PENDULUM)
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
     """A finished tiny run on cached demos (no expert phase): (run dir, demos file, its command's arguments)."""
@@ -429,31 +418,11 @@ def run_script_quietly(args: list, timeout: float = 300):
     return run_script_subprocess(SCRIPT, *args, timeout=timeout)
 
 
-def test_same_seed_and_threads_give_identical_weights_and_scores(finished_run, tmp_path):
-    run_dir, _, args = finished_run
-    rc, _, err = run_script_quietly(args + ["--run-dir", tmp_path / "again"])
-    assert rc == 0, err[-2000:]
-    assert_same_weights_and_eval_returns(fi.load_policy, run_dir, tmp_path / "again")
-
-
 def test_policy_snippet_from_the_contract_loads_and_acts(finished_run):
     policy, envs, actions = run_contract_snippet(fi, finished_run[0] / "policy.pt")
     assert not policy.training and policy.env_id == PENDULUM
     assert actions.shape == (1, 1) and envs.action_space.contains(actions.astype(np.float32))
     envs.step(actions)
-
-
-def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_path):
-    run_dir = tmp_path / "copy"
-    shutil.copytree(finished_run[0], run_dir)
-    video = ["--capture-video"] if rendering_available() else []
-    for record in eval_only_twice(
-        lambda: run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, *video]), run_dir
-    ):
-        assert record["env_id"] == PENDULUM and len(record["returns"]) == 2 and math.isfinite(record["mean"])
-    if not video:
-        pytest.skip("MuJoCo cannot render off-screen here (install libegl1 or OSMesa): video not checked")
-    assert_vp9_video(run_dir / "videos" / "eval_002.webm", fi.VIDEO_SIZE)
 
 
 def test_resume_continues_from_saved_step(run_dir, demos_file):
@@ -493,12 +462,6 @@ def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, demos
         unparsed=lambda flag, value: fi.main([*base, flag, value]),  # e.g. NaN for an int: the command line's turn
         created=tmp_path / "run",
     )
-
-
-@pytest.mark.parametrize("env_id, message", MUJOCO_ENV_ID_CASES)
-def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path, env_id, message):
-    line = one_line_exit_2(lambda: fi.main(["--env-id", env_id, "--run-dir", str(tmp_path / "r")]))
-    assert message in line and "--env-id" in line, line
 
 
 def on_demos(*flags, env_id: str = PENDULUM):
@@ -578,47 +541,6 @@ def test_bad_input_exits_2_with_one_line(run_dir, demos_file, make_args, message
         assert file_bytes(run_dir) == before  # nothing overwritten
 
 
-def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir):
-    rc, out, err = run_script(SCRIPT, "--env-id", "Hoper-v5", "--run-dir", run_dir, timeout=120)
-    assert rc == 2 and err.strip().splitlines() == [err.strip()] and "did you mean Hopper-v5" in err, err
-    assert not run_dir.exists()
-
-
-def test_finished_run_is_never_overwritten_and_exits_0(finished_run):
-    run_dir = finished_run[0]
-    before = file_bytes(run_dir)
-    rc, out, err = run_script_quietly(["--run-dir", run_dir])
-    assert rc == 0 and "already holds a finished run" in out, err
-    assert file_bytes(run_dir) == before
-
-
-def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finished_run, tmp_path):
-    """Generated: every file of a finished run dir, truncated or replaced by random bytes, then the command re-run
-    (results.json removed so that the resume path reads the artifacts): exit 2 with one line naming the file, or a
-    clean redo that finishes (exit 0); never a traceback."""
-    source, demos, _ = finished_run
-    check_irl_run_files_corrupted(fi.main, source, demos, tmp_path)
-
-
-def test_help_is_grouped_by_phase():
-    check_help_groups(
-        lambda: fi.main(["--help"]),
-        groups=("expert", "sac", "disc", "irl", "eval"),
-        flags=("--irl.total-timesteps", "--sac.learning-starts", "--eval.episodes"),
-    )
-
-
-def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finished_run, tmp_path, monkeypatch):
-    _, _, args = finished_run
-    monkeypatch.setattr(fi, "relabel_rewards", lambda disc, obs, act: torch.full((len(obs),), float("nan")))
-    argv = [*map(str, args), "--run-dir", str(tmp_path / "nan"), "--log-frequency", "10"]
-    code, err = quiet_main(lambda: fi.main(argv))
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 3 and len(errors) == 1, err[-2000:]
-    assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
-    assert not (tmp_path / "nan" / "results.json").exists()
-
-
 def test_the_printed_command_resumes_a_run_in_its_default_run_dir(tmp_path, demos_file):
     """Issue 48 item 10: without --run-dir the run dir ends in a timestamp; the interrupt message gives the command
     with --run-dir, and running it exactly as printed resumes (the step counter continues)."""
@@ -680,26 +602,6 @@ def test_progress_in_a_log_file_is_a_plain_line_every_period(monkeypatch, capsys
     assert lines[0].startswith("phase: 6/10 (60 %") and lines[0].endswith(", ret 7") and len(lines) == 2, lines
 
 
-def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run):
-    """Issue 48 item 6: the same flags -> exit 0 "nothing to do" (the test above); a flag that differs from args.json
-    -> exit 2, one line naming each such flag with both values; nothing written."""
-    run_dir = finished_run[0]
-    before = file_bytes(run_dir)
-    argv = ["--run-dir", str(run_dir), "--seed", "4", "--irl.total-timesteps", "240"]
-    line = one_line_exit_2(lambda: fi.main(argv))
-    assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
-    assert file_bytes(run_dir) == before
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_run, tmp_path, signum):
-    check_eval_only_signal_writes_nothing(SCRIPT, finished_run[0], tmp_path, signum)
-
-
-def test_a_signal_while_a_video_is_encoded_leaves_no_file(tmp_path):
-    check_video_signal_leaves_no_file(fi, tmp_path)
-
-
 @pytest.fixture(scope="module")
 def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path]:
     """The same tiny run (1,000 policy steps, an outer iteration every 100, a checkpoint every 100) twice on the CPU:
@@ -735,8 +637,3 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     flags += ["--sac.learning-starts", 500, "--checkpoint-every", 500, "--torch-threads", 1, *TINY]
     resumed_at = "expert phase: resuming at step {step}"
     assert_same_expert_phase(whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 1000, resumed_at))
-
-
-def test_paths_the_file_system_cannot_hold_are_refused_before_anything_is_made(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert_long_paths_refused(fi.main, tmp_path, ("--run-dir", "--eval-only", "--expert.experts-dir", "--expert.path"))

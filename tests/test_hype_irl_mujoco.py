@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -17,26 +15,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
-    MUJOCO_ENV_ID_CASES,
     MUJOCO_IRL_DOCUMENTED_VALID,
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
     assert_counters_of_1000_steps,
-    assert_long_paths_refused,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
     assert_same_expert_phase,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
-    check_eval_only_signal_writes_nothing,
-    check_help_groups,
-    check_irl_run_files_corrupted,
     check_numeric_flag_cases,
     check_printed_command_resumes,
-    check_video_signal_leaves_no_file,
-    eval_only_twice,
-    file_bytes,
     interrupt_when_exists,
     interrupt_when_found,
     irl_resume_flags,
@@ -48,10 +38,12 @@ from conftest import (
     quiet_main,
     run_contract_snippet,
     run_script_subprocess,
+    save_npz,
     whole_and_killed_in_the_expert_phase,
     whole_and_killed_then_resumed,
     write_minari_dataset,
 )
+from mujoco_irl_contract import *  # noqa: F403  the contract tests shared with filter_irl_mujoco.py, run on this script
 
 import hype_irl_mujoco as hy
 
@@ -60,6 +52,12 @@ PENDULUM = "InvertedPendulum-v5"
 SIZES = {"obs": 4, "act": 1, "nq": 2, "nv": 2, "env": PENDULUM}
 PD_GAINS = np.array([0.5, 5.0, 0.5, 0.5])  # balances InvertedPendulum-v5 for the full 1000 steps
 TINY = MUJOCO_IRL_TINY
+
+
+@pytest.fixture
+def irl():
+    """The script under test, for the contract tests shared with filter_irl_mujoco.py (mujoco_irl_contract.py)."""
+    return hy
 
 
 def pd_expert(obs: np.ndarray) -> np.ndarray:
@@ -77,11 +75,6 @@ def experts_dir(tmp_path, pendulum_demos) -> Path:
     (tmp_path / "experts" / PENDULUM).mkdir(parents=True)
     save_npz(tmp_path / "experts" / PENDULUM / "demos.npz", pendulum_demos)
     return tmp_path / "experts"
-
-
-def save_npz(path: Path, demos: dict) -> Path:
-    np.savez_compressed(path, **demos)
-    return path
 
 
 def script_command(*args) -> list[str]:
@@ -377,13 +370,9 @@ def test_hype_on_inverted_pendulum_learns_to_balance_from_demos_alone(run_script
 
 
 # ------------------------------------------------------------------------------------------------ the real command
-def rendering_available() -> bool:
-    return mujoco_rendering_available(hy, PENDULUM)
-
-
 def test_smoke_full_pipeline_from_nothing_writes_all_artifacts(run_script, run_dir, tmp_path):
     experts = tmp_path / "experts"
-    video = ["--capture-video"] if rendering_available() else []
+    video = ["--capture-video"] if mujoco_rendering_available(hy, PENDULUM) else []
     smoke = [*mujoco_irl_smoke_flags(PENDULUM, experts, run_dir), "--checkpoint-every", 100, *video, *TINY]
     rc, out, err = run_script(SCRIPT, *smoke, timeout=300)
     assert rc == 0, err[-2000:]
@@ -428,31 +417,11 @@ def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
     return root / "run", demos, args
 
 
-def test_same_seed_and_threads_give_identical_weights_and_scores(finished_run, tmp_path):
-    run_dir, _, args = finished_run
-    rc, _, err = run_script_quietly(args + ["--run-dir", tmp_path / "again"])
-    assert rc == 0, err[-2000:]
-    assert_same_weights_and_eval_returns(hy.load_policy, run_dir, tmp_path / "again")
-
-
 def test_policy_snippet_from_the_contract_loads_and_acts(finished_run):
     policy, envs, actions = run_contract_snippet(hy, finished_run[0] / "policy.pt")
     assert not policy.training and policy.env_id == PENDULUM and policy.max_episode_steps == 200
     assert actions.shape == (1, 1) and envs.action_space.contains(actions.astype(np.float32))
     envs.step(actions)
-
-
-def test_eval_only_writes_numbered_evaluations_and_a_video(finished_run, tmp_path):
-    run_dir = tmp_path / "copy"
-    shutil.copytree(finished_run[0], run_dir)
-    video = ["--capture-video"] if rendering_available() else []
-    for record in eval_only_twice(
-        lambda: run_script_quietly(["--eval-only", run_dir, "--eval.episodes", 2, *video]), run_dir
-    ):
-        assert record["env_id"] == PENDULUM and len(record["returns"]) == 2 and math.isfinite(record["mean"])
-    if not video:
-        pytest.skip("MuJoCo cannot render off-screen here (install libegl1 or OSMesa): video not checked")
-    assert_vp9_video(run_dir / "videos" / "eval_002.webm", hy.VIDEO_SIZE)
 
 
 def test_resume_continues_from_the_saved_step(run_dir, experts_dir):
@@ -494,12 +463,6 @@ def test_every_numeric_flag_with_0_minus_1_nan_and_absurd_values(tmp_path, pendu
         unparsed=lambda flag, value: hy.main([*base, flag, value]),  # e.g. NaN for an int: the command line's turn
         created=tmp_path / "run",
     )
-
-
-@pytest.mark.parametrize("env_id, message", MUJOCO_ENV_ID_CASES)
-def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path, env_id, message):
-    line = one_line_exit_2(lambda: hy.main(["--env-id", env_id, "--run-dir", str(tmp_path / "r")]))
-    assert message in line and "--env-id" in line, line
 
 
 def test_every_mutated_demos_key_exits_2_naming_the_key(tmp_path, pendulum_demos):
@@ -590,47 +553,6 @@ def bad_input_line(tmp_path, env_id, demos, make_args, message) -> str:
     assert message in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing created
     return line
-
-
-def test_bad_input_from_the_command_line_has_no_traceback(run_script, run_dir):
-    rc, out, err = run_script(SCRIPT, "--env-id", "Hoper-v5", "--run-dir", run_dir, timeout=120)
-    assert rc == 2 and err.strip().splitlines() == [err.strip()] and "did you mean Hopper-v5" in err, err
-    assert not run_dir.exists()
-
-
-def test_finished_run_is_never_overwritten_and_exits_0(finished_run):
-    run_dir = finished_run[0]
-    before = file_bytes(run_dir)
-    rc, out, err = run_script_quietly(["--run-dir", run_dir])
-    assert rc == 0 and "already holds a finished run" in out, err
-    assert file_bytes(run_dir) == before
-
-
-def test_each_corrupt_file_of_a_finished_run_gives_exit_2_or_a_clean_redo(finished_run, tmp_path):
-    """Generated: every file of a finished run dir, truncated or replaced by random bytes, then the command re-run
-    (results.json removed so that the resume path reads the artifacts): exit 2 with one line naming the file, or a
-    clean redo that finishes (exit 0); never a traceback."""
-    source, demos, _ = finished_run
-    check_irl_run_files_corrupted(hy.main, source, demos, tmp_path)
-
-
-def test_help_is_grouped_by_phase():
-    check_help_groups(
-        lambda: hy.main(["--help"]),
-        groups=("expert", "sac", "disc", "irl", "eval"),
-        flags=("--irl.total-timesteps", "--sac.learning-starts", "--eval.episodes"),
-    )
-
-
-def test_non_finite_loss_exits_3_with_one_line_naming_the_phase_and_step(finished_run, tmp_path, monkeypatch):
-    _, _, args = finished_run
-    monkeypatch.setattr(hy, "relabel_rewards", lambda disc, obs, act: torch.full((len(obs),), float("nan")))
-    argv = [*map(str, args), "--run-dir", str(tmp_path / "nan"), "--log-frequency", "10"]
-    code, err = quiet_main(lambda: hy.main(argv))
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert code == 3 and len(errors) == 1, err[-2000:]
-    assert "IRL learner: non-finite qf_loss" in errors[0] and "at step 70" in errors[0], errors
-    assert not (tmp_path / "nan" / "results.json").exists()
 
 
 # ------------------------------------------------------------------------------------------------ mazes (HyPER's data)
@@ -809,17 +731,6 @@ def test_a_signal_inside_a_long_phase_exits_130_within_10_s(tmp_path, experts_di
     assert saved["step"] == 100 * saved["k"], saved  # the outer iteration of that step is not counted: redone
 
 
-def test_a_finished_run_rerun_with_other_flags_exits_2_naming_them(finished_run):
-    """Issue 48 item 6: the same flags -> exit 0 "nothing to do" (the test above); a flag that differs from args.json
-    -> exit 2, one line naming each such flag with both values; nothing written."""
-    run_dir = finished_run[0]
-    before = file_bytes(run_dir)
-    argv = ["--run-dir", str(run_dir), "--seed", "4", "--irl.total-timesteps", "240"]
-    line = one_line_exit_2(lambda: hy.main(argv))
-    assert "--seed 4 (was 3)" in line and "--irl.total-timesteps 240 (was 120)" in line, line
-    assert file_bytes(run_dir) == before
-
-
 RETIRED = [
     (["--expert.expert-path", "demos.npz"], "--expert.path"),
     (["--expert.expert_path=demos.npz"], "--expert.path"),
@@ -836,15 +747,6 @@ def test_old_flag_spellings_are_refused_with_a_hint_to_the_new_name(tmp_path, ex
     argv = ["--env-id", PENDULUM, "--expert.experts-dir", str(experts_dir), *flag, "--run-dir", str(tmp_path / "run")]
     assert f"use {new} " in one_line_exit_2(lambda: hy.main(argv))
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_during_eval_only_exits_130_within_10_s_and_writes_nothing(finished_run, tmp_path, signum):
-    check_eval_only_signal_writes_nothing(SCRIPT, finished_run[0], tmp_path, signum)
-
-
-def test_a_signal_while_a_video_is_encoded_leaves_no_file(tmp_path):
-    check_video_signal_leaves_no_file(hy, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -886,8 +788,3 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     runs = whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 400, resumed_at)
     assert_same_expert_phase(runs)
     assert_same_weights_and_eval_returns(hy.load_policy, runs[0][0], runs[1][0])
-
-
-def test_paths_the_file_system_cannot_hold_are_refused_before_anything_is_made(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert_long_paths_refused(hy.main, tmp_path, ("--run-dir", "--eval-only", "--expert.experts-dir", "--expert.path"))
