@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from atari_contract import *  # noqa: F403  the bad-input tests shared with rnd_ppo_atari.py, run on this script
 from conftest import (
     REPO_ROOT,
-    assert_bad_policy_file_refused_by_eval_only,
-    assert_exp_names_and_long_paths_refused,
     check_eval_only_signal_writes_nothing,
     check_foreign_run_dirs_refused,
     check_help_groups,
@@ -562,12 +561,6 @@ ENV_IDS = {
 }
 
 
-def test_env_ids_of_other_families_retired_versions_and_near_misses(tmp_path):
-    for env_id, fix in ENV_IDS.items():
-        line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--env-id", env_id, "--run-dir", str(tmp_path)])))
-        assert fix in line, (env_id, line)
-
-
 def valid_demo_arrays() -> dict:
     rng, lengths = np.random.default_rng(0), np.array([12, 15, 11])
     frames = rng.integers(0, 255, ((lengths + 3).sum(), 84, 84), dtype=np.uint8)
@@ -594,6 +587,22 @@ def test_demos_file_mutated_key_by_key(tmp_path):
     assert "cannot read" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--demos", str(tmp_path / "text.npz")])))
 
 
+@pytest.fixture
+def atari():
+    """The script under test, for the tests shared with rnd_ppo_atari.py (atari_contract.py)."""
+    return trex
+
+
+@pytest.fixture
+def game() -> str:
+    return "BreakoutNoFrameskip-v4"
+
+
+@pytest.fixture
+def env_id_cases() -> dict[str, str]:
+    return ENV_IDS
+
+
 def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
     other = tmp_path / "other"
     saved_args = [
@@ -613,24 +622,6 @@ def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_pa
     line = one_line_exit_2(lambda: trex.main(trex.parse_args(["--reward-model", str(bad_model)])))
     assert "model.pt" in line and "reward model" in line
     assert "no policy.pt" in one_line_exit_2(lambda: trex.main(trex.parse_args(["--eval-only", str(other)])))
-
-
-def test_exp_names_that_are_not_a_folder_name_and_paths_too_long_are_refused(tmp_path, monkeypatch):
-    """--exp-name '../..' made folders elsewhere, a 300-byte name a traceback (the cases: conftest's helper)."""
-    monkeypatch.chdir(tmp_path)
-    assert_exp_names_and_long_paths_refused(
-        lambda argv: trex.main(trex.parse_args(argv)), tmp_path, "BreakoutNoFrameskip-v4"
-    )
-
-
-@pytest.mark.filterwarnings("error")  # a warning printed before the error line fails the test
-@pytest.mark.parametrize("how", ["tensor", "foreign dict", "empty", "random bytes", "no args.json"])
-def test_eval_only_of_a_bad_policy_file_is_one_line_and_writes_nothing(tmp_path, how):
-    """Issue 48 battery, finding 5's class: --eval-only on a run dir of this script whose policy.pt is not a policy
-    (a bare tensor, another dict, empty, random bytes), or on a folder without args.json: exit 2, one line naming
-    the file or the flag, no warning before it, nothing written."""
-    run = lambda argv: trex.main(trex.parse_args(argv))  # noqa: E731
-    assert_bad_policy_file_refused_by_eval_only(run, tmp_path / "run", how, SCRIPT, "BreakoutNoFrameskip-v4")
 
 
 def test_help_is_grouped_by_phase():
