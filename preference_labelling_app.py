@@ -72,11 +72,11 @@ def render_clip_gif(frames: np.ndarray, fps: float = CLIP_FPS) -> tuple[bytes, b
         images = [Image.fromarray(f, "L") for f in frames]
     else:  # one palette of the clip's colours, each pixel its index: exact, unlike Pillow's own quantisation
         codes = frames.astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], np.uint32)
-        colours, index = np.unique(codes, return_inverse=True)
+        colours = np.unique(codes)  # then each pixel's index by search: 7x faster than np.unique's return_inverse
         if len(colours) > 256:
             raise ValueError(f"a colour clip needs at most 256 colours for GIF, this one has {len(colours)}")
         palette = np.stack([colours >> 16, colours >> 8 & 255, colours & 255], 1).astype(np.uint8).ravel().tolist()
-        images = [Image.fromarray(i.astype(np.uint8), "P") for i in index.reshape(codes.shape)]
+        images = [Image.fromarray(i.astype(np.uint8), "P") for i in np.searchsorted(colours, codes)]
         for image in images:
             image.putpalette(palette)
     # GIF stores durations in centiseconds: round the cumulative time so the average rate is exactly `fps`.
@@ -107,23 +107,47 @@ def noop_count(seed: int, game: int, noop_max: int) -> int:
     return out[game]
 
 
+_EMULATORS: dict[tuple, tuple] = {}  # (rom, seed, sticky) -> (ALEInterface, its state just after loading the ROM)
+_EMULATORS_LOCK = threading.Lock()
+
+
+def _emulator(rom: str, seed: int, sticky: float):
+    """An emulator as a fresh ALEInterface(seed, sticky) with `rom` loaded: a kept one, put back to its state just
+    after loading (its random state included). Loading a ROM takes 85 ms, two thirds of a short clip's replay."""
+    from ale_py import ALEInterface, LoggerMode, roms
+
+    key = (rom, seed, sticky)
+    if key not in _EMULATORS:
+        if len(_EMULATORS) >= 64:  # one per env of a run is the most it needs; a few hundred KB each
+            del _EMULATORS[next(iter(_EMULATORS))]
+        ALEInterface.setLoggerMode(LoggerMode.Error)
+        ale = ALEInterface()
+        ale.setInt("random_seed", seed)
+        ale.setFloat("repeat_action_probability", sticky)
+        ale.loadROM(roms.get_rom_path(rom))
+        _EMULATORS[key] = (ale, ale.cloneState(include_rng=True))
+    ale, loaded = _EMULATORS[key]
+    ale.restoreState(loaded)
+    return ale
+
+
 def replay_clip(replay: dict, frames: np.ndarray, stack: int) -> np.ndarray | None:
     """The clip in colour, (T, 210, 160, 3): the game's actions replayed in one emulator set up as the training
     script's AtariVectorEnv (its ROM, seed, sticky actions; FIRE and the same hidden no-ops at reset, frameskip 4, the
     last two frames' maximum shrunk to 84x84), each step shown as its last frame. None when the replay's grey frames
     differ from the clip's recorded `frames` (T + stack - 1), and at once with sticky actions in a game after an
     emulator's first: its random state carries over from the games before, which are not kept (2 of 192 matched)."""
-    import cv2
-    from ale_py import Action, ALEInterface, LoggerMode, roms
-
     if replay["sticky"] > 0 and replay["game"] > 0:
         return None
+    with _EMULATORS_LOCK:
+        return _replay_in(_emulator(replay["rom"], int(replay["seed"]), float(replay["sticky"])), replay, frames, stack)
 
-    ALEInterface.setLoggerMode(LoggerMode.Error)
-    ale = ALEInterface()
-    ale.setInt("random_seed", int(replay["seed"]))
-    ale.setFloat("repeat_action_probability", float(replay["sticky"]))
-    ale.loadROM(roms.get_rom_path(replay["rom"]))
+
+def _replay_in(ale, replay: dict, frames: np.ndarray, stack: int) -> np.ndarray | None:
+    """replay_clip's work, in `ale` as just loaded."""
+    import cv2
+    from ale_py import Action
+
     action_set, actions = ale.getMinimalActionSet(), np.asarray(replay["actions"])
     fire = Action.FIRE in action_set
     ale.reset_game()

@@ -214,7 +214,8 @@ def test_a_fast_labeller_never_meets_an_empty_page(browser, tmp_path):  # noqa: 
     finally:
         run.stop()
     print(f"fast labeller: {answers} answers in {took:.0f}s, {empty_pages} empty pages, ready min {min(ready)}")
-    assert empty_pages == 0 and given >= 6 + answers and min(ready) >= 1
+    # ready counts the pair on show: 2 or more means another was already waiting behind it at every answer
+    assert empty_pages == 0 and given >= 6 + answers and min(ready) >= 2
     assert took < answers * interval + 30  # no answer waited long for its pair
 
 
