@@ -107,8 +107,7 @@ def noop_count(seed: int, game: int, noop_max: int) -> int:
     return out[game]
 
 
-_EMULATORS: dict[tuple, tuple] = {}  # (rom, seed, sticky) -> (ALEInterface, its state just after loading the ROM)
-_EMULATORS_LOCK = threading.Lock()
+_EMULATORS = threading.local()  # per thread: {(rom, seed, sticky): (ALEInterface, its state just after loading)}
 
 
 def _emulator(rom: str, seed: int, sticky: float):
@@ -116,17 +115,17 @@ def _emulator(rom: str, seed: int, sticky: float):
     after loading (its random state included). Loading a ROM takes 85 ms, two thirds of a short clip's replay."""
     from ale_py import ALEInterface, LoggerMode, roms
 
-    key = (rom, seed, sticky)
-    if key not in _EMULATORS:
-        if len(_EMULATORS) >= 64:  # one per env of a run is the most it needs; a few hundred KB each
-            del _EMULATORS[next(iter(_EMULATORS))]
+    kept = _EMULATORS.__dict__.setdefault("kept", {})
+    if (rom, seed, sticky) not in kept:
+        if len(kept) >= 64:  # one per env of a run is the most it needs; a few hundred KB each
+            del kept[next(iter(kept))]
         ALEInterface.setLoggerMode(LoggerMode.Error)
         ale = ALEInterface()
         ale.setInt("random_seed", seed)
         ale.setFloat("repeat_action_probability", sticky)
         ale.loadROM(roms.get_rom_path(rom))
-        _EMULATORS[key] = (ale, ale.cloneState(include_rng=True))
-    ale, loaded = _EMULATORS[key]
+        kept[rom, seed, sticky] = (ale, ale.cloneState(include_rng=True))
+    ale, loaded = kept[rom, seed, sticky]
     ale.restoreState(loaded)
     return ale
 
@@ -137,17 +136,12 @@ def replay_clip(replay: dict, frames: np.ndarray, stack: int) -> np.ndarray | No
     last two frames' maximum shrunk to 84x84), each step shown as its last frame. None when the replay's grey frames
     differ from the clip's recorded `frames` (T + stack - 1), and at once with sticky actions in a game after an
     emulator's first: its random state carries over from the games before, which are not kept (2 of 192 matched)."""
-    if replay["sticky"] > 0 and replay["game"] > 0:
-        return None
-    with _EMULATORS_LOCK:
-        return _replay_in(_emulator(replay["rom"], int(replay["seed"]), float(replay["sticky"])), replay, frames, stack)
-
-
-def _replay_in(ale, replay: dict, frames: np.ndarray, stack: int) -> np.ndarray | None:
-    """replay_clip's work, in `ale` as just loaded."""
     import cv2
     from ale_py import Action
 
+    if replay["sticky"] > 0 and replay["game"] > 0:
+        return None
+    ale = _emulator(replay["rom"], int(replay["seed"]), float(replay["sticky"]))
     action_set, actions = ale.getMinimalActionSet(), np.asarray(replay["actions"])
     fire = Action.FIRE in action_set
     ale.reset_game()
@@ -424,7 +418,7 @@ class LabelStore:
 
     def next_queries(self, experiment: str, kind: str, client: str, count: int = 1, lease_s: float = 30.0) -> list:
         """The `count` oldest pending queries of `kind` not leased to another client within lease_s, leased to
-        `client` (the web app shows one and preloads the next)."""
+        `client` (the web app shows one and preloads the next; two people labelling at once see different ones)."""
         now = time.time()
         with self._write() as db:
             rows = db.execute(
@@ -435,12 +429,6 @@ class LabelStore:
             leases = [(client, now + lease_s, r[0]) for r in rows]
             db.executemany("UPDATE queries SET lease_client=?, lease_until=? WHERE id=?", leases)
         return [dict(zip(QUERY_KEYS, r)) for r in rows]
-
-    def next_query(self, experiment: str, kind: str, client: str, lease_s: float = 30.0) -> dict | None:
-        """The oldest pending query of `kind` not leased to another client within lease_s, now leased to `client`
-        (two people labelling at once see different queries); None if there is none."""
-        found = self.next_queries(experiment, kind, client, 1, lease_s)
-        return found[0] if found else None
 
     def renew_leases(self, experiment: str, query_ids, client: str, lease_s: float = 30.0) -> list[int]:
         """Extend `client`'s leases on these pending queries (taking any whose lease lapsed); returns the ids held."""

@@ -293,16 +293,20 @@ def test_leases_give_two_clients_different_queries_and_expire(store):
     a, b = add_clip(store, seed=1), add_clip(store, seed=2)
     q1 = store.add_query("exp", "pair", a, b)
     q2 = store.add_query("exp", "pair", b, a)
-    assert store.next_query("exp", "pair", "alice")["id"] == q1
-    assert store.next_query("exp", "pair", "alice")["id"] == q1  # still hers
-    assert store.next_query("exp", "pair", "bob")["id"] == q2
-    assert store.next_query("exp", "pair", "carol") is None
-    assert store.next_query("exp", "tree", "carol") is None
+
+    def offered(client, kind="pair", **lease):
+        return [q["id"] for q in store.next_queries("exp", kind, client, **lease)]
+
+    assert offered("alice") == [q1]
+    assert offered("alice") == [q1]  # still hers
+    assert offered("bob") == [q2]
+    assert offered("carol") == []
+    assert offered("carol", "tree") == []
     # Alice's lease, renewed for 0 s, lapses at once: carol may take the oldest query.
-    assert store.next_query("exp", "pair", "alice", lease_s=0.0)["id"] == q1
+    assert offered("alice", lease_s=0.0) == [q1]
     time.sleep(0.01)
-    assert store.next_query("exp", "pair", "carol")["id"] == q1
-    assert store.next_query("exp", "pair", "alice") is None
+    assert offered("carol") == [q1]
+    assert offered("alice") == []
     # Anybody may still answer a leased query; then nobody is offered it.
     store.answer("exp", q1, "left", "bob")
     assert [q["id"] for q in store.next_queries("exp", "pair", "erin", count=5)] == []
