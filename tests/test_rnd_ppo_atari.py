@@ -653,18 +653,8 @@ ENV_IDS = {
 
 @pytest.fixture
 def atari():
-    """The script under test, for the tests shared with trex_ppo_atari.py (atari_contract.py)."""
-    return rnd
-
-
-@pytest.fixture
-def game() -> str:
-    return "MontezumaRevengeNoFrameskip-v4"
-
-
-@pytest.fixture
-def env_id_cases() -> dict[str, str]:
-    return ENV_IDS
+    """(this script, its game, ENV_IDS) for the tests shared with trex_ppo_atari.py (atari_contract.py)."""
+    return rnd, "MontezumaRevengeNoFrameskip-v4", ENV_IDS
 
 
 def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):

@@ -589,18 +589,8 @@ def test_demos_file_mutated_key_by_key(tmp_path):
 
 @pytest.fixture
 def atari():
-    """The script under test, for the tests shared with rnd_ppo_atari.py (atari_contract.py)."""
-    return trex
-
-
-@pytest.fixture
-def game() -> str:
-    return "BreakoutNoFrameskip-v4"
-
-
-@pytest.fixture
-def env_id_cases() -> dict[str, str]:
-    return ENV_IDS
+    """(this script, its game, ENV_IDS) for the tests shared with rnd_ppo_atari.py (atari_contract.py)."""
+    return trex, "BreakoutNoFrameskip-v4", ENV_IDS
 
 
 def test_run_dirs_of_other_scripts_envs_and_unwritable_places_are_refused(tmp_path):
