@@ -13,6 +13,9 @@
 #   run(command="bash benchmarks/gpu.sh gpu-tests", carry=[".whl"])  # the tests that skip without a GPU (~1 min)
 #   run(command="bash benchmarks/gpu.sh hyper-loop", carry=[".whl"])  # issue 14: graphed actor update, loop rate
 #   run(command="bash benchmarks/gpu.sh reacher", carry=[".whl"])   # issue 14: an Ant controller that flips less
+#   run(command="RUN=rnd_montezuma_rnd_s2 bash benchmarks/gpu.sh montezuma-chain", carry=[".whl/atari",
+#       ".gpu_carry/rnd_montezuma_rnd_s2"])  # issue 44 item 2: a CPU Montezuma run continued here (see the step)
+#   run(command="TREX_S=360 bash benchmarks/gpu.sh trex-chain", carry=[".whl/atari", ".gpu_carry/trex"])  # item 3
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
 # Run so far (2026-11-26, one H200, 15 minutes): `WORKERS=128 GA3C_S=100 SYN_S=110 ... ga3c` and `HYPER_S=140 ... hyper`
 # in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
@@ -118,6 +121,31 @@ trex-chain)  # issue 44 item 3: the CPU T-REX Breakout run's policy phase, conti
   split -b 15M -d "$dir/checkpoints/policy.pt" "$OUT/policy.pt.part-"
   cp "$(ls -t "$dir"/events.out.tfevents.* | head -1)" "$OUT/"
   ;;
+montezuma-chain)  # issue 44 item 2 (ranked above item 3's trex-chain): one Montezuma run, RUN=rnd_montezuma_{rnd|ppo}_s<seed>,
+  # continued on the GPU for MONTEZUMA_S seconds. Here, first: SIGTERM the CPU run (it snapshots, exit 130), copy its
+  # args.json and newest checkpoints/ckpt_*.pt into .gpu_carry/RUN/ (RND ~48 MB, PPO ~30 MB: one run per call fits the
+  # 64 MiB carry) and carry .gpu_carry/RUN and .whl/atari. The montezuma command of benchmarks/rnd_ppo_atari.sh resumes
+  # there with the same flags (the GPU is the default device); SIGTERM at MONTEZUMA_S snapshots it again. Back come
+  # its log, its TB events of this start (copy them into runs/RUN/) and either the newest checkpoint in 15 MB pieces
+  # (cat them into runs/RUN/checkpoints/ under the name before .part-; the CPU run resumes from it) or, when the run
+  # finished there, results.json, policy.pt and curves.png. CARRY and MONTEZUMA_FLAGS (appended) exist for the CPU test
+  # of this plumbing (tests/test_benchmarks.py).
+  install
+  run=${RUN:?RUN=rnd_montezuma_<rnd|ppo>_s<seed>}
+  carry=${CARRY:-.gpu_carry}
+  name=${run#rnd_montezuma_}
+  command -v python >/dev/null || { mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python; }
+  # shellcheck disable=SC2086  # MONTEZUMA_FLAGS: words
+  PATH=/tmp/pybin:$PATH PYTHONUNBUFFERED=1 RUN_ROOT=$carry timeout -k 120 -s TERM "${MONTEZUMA_S:-400}" \
+    bash benchmarks/rnd_ppo_atari.sh montezuma "${name%_s*}" "${run##*_s}" ${MONTEZUMA_FLAGS:-}
+  cp "$carry/$run.log" "$(ls -t "$carry/$run"/events.out.tfevents.* | head -1)" "$OUT/"
+  if [ -f "$carry/$run/results.json" ]; then
+    cp "$carry/$run/results.json" "$carry/$run/policy.pt" "$carry/$run/curves.png" "$OUT/"
+  else
+    ckpt=$(ls "$carry/$run"/checkpoints/ckpt_*.pt | tail -1)
+    split -b 15M -d "$ckpt" "$OUT/$(basename "$ckpt").part-"
+  fi
+  ;;
 pairwise)  # synthetic pairwise Pong with the reward model trained at the paper's 0.1 label samples per agent step
   # (--reward.keep-pace: the agents wait whenever it falls behind), the script's defaults otherwise (reward-model
   # dropout 0 since 2026-11-26; PAIRWISE_FLAGS="--reward.dropout 0.5" for the paper's); stopped by SIGTERM
@@ -189,5 +217,5 @@ hyper)  # AntMaze UMaze rollouts on the GPU: the CPU's measurement (benchmarks/m
   install
   PYTHON=python3 LABEL_SUFFIX=-gpu bash benchmarks/mbirl_antmaze.sh throughput 2>&1 | tail -6 | tee "$OUT/hyper.log"
   record ;;
-*) echo "usage: $0 all|wheels|ga3c|keep-pace|pairwise|simple|hyper|gpu-tests|hyper-loop|reacher" >&2; exit 2 ;;
+*) echo "usage: $0 all|wheels|ga3c|keep-pace|pairwise|simple|hyper|gpu-tests|hyper-loop|reacher|trex-chain|montezuma-chain" >&2; exit 2 ;;
 esac

@@ -228,6 +228,38 @@ def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_
 
 
 @pytest.mark.slow
+def test_montezuma_chain_carries_a_run_to_the_device_and_back_in_pieces_then_its_result(tmp_path):
+    """gpu.sh montezuma-chain, run on the CPU at tiny sizes: a start stopped by its timer brings back the newest
+    checkpoint in pieces that join into the same file; the next start resumes from it and, its budget reached,
+    brings back the results instead."""
+    import torch
+
+    tiny = "--ppo.num-envs 4 --ppo.num-steps 16 --rnd.num-iterations-obs-norm-init 1 --checkpoint-every 1"
+    tiny += " --eval.episodes 1 --env.max-episode-frames 400 --no-progress-bar"
+    carry, run = tmp_path / "carry", "rnd_montezuma_rnd_s1"
+
+    def chain(out, seconds, total):
+        env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "RUN": run, "MONTEZUMA_S": str(seconds)}
+        env["MONTEZUMA_FLAGS"] = f"{tiny} --ppo.total-timesteps {total}"
+        out.mkdir()
+        cmd = ["bash", str(REPO_ROOT / "benchmarks" / "gpu.sh"), "montezuma-chain"]
+        subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO_ROOT)
+        return sorted(p.name for p in out.iterdir())
+
+    first = chain(tmp_path / "out1", 20, 10**6)  # far more than 20 s: stopped by the timer
+    newest = sorted((carry / run / "checkpoints").glob("ckpt_*.pt"))[-1]
+    pieces = [name for name in first if name.startswith(newest.name + ".part-")]
+    assert len(pieces) == 4 and f"{run}.log" in first and any(n.startswith("events.out.tfevents") for n in first)
+    assert b"".join((tmp_path / "out1" / n).read_bytes() for n in pieces) == newest.read_bytes()
+    step = torch.load(newest, weights_only=False)["global_step"]
+    second = chain(tmp_path / "out2", 240, step + 64)  # one more iteration, then the final evaluation
+    log = (tmp_path / "out2" / f"{run}.log").read_text()
+    assert f"(global step {step})" in log and "done:" in log, log[-2000:]
+    assert {"results.json", "policy.pt", "curves.png"} <= set(second) and not any(".part-" in n for n in second)
+    assert json.loads((tmp_path / "out2" / "results.json").read_text())["global_step"] == step + 64
+
+
+@pytest.mark.slow
 def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_records_every_run(tmp_path):
     """Issue 44 item 4's bash glue end to end (expert cache, the gate on its score, FILTER and HyPE runs, records and
     figure), at budgets of seconds in a tmp root: the real runs take hours, so a slip here would cost a session."""
