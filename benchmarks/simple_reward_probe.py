@@ -1,7 +1,7 @@
 """Does a SimPLe run's reward head see the rewards of real play? One step from real frames, held-out games only.
 
-    python benchmarks/simple_reward_probe.py RUN_DIR [--fresh-head N] [--max-windows N] [--batch-size B] [--seed S]
-        [--out FILE]
+    python benchmarks/simple_reward_probe.py RUN_DIR [--fresh-head N [--open-loop H]] [--max-windows N]
+        [--batch-size B] [--seed S] [--out FILE]
 
 For every held-out window of the run's real collections (env 0 of each collection, never trained on), the world
 model (RUN_DIR/world_model.pt, the last epoch's) predicts the reward of one step from the real 4-frame stack and
@@ -23,6 +23,14 @@ regression (reward != 0 or not, classes weighted to balance) is fitted on the fe
 its AUC on the held-out windows. A fresh head far above the trained one says the trained head is what fails (its
 loss, its optimiser, the rarity of rewards); a fresh head near 0.5 says the world model's features do not carry
 the reward yet.
+
+With --open-loop H as well, a fourth line asks whether that signal survives the model's own rollouts, which is
+what PPO trains on: from held-out real starts (H-step windows, --max-windows of them) the model runs open loop
+under the real actions, as the simulated env runs it (eval mode, its temperatures), and at each step k both heads
+score the features it reads; their AUCs against the reward real play got at step k, pooled over buckets of k.
+
+The world model may be of file format 1 or 2: format 2 changed where two dropouts act in training only, so the
+evaluation pass (and the posterior pass, run with dropout 0) is the same function of the same weights.
 """
 
 import argparse
@@ -64,11 +72,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines to this file too")
     parser.add_argument("--fresh-head", type=int, default=0, help="unrewarded training windows for the fresh head")
+    parser.add_argument("--open-loop", type=int, default=0, help="with --fresh-head: open-loop steps per rollout")
     args = parser.parse_args(argv)
+    if args.open_loop and not args.fresh_head:
+        raise simple.UsageError("--open-loop scores the fresh head too: give --fresh-head N")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    fix = "pass a run dir of this version of simple_worldmodel_atari.py"
-    model = simple.world_model_from(simple.load(args.run_dir / "world_model.pt", "world_model", fix))
+    model = load_world_model(args.run_dir / "world_model.pt")
     data = simple.load_collections(args.run_dir)
     windows = data.windows(1, held_out=True)
     if args.max_windows and len(windows) > args.max_windows:
@@ -76,7 +86,10 @@ def main(argv=None) -> dict:
     held_out_features: list = []
     lines = [probe(model, data, windows, args.batch_size, "prior", held_out_features)]
     if args.fresh_head:
-        lines.append(fresh_head(model, data, np.concatenate(held_out_features), args))
+        line, fresh_score = fresh_head(model, data, np.concatenate(held_out_features), args)
+        lines.append(line)
+        if args.open_loop:
+            lines.append(open_loop(model, data, fresh_score, args))
     lines.append(probe(model, data, windows, args.batch_size, "posterior"))
     for out in lines:
         out["run_dir"] = str(args.run_dir)
@@ -85,6 +98,17 @@ def main(argv=None) -> dict:
         with open(args.out, "a") as f:
             f.write("".join(json.dumps(out) + "\n" for out in lines))
     return lines
+
+
+def load_world_model(path: Path):
+    """The run's world model (file format 1 or 2), or one line naming the file and the fix."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        if (ck["script"], ck["kind"]) == (simple.SCRIPT, "world_model") and ck["version"] in (1, 2):
+            return simple.world_model_from(ck)
+    except Exception:  # noqa: BLE001 -- unreadable, or not a world model: the same user error
+        pass
+    raise simple.UsageError(f"cannot read {path} as a world model: pass a run dir of simple_worldmodel_atari.py")
 
 
 def probe(model, data, windows: np.ndarray, batch_size: int, latent: str, features: list | None = None) -> dict:
@@ -159,9 +183,12 @@ def fresh_head(model, data, held_out_features: np.ndarray, args) -> dict:
         return loss
 
     optimizer.step(closure)
-    with torch.no_grad():
-        score_train = linear((x_train - mean) / std).squeeze(1).numpy()
-        score_held = linear((torch.as_tensor(held_out_features) - mean) / std).squeeze(1).numpy()
+
+    def score(features) -> np.ndarray:
+        with torch.no_grad():
+            return linear((torch.as_tensor(features) - mean) / std).squeeze(1).numpy()
+
+    score_train, score_held = score(x_train), score(held_out_features)
     return {
         "latent": "prior",
         "probe": "fresh linear head on the frozen reward-head inputs",
@@ -172,7 +199,52 @@ def fresh_head(model, data, held_out_features: np.ndarray, args) -> dict:
         "held_out_steps": len(y_held),
         "rewarded_steps": int(y_held.sum()),
         "fresh_head_auc": auc(score_held, y_held),
-    }
+    }, score
+
+
+BUCKETS = ((1, 4), (5, 12), (13, 25), (26, 50))  # open-loop steps pooled (about 2 % of steps are rewarded)
+
+
+def open_loop(model, data, fresh_score, args) -> dict:
+    """Open-loop rollouts from held-out real starts under the real actions (the simulated env's own steps): per
+    bucket of steps, the AUC of the trained head's P(reward != 0) and of the fresh head's score."""
+    windows = data.windows(args.open_loop, held_out=True)
+    if args.max_windows and len(windows) > args.max_windows:
+        windows = windows[np.random.default_rng(args.seed).choice(len(windows), args.max_windows, replace=False)]
+    model.eval()
+    features, truth = [], []
+    keep = model.reward_head.register_forward_hook(lambda module, inputs, output: features.append(inputs[0].numpy()))
+    with torch.no_grad():
+        for i in range(0, len(windows), args.batch_size):
+            frames, actions, classes = data.sequences(windows[i : i + args.batch_size], args.open_loop)
+            sim = simple.SimulatedEnv(model, model.cfg.pixel_temperature, model.cfg.latent_temperature)
+            sim.reset(frames[:, : simple.STACK])
+            for k in range(args.open_loop):
+                sim.step(actions[:, k])
+            truth.append(classes.numpy() != 1)  # (batch, H): rewarded at step k
+    keep.remove()
+    assert len(features) == -(-len(windows) // args.batch_size) * args.open_loop  # one reward head call per step
+    per_batch = [np.stack(features[i : i + args.open_loop], 1) for i in range(0, len(features), args.open_loop)]
+    x, rewarded = np.concatenate(per_batch), np.concatenate(truth)  # (sequences, H, features), (sequences, H)
+    with torch.no_grad():
+        trained = 1 - torch.softmax(model.reward_head(torch.as_tensor(x)), -1)[..., 1].numpy()
+    fresh = fresh_score(x.reshape(-1, x.shape[-1])).reshape(rewarded.shape)
+    buckets = []
+    for first, last in BUCKETS:
+        if first > args.open_loop:
+            break
+        k = slice(first - 1, min(last, args.open_loop))
+        pos = rewarded[:, k].ravel()
+        buckets.append(
+            {
+                "steps": f"{first}-{min(last, args.open_loop)}",
+                "steps_scored": int(pos.size),
+                "rewarded": int(pos.sum()),
+                "trained_head_auc": auc(trained[:, k].ravel(), pos),
+                "fresh_head_auc": auc(fresh[:, k].ravel(), pos),
+            }
+        )
+    return {"latent": "prior", "probe": "open loop", "horizon": args.open_loop, "sequences": len(x), "buckets": buckets}
 
 
 if __name__ == "__main__":

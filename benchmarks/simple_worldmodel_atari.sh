@@ -91,13 +91,24 @@ freeway-cpu-records | pong-cpu-records)
 pong-cpu-probe)
     # the last world model's reward head on every held-out real step (benchmarks/simple_reward_probe.py: one step from
     # real frames, the prior's and the posterior's bits, and a fresh linear head fitted on its frozen inputs), one JSON
-    # line each into the run's records (replaced when the probe finishes; a format-1 world model is refused, exit 2)
+    # line each into the run's records (replaced when the probe finishes; the run's world model is of file format 1,
+    # which the probe reads: format 2 moved two dropouts of training only)
     records=benchmarks/results/simple_cpu_pong_s1
     mkdir -p "$records"
     rm -f "$records/reward_probe.jsonl.tmp"  # the record is replaced only by a probe that finished
     nice -n 19 python benchmarks/simple_reward_probe.py runs/simple_cpu_pong_s1 --fresh-head 6000 \
       --out "$records/reward_probe.jsonl.tmp"
     mv "$records/reward_probe.jsonl.tmp" "$records/reward_probe.jsonl"
+    ;;
+pong-cpu-open-loop)
+    # does the reward signal survive the model's own rollouts (what PPO trains on)? The same fresh head as
+    # pong-cpu-probe, then 384 held-out real starts rolled 50 steps open loop under the real actions: the AUC of the
+    # trained head and of the fresh head per bucket of steps (benchmarks/simple_reward_probe.py --open-loop), into
+    # reward_open_loop.jsonl (its first, second and fourth lines: the one-step probes on those 384 windows only)
+    records=benchmarks/results/simple_cpu_pong_s1
+    nice -n 19 python benchmarks/simple_reward_probe.py runs/simple_cpu_pong_s1 --fresh-head 6000 --open-loop 50 \
+      --max-windows 384 --out "$records/reward_open_loop.jsonl.tmp"
+    mv "$records/reward_open_loop.jsonl.tmp" "$records/reward_open_loop.jsonl"
     ;;
 pong-cpu-plot)
     # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random
@@ -173,7 +184,7 @@ throughput)
         python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
     ;;
 *)
-    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-plot]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-{probe,open-loop,plot}]" >&2
     exit 2
     ;;
 esac

@@ -309,13 +309,19 @@ def test_reward_probe_auc_counts_pairs_and_halves_ties():
     assert math.isnan(auc(np.array([0.2, 0.3]), np.array([True, True])))
 
 
-def test_reward_probe_refuses_a_world_model_of_another_format_in_one_line(tmp_path):
+def test_reward_probe_refuses_what_is_not_a_world_model_it_can_read_in_one_line(tmp_path):
+    """Format 3 (unknown), a format-1 file without the model in it, and --open-loop without the fresh head it
+    scores: exit 2, one line, no record."""
     import torch
 
-    torch.save(
-        {"script": "simple_worldmodel_atari.py", "kind": "world_model", "version": 1}, tmp_path / "world_model.pt"
-    )
+    tag = {"script": "simple_worldmodel_atari.py", "kind": "world_model"}
     probe = [sys.executable, str(REPO_ROOT / "benchmarks" / "simple_reward_probe.py"), str(tmp_path)]
-    done = subprocess.run(probe, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "world_model.pt" in done.stderr and not list(tmp_path.glob("*.jsonl*"))
+    for saved, extra, says in (
+        (tag | {"version": 3}, [], "world_model.pt"),
+        (tag | {"version": 1}, [], "world_model.pt"),
+        (tag | {"version": 1}, ["--open-loop", "50"], "--fresh-head"),
+    ):
+        torch.save(saved, tmp_path / "world_model.pt")
+        done = subprocess.run([*probe, *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert says in done.stderr and not list(tmp_path.glob("*.jsonl*"))
