@@ -74,8 +74,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--fresh-head", type=int, default=0, help="unrewarded training windows for the fresh head")
     parser.add_argument("--open-loop", type=int, default=0, help="with --fresh-head: open-loop steps per rollout")
     args = parser.parse_args(argv)
-    if args.open_loop and not args.fresh_head:
-        raise simple.UsageError("--open-loop scores the fresh head too: give --fresh-head N")
+    if args.open_loop < 0 or (args.open_loop and not args.fresh_head):
+        raise simple.UsageError("--open-loop H (H >= 1 open-loop steps) scores the fresh head too: give --fresh-head N")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     model = load_world_model(args.run_dir / "world_model.pt")
@@ -202,13 +202,36 @@ def fresh_head(model, data, held_out_features: np.ndarray, args) -> dict:
     }, score
 
 
-BUCKETS = ((1, 4), (5, 12), (13, 25), (26, 50))  # open-loop steps pooled (about 2 % of steps are rewarded)
+BUCKETS = ((1, 4), (5, 12), (13, 25), (26, None))  # open-loop steps pooled (about 2 % of steps are rewarded)
+
+
+def bucket_aucs(trained: np.ndarray, fresh: np.ndarray, rewarded: np.ndarray) -> list[dict]:
+    """Both heads' AUC per bucket of open-loop steps; arrays (sequences, H), step k in column k - 1; the last bucket
+    runs to H."""
+    horizon, out = rewarded.shape[1], []
+    for first, last in BUCKETS:
+        if first > horizon:
+            break
+        last = horizon if last is None else min(last, horizon)
+        pos = rewarded[:, first - 1 : last].ravel()
+        out.append(
+            {
+                "steps": f"{first}-{last}",
+                "steps_scored": int(pos.size),
+                "rewarded": int(pos.sum()),
+                "trained_head_auc": auc(trained[:, first - 1 : last].ravel(), pos),
+                "fresh_head_auc": auc(fresh[:, first - 1 : last].ravel(), pos),
+            }
+        )
+    return out
 
 
 def open_loop(model, data, fresh_score, args) -> dict:
     """Open-loop rollouts from held-out real starts under the real actions (the simulated env's own steps): per
     bucket of steps, the AUC of the trained head's P(reward != 0) and of the fresh head's score."""
     windows = data.windows(args.open_loop, held_out=True)
+    if not len(windows):
+        raise simple.UsageError(f"no held-out game of {args.open_loop} steps in the run: give a smaller --open-loop")
     if args.max_windows and len(windows) > args.max_windows:
         windows = windows[np.random.default_rng(args.seed).choice(len(windows), args.max_windows, replace=False)]
     model.eval()
@@ -223,27 +246,14 @@ def open_loop(model, data, fresh_score, args) -> dict:
                 sim.step(actions[:, k])
             truth.append(classes.numpy() != 1)  # (batch, H): rewarded at step k
     keep.remove()
-    assert len(features) == -(-len(windows) // args.batch_size) * args.open_loop  # one reward head call per step
+    if len(features) != -(-len(windows) // args.batch_size) * args.open_loop:
+        raise RuntimeError("the reward head ran other than once per simulated step: the features are misaligned")
     per_batch = [np.stack(features[i : i + args.open_loop], 1) for i in range(0, len(features), args.open_loop)]
     x, rewarded = np.concatenate(per_batch), np.concatenate(truth)  # (sequences, H, features), (sequences, H)
     with torch.no_grad():
         trained = 1 - torch.softmax(model.reward_head(torch.as_tensor(x)), -1)[..., 1].numpy()
     fresh = fresh_score(x.reshape(-1, x.shape[-1])).reshape(rewarded.shape)
-    buckets = []
-    for first, last in BUCKETS:
-        if first > args.open_loop:
-            break
-        k = slice(first - 1, min(last, args.open_loop))
-        pos = rewarded[:, k].ravel()
-        buckets.append(
-            {
-                "steps": f"{first}-{min(last, args.open_loop)}",
-                "steps_scored": int(pos.size),
-                "rewarded": int(pos.sum()),
-                "trained_head_auc": auc(trained[:, k].ravel(), pos),
-                "fresh_head_auc": auc(fresh[:, k].ravel(), pos),
-            }
-        )
+    buckets = bucket_aucs(trained, fresh, rewarded)
     return {"latent": "prior", "probe": "open loop", "horizon": args.open_loop, "sequences": len(x), "buckets": buckets}
 
 

@@ -309,6 +309,20 @@ def test_reward_probe_auc_counts_pairs_and_halves_ties():
     assert math.isnan(auc(np.array([0.2, 0.3]), np.array([True, True])))
 
 
+def test_reward_probe_pools_open_loop_steps_into_buckets_the_last_one_running_to_the_horizon():
+    bucket_aucs = load_benchmark("simple_reward_probe").bucket_aucs
+    rewarded = np.zeros((2, 30), bool)
+    rewarded[0, [1, 20]] = True  # step 2 (bucket 1-4) and step 21 (bucket 13-25)
+    trained, fresh = np.zeros((2, 30)), np.zeros((2, 30))
+    fresh[0, 1] = fresh[0, 20] = 1.0  # the fresh head ranks both rewarded steps first
+    fresh[1, 20] = 2.0  # ... but in bucket 13-25 one quiet step (of 25) above the rewarded one
+    out = bucket_aucs(trained, fresh, rewarded)
+    assert [b["steps"] for b in out] == ["1-4", "5-12", "13-25", "26-30"]
+    assert [b["steps_scored"] for b in out] == [8, 16, 26, 10] and [b["rewarded"] for b in out] == [1, 0, 1, 0]
+    assert out[0]["fresh_head_auc"] == 1.0 and out[0]["trained_head_auc"] == 0.5  # all ties: half
+    assert out[2]["fresh_head_auc"] == 24 / 25 and math.isnan(out[1]["fresh_head_auc"])  # no rewarded step: nan
+
+
 def test_reward_probe_refuses_what_is_not_a_world_model_it_can_read_in_one_line(tmp_path):
     """Format 3 (unknown), a format-1 file without the model in it, and --open-loop without the fresh head it
     scores: exit 2, one line, no record."""
@@ -320,6 +334,7 @@ def test_reward_probe_refuses_what_is_not_a_world_model_it_can_read_in_one_line(
         (tag | {"version": 3}, [], "world_model.pt"),
         (tag | {"version": 1}, [], "world_model.pt"),
         (tag | {"version": 1}, ["--open-loop", "50"], "--fresh-head"),
+        (tag | {"version": 1}, ["--open-loop", "-3", "--fresh-head", "10"], "--open-loop"),
     ):
         torch.save(saved, tmp_path / "world_model.pt")
         done = subprocess.run([*probe, *extra], capture_output=True, text=True, timeout=120)
