@@ -118,3 +118,14 @@ cp runs/trex_paper_breakout_s1/{args.json,learning_curve.png,demos_table.md,rewa
 if [ -f runs/trex_paper_breakout_s1/results.json ]; then
     cp runs/trex_paper_breakout_s1/results.json benchmarks/results/trex_paper_breakout_s1/
 fi
+# 4c. The rate the remaining policy phase gets on this CPU (2026-11-28, records `trex-policy-paper-*` in
+#     results/throughput.jsonl): this run's reward model, 150 s each, with both RND runs paused by SIGSTOP for
+#     the first two ("quiet") and only the PPO one paused for the third (beside the RND run, as a slot would be).
+for t in 0 1; do
+    python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 \
+        --label trex-policy-paper-threads$t-quiet --train-seconds 150 -- python trex_ppo_atari.py \
+        --env-id BreakoutNoFrameskip-v4 --reward-model runs/trex_paper_breakout_s1/reward_model.pt --torch-threads $t
+done
+nice -n 19 python benchmarks/throughput.py atari --env-id BreakoutNoFrameskip-v4 --num-envs 8 \
+    --label trex-policy-paper-threads1-beside-rnd-montezuma --train-seconds 150 -- python trex_ppo_atari.py \
+    --env-id BreakoutNoFrameskip-v4 --reward-model runs/trex_paper_breakout_s1/reward_model.pt --torch-threads 1
