@@ -6,6 +6,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Step 6 below (issue 44's paper-budget run) and its records, also callable alone: `trex_ppo_atari.sh paper` and
+# `trex_ppo_atari.sh paper-records`; with no argument this file replays steps 1-6 in order.
+paper() {  # niced, one torch thread; output appended to runs/logs/trex_paper_breakout_s1.log; a finished run exits 0
+  mkdir -p runs/logs
+  OMP_NUM_THREADS=1 nice -n 19 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 \
+    --demonstrator.total-timesteps 491520 --reward.epochs 1 --torch-threads 1 --checkpoint-every 10 \
+    --run-dir runs/trex_paper_breakout_s1 >> runs/logs/trex_paper_breakout_s1.log 2>&1
+}
+paper_records() {  # small files only: the TensorBoard curves as CSV, the arguments, the figures; results.json at the end
+  local run=runs/trex_paper_breakout_s1 out=benchmarks/results/trex_paper_breakout_s1
+  mkdir -p "$out"
+  python benchmarks/tb_to_csv.py "$run" "$out/curves.csv"
+  cp "$run"/{args.json,learning_curve.png,demos_table.md,reward_pred_vs_true.png} "$out/"
+  if [ -f "$run/results.json" ]; then cp "$run/results.json" "$out/"; fi
+}
+case "${1:-}" in
+  paper) paper; exit ;;
+  paper-records) paper_records; exit ;;
+  "") ;;
+  *) echo "usage: bash benchmarks/trex_ppo_atari.sh [paper|paper-records] (no argument: steps 1-6 in order)" >&2; exit 2 ;;
+esac
+
 # 1. Quick configuration (all five phases, minutes on a laptop CPU); also provides a reward model for 3.
 /usr/bin/time -v python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --demonstrator.total-timesteps 8192 \
     --policy.total-timesteps 8192 --reward.num-pairs 300 --reward.epochs 1 --eval.episodes 2 \
@@ -101,24 +123,16 @@ python benchmarks/alternate.py --window 20 --seconds 480 \
 # 5. Test-suite runtime of this script's tests.
 /usr/bin/time -v python -m pytest tests/test_trex_ppo_atari.py -q
 
-# 4. Issue 44's paper-budget run (Breakout, one seed): the demonstrator as in run 2 (491,520 agent steps), 6,000
+# 6. Issue 44's paper-budget run (Breakout, one seed): the demonstrator as in run 2 (491,520 agent steps), 6,000
 #    reward pairs for one epoch, then the policy phase at the paper's 50M frames (the default 12,500,000 agent
 #    steps). Niced, one torch thread, in the background; killed by a session's end, it resumes from its checkpoints
 #    with this same command. Curves and results: benchmarks/results/trex_paper_breakout_s1/ (copied at each check).
 #    With sched_autogroup on (/proc/sys/kernel/sched_autogroup_enabled = 1) nice only counts inside a session: it was
 #    started under `setsid nohup`, then `echo 19 > /proc/$PID/autogroup` so that it yields to everything else.
-nice -n 19 python trex_ppo_atari.py --env-id BreakoutNoFrameskip-v4 --seed 1 --demonstrator.total-timesteps 491520 \
-    --reward.epochs 1 --torch-threads 1 --checkpoint-every 10 --run-dir runs/trex_paper_breakout_s1
-# 4b. Its records, copied at each check (small files only): the TensorBoard curves as CSV, the arguments, the
-#     learning-curve figure, and results.json once the run has finished.
-mkdir -p benchmarks/results/trex_paper_breakout_s1
-python benchmarks/tb_to_csv.py runs/trex_paper_breakout_s1 benchmarks/results/trex_paper_breakout_s1/curves.csv
-cp runs/trex_paper_breakout_s1/{args.json,learning_curve.png,demos_table.md,reward_pred_vs_true.png} \
-    benchmarks/results/trex_paper_breakout_s1/
-if [ -f runs/trex_paper_breakout_s1/results.json ]; then
-    cp runs/trex_paper_breakout_s1/results.json benchmarks/results/trex_paper_breakout_s1/
-fi
-# 4c. The rate the remaining policy phase gets on this CPU (2026-11-28, records `trex-policy-paper-*` in
+paper  # alone: `bash benchmarks/trex_ppo_atari.sh paper` (defined at the top)
+# 6b. Its records, copied at each check: `bash benchmarks/trex_ppo_atari.sh paper-records` (defined at the top).
+paper_records
+# 6c. The rate the remaining policy phase gets on this CPU (2026-11-28, records `trex-policy-paper-*` in
 #     results/throughput.jsonl): this run's reward model, 150 s each, with both RND runs paused by SIGSTOP for
 #     the first two ("quiet") and only the PPO one paused for the third (beside the RND run, as a slot would be).
 for t in 0 1; do

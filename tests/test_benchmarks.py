@@ -340,3 +340,34 @@ def test_reward_probe_refuses_what_is_not_a_world_model_it_can_read_in_one_line(
         done = subprocess.run([*probe, *extra], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert says in done.stderr and not list(tmp_path.glob("*.jsonl*"))
+
+
+def test_lanes_run_their_queue_in_order_and_stop_at_the_first_failing_step(tmp_path):
+    lanes = str(REPO_ROOT / "benchmarks" / "lanes.sh")
+    out = tmp_path / "out"
+
+    def lane(steps):
+        env = {**os.environ, "LANE_STEPS": steps}
+        return subprocess.run(["bash", lanes, "a"], capture_output=True, text=True, env=env, timeout=60)
+
+    # `cat` would swallow the rest of the queue if a step read the lane's stdin
+    done = lane(f"cat\necho one >> {out}\necho two >> {out}")
+    assert done.returncode == 0 and "lane a: every step done" in done.stdout, done.stderr
+    assert out.read_text() == "one\ntwo\n"
+    out.unlink()
+    stopped = lane(f"echo one >> {out}\nexit 3\necho never >> {out}")
+    assert stopped.returncode == 3 and out.read_text() == "one\n"
+    assert "lane a stopped: 'exit 3' exited 3; re-run 'bash benchmarks/lanes.sh a'" in stopped.stdout
+    bad = subprocess.run(["bash", lanes, "c"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "usage:" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_every_lane_step_names_a_target_its_script_has(name):
+    cmd = ["bash", str(REPO_ROOT / "benchmarks" / "lanes.sh"), name, "--list"]
+    queue = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    assert len(queue) >= 2
+    for step in queue:
+        _, script, target, *_ = step.split()
+        text = (REPO_ROOT / script).read_text()
+        assert re.search(rf"^\s+{re.escape(target)}\)", text, re.M), f"{script} has no target {target}"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 44's long runs as two lanes (the CPU's two slots): each lane runs its queue of resumable commands one after
+# another, so a slot goes to the next run as soon as the one before it finishes, with nobody watching. Every command
+# is one of the benchmark targets that hold the exact run commands; each resumes from its checkpoints and exits 0 at
+# once when its run has already finished, so the same lane command, re-run after a stop, skips what is done and goes
+# on where it stopped. A command that exits non-zero stops its lane with a line (130: stopped by a signal, its
+# checkpoint saved; 2: a gate refused, e.g. an expert below the paper's quality, which needs a person).
+#
+# Start each lane in its own session, then make that session yield to everything else (sched_autogroup is on, so
+# nice alone only counts inside a session; the lane's children inherit its autogroup):
+#   (setsid nohup bash benchmarks/lanes.sh a < /dev/null >> runs/logs/lane_a.log 2>&1 &)
+#   (setsid nohup bash benchmarks/lanes.sh b < /dev/null >> runs/logs/lane_b.log 2>&1 &)
+#   for p in $(pgrep -f "benchmarks/lanes.sh"); do echo 19 > /proc/$p/autogroup; done
+# Stop: SIGTERM the running python (`pkill -TERM -f rnd_ppo_atari.py`, ...); it saves and exits 130, the lane stops.
+#   bash benchmarks/lanes.sh a --list    # print lane a's queue, run nothing
+# LANE_STEPS (one command per line) replaces a lane's queue: the tests use it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Lane a: item 2's RND seed 2, then item 3 (T-REX at 50M frames, ~10 h of a slot on this CPU).
+# Lane b: item 2's PPO seed 2, then item 4 (Hopper: the expert once, then FILTER, MM and HyPE at 500k steps).
+case "${1:-}" in
+  a) steps="bash benchmarks/rnd_ppo_atari.sh montezuma rnd 2
+bash benchmarks/trex_ppo_atari.sh paper" ;;
+  b) steps="bash benchmarks/rnd_ppo_atari.sh montezuma ppo 2
+bash benchmarks/filter_irl_mujoco.sh paper-expert
+bash benchmarks/filter_irl_mujoco.sh paper-irl filter 1
+bash benchmarks/filter_irl_mujoco.sh paper-irl mm 1
+bash benchmarks/hype_irl_mujoco.sh paper-irl 1" ;;
+  *) echo "usage: bash benchmarks/lanes.sh {a|b} [--list]" >&2; exit 2 ;;
+esac
+lane=$1
+steps=${LANE_STEPS:-$steps}
+if [ "${2:-}" = --list ]; then echo "$steps"; exit 0; fi
+
+while IFS= read -r step; do
+  echo "== $(date -u +%FT%TZ) lane $lane: $step"
+  rc=0
+  bash -c "$step" < /dev/null || rc=$?  # not the queue on stdin: a step must not read the steps after it
+  if [ "$rc" != 0 ]; then
+    echo "== $(date -u +%FT%TZ) lane $lane stopped: '$step' exited $rc; re-run 'bash benchmarks/lanes.sh $lane'" \
+      "to go on from it"
+    exit "$rc"
+  fi
+done <<< "$steps"
+echo "== $(date -u +%FT%TZ) lane $lane: every step done"
