@@ -131,18 +131,20 @@ PY
     # (score and length of the training episodes as 100-episode running means, rooms visited in training so far,
     # intrinsic reward;
     # one line per run, RND and PPO in two colours) and a markdown table, one row per run, on stdout and in
-    # benchmarks/results/rnd_montezuma_table.md (the record the docs check reads for the page's table).
-    python - <<'PY'
-import csv, json
+    # benchmarks/results/rnd_montezuma_table.md (the record the docs check reads for the page's table). RESULTS_ROOT
+    # and ASSETS (default docs/assets/rnd_ppo_atari) move the records read, the table and the figure (the tests).
+    RESULTS_ROOT=${RESULTS_ROOT:-benchmarks/results} ASSETS=${ASSETS:-docs/assets/rnd_ppo_atari} python - <<'PY'
+import csv, json, os
 from pathlib import Path
 import numpy as np
 import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-runs = sorted(p.parent for p in Path("benchmarks/results").glob("rnd_montezuma_*_s*/curves.csv"))
+results = Path(os.environ["RESULTS_ROOT"])
+runs = sorted(p.parent for p in results.glob("rnd_montezuma_*_s*/curves.csv"))
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
 colour = {"rnd": "tab:red", "ppo": "tab:blue"}
-table = ["| run | frames | training episodes | score, last 100 training episodes | agent steps per episode, last 100 | rooms visited in training | evaluation (results.json) |",
-         "|---|---|---|---|---|---|---|"]
+table = ["| run | frames | training episodes | episodes that scored | score, last 100 training episodes | agent steps per episode, last 100 | rooms visited in training | intrinsic reward per step, first → last | evaluation (results.json) |",
+         "|---|---|---|---|---|---|---|---|---|"]
 for run in runs:
     name, seed = run.name.split("_")[2:4]
     tags = {}
@@ -166,9 +168,11 @@ for run in runs:
     evaluation = "running" if result is None else f"{result['eval_mean_return']:.1f} ± {result['eval_std_return']:.1f} ({result['eval_episodes']} games)"
     nrooms = f"{rooms[-1, 1]:.0f}" if rooms is not None else "-"
     steps = f"{length[-100:, 1].mean():.0f}" if length is not None else "-"
-    table.append(f"| {label} | {frames / 1e6:.2f}M | {0 if ret is None else len(ret)} | {last} | {steps} | {nrooms} | {evaluation} |")
+    scored = "-" if ret is None else f"{int((ret[:, 1] > 0).sum())}"
+    bonus = "none (int-coef 0)" if name == "ppo" else f"{intr[0, 1]:.3f} → {intr[-1, 1]:.3f}" if intr is not None and len(intr) else "-"
+    table.append(f"| {label} | {frames / 1e6:.2f}M | {0 if ret is None else len(ret)} | {scored} | {last} | {steps} | {nrooms} | {bonus} | {evaluation} |")
 print("\n".join(table))
-Path("benchmarks/results/rnd_montezuma_table.md").write_text("\n".join(table) + "\n")
+(results / "rnd_montezuma_table.md").write_text("\n".join(table) + "\n")
 titles = ("score per training episode (100-episode mean)", "agent steps per training episode (100-episode mean)",
           "rooms visited in training", "intrinsic reward per step")
 for ax, title in zip(axes, titles):
@@ -176,7 +180,7 @@ for ax, title in zip(axes, titles):
 axes[0].legend(fontsize=8)
 fig.suptitle("Montezuma's Revenge: RND against PPO at equal frames (2-core CPU; seeds as lines)", fontsize=9)
 fig.tight_layout()
-out = Path("docs/assets/rnd_ppo_atari/montezuma_10M.png"); out.parent.mkdir(parents=True, exist_ok=True)
+out = Path(os.environ["ASSETS"]) / "montezuma_10M.png"; out.parent.mkdir(parents=True, exist_ok=True)
 fig.savefig(out, dpi=70); print(out, out.stat().st_size)
 PY
     ;;

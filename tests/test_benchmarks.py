@@ -227,6 +227,49 @@ def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_
     assert not (results / "rnd_montezuma_rnd_s2").exists()
 
 
+def test_montezuma_plot_tables_each_run_from_its_records(tmp_path):
+    results, assets = tmp_path / "results", tmp_path / "assets"
+    curves = {
+        "rnd_montezuma_rnd_s1": [
+            ("charts/episodic_return", 1000, 0),
+            ("charts/episodic_return", 2000, 400),
+            ("charts/episodic_return", 3000, 100),
+            ("charts/episodic_length", 1000, 300),
+            ("charts/episodic_length", 2000, 500),
+            ("charts/episodic_length", 3000, 700),
+            ("charts/visited_rooms_train", 2048, 1),
+            ("charts/visited_rooms_train", 4096, 3),
+            ("rnd/intrinsic_reward", 2048, 0.0431),
+            ("rnd/intrinsic_reward", 4096, 0.0064),
+        ],
+        "rnd_montezuma_ppo_s1": [
+            ("charts/episodic_return", 1000, 0),
+            ("charts/episodic_length", 1000, 250),
+            ("charts/visited_rooms_train", 2500, 1),
+        ],
+    }
+    for run, rows in curves.items():
+        (results / run).mkdir(parents=True)
+        lines = ["tag,step,value", *(f"{t},{s},{v}" for t, s, v in rows)]
+        (results / run / "curves.csv").write_text("\n".join(lines) + "\n")
+    result = {"eval_mean_return": 50.0, "eval_std_return": 50.0, "eval_episodes": 2}
+    (results / "rnd_montezuma_rnd_s1" / "results.json").write_text(json.dumps(result))
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / "benchmarks/rnd_ppo_atari.sh"), "montezuma-plot"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RESULTS_ROOT": str(results), "ASSETS": str(assets)},
+    )
+    assert done.returncode == 0, done.stderr
+    table = (results / "rnd_montezuma_table.md").read_text().splitlines()
+    # frames = 4 x the last step of any curve; the score mean of the last (here all 3) episodes, with their max
+    assert table[2:] == [
+        "| PPO s1 | 0.01M | 1 | 0 | 0.0 (max 0) | 250 | 1 | none (int-coef 0) | running |",
+        "| RND s1 | 0.02M | 3 | 2 | 166.7 (max 400) | 500 | 3 | 0.043 → 0.006 | 50.0 ± 50.0 (2 games) |",
+    ]
+    assert (assets / "montezuma_10M.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_montezuma_chain_carries_a_run_to_the_device_and_back_in_pieces_then_its_result(tmp_path):
     """gpu.sh montezuma-chain, run on the CPU at tiny sizes: a start stopped by its timer brings back the newest
