@@ -194,6 +194,12 @@ def test_tb_to_csv_merges_a_resumed_runs_event_files_and_keeps_the_last_value(tm
     assert tb_to_csv.main([str(tmp_path / "missing"), str(out)]) == 2
 
 
+def rnd_sh(target: str, **env) -> subprocess.CompletedProcess:
+    """`bash benchmarks/rnd_ppo_atari.sh TARGET` with env overrides (RUN_ROOT, RESULTS_ROOT, ASSETS)."""
+    cmd = ["bash", str(REPO_ROOT / "benchmarks/rnd_ppo_atari.sh"), target]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+
+
 def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_yet(tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
@@ -207,12 +213,7 @@ def test_montezuma_records_copies_logged_runs_and_skips_one_that_has_not_logged_
     logged.close()
     SummaryWriter(runs / "rnd_montezuma_rnd_s2").close()  # an event file without scalars: the run just started
     (runs / "rnd_montezuma_rnd_s1" / "results.json").write_text('{"eval_mean_return": 0.0}')
-    done = subprocess.run(
-        ["bash", str(REPO_ROOT / "benchmarks/rnd_ppo_atari.sh"), "montezuma-records"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "RUN_ROOT": str(runs), "RESULTS_ROOT": str(results)},
-    )
+    done = rnd_sh("montezuma-records", RUN_ROOT=str(runs), RESULTS_ROOT=str(results))
     assert done.returncode == 0, done.stderr
     assert "skipped" in done.stderr and "rnd_montezuma_rnd_s2" in done.stderr
     assert sorted(p.name for p in (results / "rnd_montezuma_rnd_s1").iterdir()) == [
@@ -254,12 +255,7 @@ def test_montezuma_plot_tables_each_run_from_its_records(tmp_path):
         (results / run / "curves.csv").write_text("\n".join(lines) + "\n")
     result = {"eval_mean_return": 50.0, "eval_std_return": 50.0, "eval_episodes": 2}
     (results / "rnd_montezuma_rnd_s1" / "results.json").write_text(json.dumps(result))
-    done = subprocess.run(
-        ["bash", str(REPO_ROOT / "benchmarks/rnd_ppo_atari.sh"), "montezuma-plot"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "RESULTS_ROOT": str(results), "ASSETS": str(assets)},
-    )
+    done = rnd_sh("montezuma-plot", RESULTS_ROOT=str(results), ASSETS=str(assets))
     assert done.returncode == 0, done.stderr
     table = (results / "rnd_montezuma_table.md").read_text().splitlines()
     # frames = 4 x the last step of any curve; the score mean of the last (here all 3) episodes, with their max
