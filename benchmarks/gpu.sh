@@ -17,6 +17,8 @@
 #       ".gpu_carry/rnd_montezuma_rnd_s2"])  # issue 44 item 2: a CPU Montezuma run continued here (see the step)
 #   run(command="TREX_S=360 bash benchmarks/gpu.sh trex-chain", carry=[".whl/atari", ".gpu_carry/trex"])  # item 3
 # Then copy the returned records into benchmarks/results/throughput.jsonl and the results/*.md pages.
+# The CPU runs of issue 44 run inside the lanes of benchmarks/lanes.sh: SIGTERMing one for a chain step stops its
+# lane (exit 130); once the GPU's checkpoint is copied back, start that lane again (it resumes the run from it).
 # Run so far (2026-11-26, one H200, 15 minutes): `WORKERS=128 GA3C_S=100 SYN_S=110 ... ga3c` and `HYPER_S=140 ... hyper`
 # in one command (8 min), the keep-pace synthetic row and 64 workers by hand after it; `pairwise` and `simple` not yet.
 # 2026-11-27, one H100, 15 minutes: `bash benchmarks/gpu.sh hyper-loop; SYN_S=110 bash benchmarks/gpu.sh keep-pace` in one
