@@ -16,7 +16,8 @@ IRL_FLAGS=(--irl.train-every 1000 --eval.frequency 2500 --eval.episodes 5 --sac.
 # An expert of >= 3,000 (the paper's ~3,550) cached once in $PAPER_ROOT/experts, then FILTER, MM (here) and HyPE
 # (benchmarks/hype_irl_mujoco.sh paper-irl) at 500k learner steps each (the paper: ~1M) on its demos. The env vars
 # exist to check the plumbing on a tiny budget in a /tmp root; the real runs use the defaults.
-# Starting them (niced, in the background; the same lines resume after a kill or a session's end):
+# They run unattended in lane b of benchmarks/lanes.sh (after the Montezuma PPO run), in this order. By hand
+# (niced, in the background; the same lines resume after a kill or a session's end):
 #   mkdir -p runs/hopper_paper
 #   nohup bash benchmarks/filter_irl_mujoco.sh paper-expert >> runs/hopper_paper/starts.log 2>&1 &  # first, once
 #   nohup bash benchmarks/filter_irl_mujoco.sh paper-irl filter 1 >> runs/hopper_paper/starts.log 2>&1 &  # then two
@@ -288,10 +289,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 root = Path(sys.argv[1])
-# The paper's final Hopper returns at ~1M learner steps, read off the reference's plots (IQM of 10 seeds), as the
-# docs pages cite them: FILTER ~3,200, HyPE ~3,000-3,100 (drawn at 3,050), MM ~2,450, expert ~3,550.
-paper = {"filter": ("FILTER", 3200), "hype": ("HyPE", 3050), "mm": ("MM", 2450)}
+# The paper's Hopper curves (IQM of 10 seeds), read off the reference's plot by benchmarks/digitize_paper_curves.py
+# into the committed paper_curves.json; drawn dashed in the reference's colours, ours solid in the same colours.
+paper = json.loads(Path("benchmarks/results/hopper_paper/paper_curves.json").read_text())
+names = {"filter": "FILTER", "hype": "HyPE", "mm": "MM"}
+colour = {"filter": "#724BA1", "hype": "#F79646", "mm": "grey"}
 fig, ax = plt.subplots(figsize=(7, 4.2), dpi=80)
+for method, name in names.items():
+    pts = [(x, y) for x, y in zip(paper["x"], paper[method]) if y is not None]
+    ax.plot(*zip(*pts), color=colour[method], ls="--", lw=1, alpha=0.8, label=f"paper's {name} (10 seeds, IQM)")
 drawn = 0
 for run in sorted(root.glob("*_s*")):
     if not (run / "curves.csv").is_file():
@@ -299,19 +305,16 @@ for run in sorted(root.glob("*_s*")):
     with open(run / "curves.csv") as f:
         pts = [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["tag"] == "eval/episodic_return"]
     if pts:
-        method = run.name.rsplit("_s", 1)[0]
-        name, seed = paper.get(method, (method,))[0], run.name.rsplit("_s", 1)[1]
-        line = ax.plot(*zip(*pts), marker=".", label=f"{name} seed {seed}")
-        if method in paper:
-            ax.plot([9.5e5, 1.0e6], [paper[method][1]] * 2, color=line[0].get_color(), lw=3, alpha=0.6)
+        method, seed = run.name.rsplit("_s", 1)
+        ax.plot(*zip(*pts), marker=".", color=colour.get(method), label=f"{names.get(method, method)} seed {seed}")
         drawn += 1
 meta = root / "expert" / "expert_meta.json"
 if meta.is_file():
     m = json.loads(meta.read_text())
     ax.axhline(m["return_mean"], color="k", ls=":", label=f"our expert ({m['num_demos']} demos)")
-ax.axhline(3550, color="gray", ls="--", lw=0.8, label="paper's expert (~3,550)")
+ax.axhline(paper["expert"][0], color="green", ls="--", lw=0.8, label=f"paper's expert (~{paper['expert'][0]:,})")
 ax.set_xlabel("learner env steps"); ax.set_ylabel("true return (deterministic evaluation)")
-ax.set_title("Hopper-v5: FILTER, HyPE and MM (bars at 1M: the paper's final returns)", fontsize=9)
+ax.set_title("Hopper-v5: FILTER, HyPE and MM; dashed: the paper's (Hopper-v3, read off its plot)", fontsize=9)
 if drawn:
     ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(root / "hopper_paper.png")
 print(f"{drawn} learning curves -> {root / 'hopper_paper.png' if drawn else 'no figure (no evaluations yet)'}")

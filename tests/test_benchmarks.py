@@ -410,3 +410,42 @@ def test_every_lane_step_names_a_target_its_script_has(name):
         _, script, target, *_ = step.split()
         text = (REPO_ROOT / script).read_text()
         assert re.search(rf"^\s+{re.escape(target)}\)", text, re.M), f"{script} has no target {target}"
+
+
+def test_digitizer_reads_known_curves_back_off_a_rendered_plot(tmp_path):
+    """A plot drawn the reference's way (inward ticks, no top/right spines, its colours) from known values: the
+    digitizer's numbers match them to about a pixel (3,500 return over 206 px here: ~17 per pixel)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    digitizer = load_benchmark("digitize_paper_curves")
+    x = np.arange(0, 1_000_000, 50_000)
+    truth = {"filter": 1000 + 2.2e-3 * x, "hype": 3000 - 1.5e-3 * x, "mm": 500 + 1e-3 * x, "expert": 3500 + 0 * x}
+    fig, ax = plt.subplots(figsize=(4.77, 3.21), dpi=100)
+    for name, y in truth.items():
+        ax.plot(x, y, color=digitizer.COLOURS[name], ls="--" if name == "expert" else "-", lw=1.5)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.tick_params(direction="in", length=5, width=1, colors="black")
+    ax.set_xticks([0, 2e5, 4e5, 6e5, 8e5])
+    ax.set_yticks([0, 1000, 2000, 3000])
+    ax.set_ylim(-200, 3700)
+    fig.tight_layout()
+    fig.savefig(tmp_path / "plot.png")
+    rgb = (mpimg.imread(tmp_path / "plot.png")[..., :3] * 255).round().astype(np.uint8)
+    got = digitizer.digitize(rgb, [0, 2e5, 4e5, 6e5, 8e5], [3000, 2000, 1000, 0], list(x[1:]), (0, 0, 0, 0))
+    for name, y in truth.items():
+        read = np.array([np.nan if v is None else v for v in got[name]], dtype=float)
+        assert np.nanmax(np.abs(read - y[1:])) < 40, (name, read, y[1:])
+        assert np.isnan(read).sum() <= 3  # only where lines cross
+
+
+def test_digitizer_refuses_ticks_it_cannot_match():
+    digitizer = load_benchmark("digitize_paper_curves")
+    assert digitizer.axis_map([10, 20, 30], [0, 1, 2]) == pytest.approx((0.1, -1.0))
+    with pytest.raises(SystemExit, match="found 3 tick marks"):
+        digitizer.axis_map([10, 20, 30], [0, 1])
+    with pytest.raises(SystemExit, match="not evenly spaced"):
+        digitizer.axis_map([10, 20, 40], [0, 1, 2])
