@@ -299,6 +299,8 @@ for method, name in names.items():
     pts = [(x, y) for x, y in zip(paper["x"], paper[method]) if y is not None]
     ax.plot(*zip(*pts), color=colour[method], ls="--", lw=1, alpha=0.8, label=f"paper's {name} (10 seeds, IQM)")
 drawn = 0
+table = ["| run | learner env steps | last evaluation (10 episodes) | mean of the last 5 evaluations | best evaluation | "
+         "paper's IQM at the nearest 50k steps (10 seeds) | final evaluation (results.json) |", "|---|---|---|---|---|---|---|"]
 for run in sorted(root.glob("*_s*")):
     if not (run / "curves.csv").is_file():
         continue
@@ -308,6 +310,14 @@ for run in sorted(root.glob("*_s*")):
         method, seed = run.name.rsplit("_s", 1)
         ax.plot(*zip(*pts), marker=".", color=colour.get(method), label=f"{names.get(method, method)} seed {seed}")
         drawn += 1
+        step, last = pts[-1]
+        tail = [v for _, v in pts[-5:]]
+        near = [(abs(x - step), y) for x, y in zip(paper["x"], paper.get(method, [])) if y is not None]
+        theirs = f"{min(near)[1]:,}" if near else "-"  # the paper's point nearest our last evaluation
+        res = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else None
+        final = "running" if res is None else f"{res['eval_mean']:.0f} ± {res['eval_std']:.0f} ({len(res['eval_returns'])} episodes)"
+        table.append(f"| {names.get(method, method)} s{seed} | {step:,} | {last:.0f} | {sum(tail) / len(tail):.0f} | "
+                     f"{max(v for _, v in pts):.0f} | {theirs} | {final} |")
 meta = root / "expert" / "expert_meta.json"
 if meta.is_file():
     m = json.loads(meta.read_text())
@@ -317,6 +327,8 @@ ax.set_xlabel("learner env steps"); ax.set_ylabel("true return (deterministic ev
 ax.set_title("Hopper-v5: FILTER, HyPE and MM; dashed: the paper's (Hopper-v3, read off its plot)", fontsize=9)
 if drawn:
     ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(root / "hopper_paper.png")
+    (root / "hopper_table.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
 print(f"{drawn} learning curves -> {root / 'hopper_paper.png' if drawn else 'no figure (no evaluations yet)'}")
 PY
     ;;

@@ -332,6 +332,9 @@ def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_record
     assert records.returncode == 0 and "2 learning curves" in records.stdout, records.stderr
     results = tmp_path / "results"
     assert (results / "hopper_paper.png").stat().st_size > 0
+    rows = (results / "hopper_table.md").read_text().splitlines()[2:]  # one row per run, both finished
+    assert [row.split(" | ")[0] for row in rows] == ["| FILTER s1", "| HyPE s1"]
+    assert all(row.endswith("(1 episodes) |") for row in rows), rows
     assert (results / "expert" / "expert_meta.json").is_file()
     for run in ("filter_s1", "hype_s1"):
         assert (results / run / "results.json").is_file()

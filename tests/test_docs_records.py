@@ -39,8 +39,8 @@ RECORDS_OF = {
         "rnd_montezuma_table.md",  # the 10M-frame runs' table, written by montezuma-plot from their curves
         "rnd_montezuma_*/results.json",
     ],
-    "filter_irl_mujoco": ["filter_irl_mujoco.md", "hype_irl_mujoco.md"],
-    "hype_irl_mujoco": ["hype_irl_mujoco.md", "filter_irl_mujoco.md"],
+    "filter_irl_mujoco": ["filter_irl_mujoco.md", "hype_irl_mujoco.md", "hopper_paper/*.md", "hopper_paper/*/*.json"],
+    "hype_irl_mujoco": ["hype_irl_mujoco.md", "filter_irl_mujoco.md", "hopper_paper/*.md", "hopper_paper/*/*.json"],
     "preference_ga3c_atari": ["preference_ga3c_atari.md", "preference_ga3c_atari_windows.md"],
     "mbirl_antmaze": ["mbirl_antmaze_runs/*.json"],
     "simple_worldmodel_atari": [
