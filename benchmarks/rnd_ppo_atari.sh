@@ -184,6 +184,15 @@ out = Path(os.environ["ASSETS"]) / "montezuma_10M.png"; out.parent.mkdir(parents
 fig.savefig(out, dpi=70); print(out, out.stat().st_size)
 PY
     ;;
+  montezuma-coverage)  # where the finished runs' policies go inside the rooms: 30 games each (seeds 50000-50029, the
+    # same for every policy) of each finished montezuma run and of random actions, the player's 8x8-pixel cells read
+    # from RAM; one JSON line per policy appended to benchmarks/results/rnd_montezuma_coverage.jsonl
+    runs=()
+    for dir in "${RUN_ROOT:-runs}"/rnd_montezuma_*_s*; do
+      if [ -f "$dir/policy.pt" ]; then runs+=("$dir"); fi
+    done
+    python benchmarks/rnd_coverage.py benchmarks/results/rnd_montezuma_coverage.jsonl "${runs[@]}" random --games 30
+    ;;
   plot)  # docs/assets/rnd_ppo_atari/montezuma_cpu_evidence.png from the two evidence runs' TensorBoard events
     python - <<'PY'
 import matplotlib; matplotlib.use("Agg")

@@ -452,3 +452,13 @@ def test_digitizer_refuses_ticks_it_cannot_match():
         digitizer.axis_map([10, 20, 30], [0, 1])
     with pytest.raises(SystemExit, match="not evenly spaced"):
         digitizer.axis_map([10, 20, 40], [0, 1, 2])
+
+
+def test_coverage_reads_the_players_cell_from_montezumas_ram():
+    coverage = load_benchmark("rnd_coverage")
+    ram = np.zeros(128, dtype=np.uint8)
+    ram[[3, 42, 43]] = 1, 77, 235  # the first room's start: x 77, y 235
+    assert coverage.cell(ram) == (1, 9, 29)
+    games = coverage.play(None, coverage.rnd.EnvArgs(), games=1, seed=3)  # random actions, one whole game
+    assert games["lengths"][0] > 0 and games["returns"] == [0.0]
+    assert (1, 9, 29) in games["cells"][0] and len(games["cells"][0]) > 1  # it starts there, then moves

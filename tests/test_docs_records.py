@@ -38,6 +38,7 @@ RECORDS_OF = {
         "rnd_ppo_atari.md",
         "rnd_montezuma_table.md",  # the 10M-frame runs' table, written by montezuma-plot from their curves
         "rnd_montezuma_*/results.json",
+        "rnd_montezuma_coverage.jsonl",  # cells reached by the finished policies (benchmarks/rnd_coverage.py)
     ],
     "filter_irl_mujoco": ["filter_irl_mujoco.md", "hype_irl_mujoco.md", "hopper_paper/*.md", "hopper_paper/*/*.json"],
     "hype_irl_mujoco": ["hype_irl_mujoco.md", "filter_irl_mujoco.md", "hopper_paper/*.md", "hopper_paper/*/*.json"],
@@ -114,6 +115,13 @@ def at_step(run: dict, learner_step: int) -> dict:
     return next(h for h in run["history"] if h["step"] == learner_step)
 
 
+def cells_per_game(run: str) -> list[float]:
+    """Mean ± sample std of the cells a policy reached per game, from its line of rnd_montezuma_coverage.jsonl."""
+    lines = (RESULTS / "rnd_montezuma_coverage.jsonl").read_text().splitlines()
+    cells = next(d for d in map(json.loads, lines) if d["run"] == run)["cells_per_game"]
+    return [statistics.mean(cells), statistics.stdev(cells)]
+
+
 def mean_pstd(values: list[float]) -> list[float]:
     """Mean ± population std over seeds, the convention the pages state."""
     return [statistics.mean(values), statistics.pstdev(values)]
@@ -158,6 +166,10 @@ DERIVED = {
     ("mbirl_antmaze", "0.00 ± 0.00"): lambda: mean_pstd([r[SUCCESS] for r in HYPE]),
     ("mbirl_antmaze", "160k"): lambda: [statistics.mean(r[REAL_STEPS] for r in HYPE)],
     ("mbirl_antmaze", "0.05 ± 0.02"): lambda: mean_pstd([max(h[SUCCESS] for h in r["history"]) for r in HYPE]),  # best
+    # cells of Montezuma's first room reached per game by a policy (mean ± sample std over its 30 games)
+    ("rnd_ppo_atari", "86.3 ± 10.0"): lambda: cells_per_game("runs/rnd_montezuma_rnd_s1"),
+    ("rnd_ppo_atari", "74.0 ± 12.4"): lambda: cells_per_game("runs/rnd_montezuma_ppo_s1"),
+    ("rnd_ppo_atari", "71.8 ± 14.4"): lambda: cells_per_game("random"),
 }
 
 
