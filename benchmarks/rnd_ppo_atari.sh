@@ -186,12 +186,16 @@ PY
     ;;
   montezuma-coverage)  # where the finished runs' policies go inside the rooms: 30 games each (seeds 50000-50029, the
     # same for every policy) of each finished montezuma run and of random actions, the player's 8x8-pixel cells read
-    # from RAM; one JSON line per policy appended to benchmarks/results/rnd_montezuma_coverage.jsonl
+    # from RAM; benchmarks/results/rnd_montezuma_coverage.jsonl rewritten with one JSON line per policy (the same
+    # policy and seeds give the same line again)
     runs=()
     for dir in "${RUN_ROOT:-runs}"/rnd_montezuma_*_s*; do
       if [ -f "$dir/policy.pt" ]; then runs+=("$dir"); fi
     done
-    python benchmarks/rnd_coverage.py benchmarks/results/rnd_montezuma_coverage.jsonl "${runs[@]}" random --games 30
+    out=benchmarks/results/rnd_montezuma_coverage.jsonl
+    rm -f "$out.tmp"
+    python benchmarks/rnd_coverage.py "$out.tmp" "${runs[@]}" random --games 30
+    mv "$out.tmp" "$out"
     ;;
   plot)  # docs/assets/rnd_ppo_atari/montezuma_cpu_evidence.png from the two evidence runs' TensorBoard events
     python - <<'PY'
