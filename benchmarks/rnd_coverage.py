@@ -72,6 +72,11 @@ def main() -> None:
     p.add_argument("--games", type=int, default=10)
     p.add_argument("--seed", type=int, default=50_000)
     args = p.parse_args()
+    for run in args.runs:
+        if run != "random" and not (Path(run) / "policy.pt").is_file():
+            p.error(f"{run}: no policy.pt there; pass the run dir of a finished run, or `random`")
+    if args.games < 1:
+        p.error(f"--games {args.games}: play at least one game")
     torch.set_num_threads(1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     for run in args.runs:
