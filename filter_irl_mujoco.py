@@ -77,6 +77,8 @@ class ExpertArgs:  # the comment after each field is its --help line
     path: Optional[str] = None  # your own demos.npz, or minari:DATASET_ID (no MuJoCo states), instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # env steps of SAC expert training on the true reward
     num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
+    eval_every: int = ranged(10_000, "[0, 1e9]")  # demos by the best actor of evaluations this often (0: the last)
+    eval_episodes: int = ranged(5, "[1, 1000]")  # deterministic episodes per expert evaluation (the reference: 5)
     only: bool = False  # stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)
 
 
@@ -685,31 +687,49 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     return returns
 
 
-def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tuple[SAC, list]:
+def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tuple[SAC, list, Optional[list]]:
     """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`, resumable from
-    checkpoints/expert.pt. Returns the agent and its curve [(step, episodic return)]."""
+    checkpoints/expert.pt. Every `expert.eval_every` steps the actor plays `expert.eval_episodes`
+    deterministic episodes (the same reset seeds each time) and the best one is kept, as the
+    reference records its demos with SB3's EvalCallback best_model. Returns the agent (its actor
+    the best evaluated one), its curve [(step, episodic return)] and [best mean, its step]."""
     env, device = make_env(args.env_id, args.seed), pick_device(args)
     agent = SAC(info, args.sac, device)
+    best = copy.deepcopy(agent.actor)  # the best evaluated actor so far
+    every, total = args.expert.eval_every, args.expert.timesteps
     np_rng = np.random.default_rng(args.seed)
     expert_env = LearnerEnv(env, {}, 0.0, 0.0, np_rng)  # no expert states, no trembling: the env
     rows = buffer_rows(args.sac, args.expert.timesteps, ckpt)
     rb = ReplayBuffer(info.obs_dim, info.act_dim, rows, device, with_rewards=True)
-    progress = {"step": 0, "episodes": 0, "curve": []}
+    progress = {"step": 0, "episodes": 0, "curve": [], "evaluated": 0, "best": None}
     if ckpt:
-        progress = restore_checkpoint(ckpt, "expert phase", np_rng, [env], agent=agent, rb=rb)
+        progress = restore_checkpoint(ckpt, "expert phase", np_rng, [env], agent=agent, rb=rb, best=best)
     obs, ret, length = start_or_continue(expert_env, progress, args.seed, ckpt, np_rng, [env])
     where = (run_dir / "checkpoints" / "expert.pt", "expert_checkpoint", np_rng, [env], progress)
     step, meter = progress["step"], SPSMeter()
 
     def checkpoint() -> None:  # everything, every RNG, and the episode in progress
-        save_checkpoint(*where, agent=agent, rb=rb, episode=expert_env.episode(obs, ret, length))
+        save_checkpoint(*where, agent=agent, rb=rb, best=best, episode=expert_env.episode(obs, ret, length))
+
+    def evaluate_expert() -> None:  # at a multiple of `every` not evaluated yet (a stop inside: again on resume)
+        if not (every and step % every == 0 and progress["evaluated"] < step):
+            return
+        with meter.paused():  # the same reset seeds every time: one yardstick for all evaluations
+            returns = evaluate(agent.actor, args.env_id, args.expert.eval_episodes, args.seed + 50_000, 0.0)
+        mean = float(np.mean(returns))
+        writer.add_scalar("expert/eval_return", mean, step)
+        if progress["best"] is None or mean > progress["best"][0]:
+            progress["best"] = [mean, step]
+            best.load_state_dict(agent.actor.state_dict())
+        progress["evaluated"] = step
 
     stop = saved_on_stop("expert phase", progress, checkpoint)
-    with progress_bar(args.expert.timesteps, step, "expert SAC") as bar, stop:
-        while step < args.expert.timesteps:
+    with progress_bar(total, step, "expert SAC") as bar, stop:
+        while step < total:
             if STOP.is_set():
                 checkpoint()
                 raise Interrupted("expert phase", step)
+            evaluate_expert()
             explore = step < args.sac.learning_starts  # uniform random actions first
             action = info.random_action(np_rng) if explore else agent.act(obs)
             _, next_obs, reward, terminated, truncated = expert_env.step(action)
@@ -732,9 +752,12 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
                 checkpoint()
                 plot_curves(run_dir, args, [], float("nan"), progress["curve"])
             bar.update(1)
+        evaluate_expert()  # the last step's
     checkpoint()
     env.close()
-    return agent, progress["curve"]
+    if progress["best"] is not None:
+        agent.actor.load_state_dict(best.state_dict())
+    return agent, progress["curve"], progress["best"]
 
 
 def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
@@ -959,10 +982,10 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
     """Expert phase (unless demos were given or cached), IRL phase, policy.pt, results.json."""
     expert_curve = []
     if demos is None:  # train the expert on the true reward and record its demos in the cache
-        expert, expert_curve = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
+        expert, expert_curve, best = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
         with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
             demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
-        demos = write_expert_cache(args, expert, demos)
+        demos = write_expert_cache(args, expert, demos, best)
     if args.expert.only:
         return
     ckpt = checkpoints.get("irl")
@@ -1041,7 +1064,7 @@ def resume_command(run_dir: Path, argv) -> str:
 VERSION = 1  # of the .pt files `save` writes; `load` refuses any other
 KINDS = {  # kind of .pt file: (the keys load requires, how to fix a bad one)
     "policy": (("script", "env_id", "network", "config", "state_dict"), "re-run the training to rewrite it"),
-    "expert_checkpoint": (("agent", "rb", "progress", "rng"), "delete it to redo that phase"),
+    "expert_checkpoint": (("agent", "rb", "best", "progress", "rng"), "delete it to redo that phase"),
     "irl_checkpoint": (("agent", "rb", "progress", "rng", "disc"), "delete it to redo that phase"),
 }
 
@@ -1230,8 +1253,9 @@ def evaluate_saved_policy(args: Args) -> None:
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
-def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
-    """Write demos.npz, expert_actor.pt and expert_meta.json; a cache another run finished first is kept."""
+def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]) -> dict:
+    """Write demos.npz, expert_actor.pt and expert_meta.json (with the evaluation that chose the actor, [mean,
+    step], or None for the last actor); a cache another run finished first is kept."""
     cache = Path(args.expert.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():  # another run (or hype_irl_mujoco.py) finished first: never overwrite
         print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
@@ -1245,6 +1269,7 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
     save(cache / "expert_actor.pt", "expert_actor", **actor)
     meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
+    meta.update(chosen_by_evaluation=best, eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
     meta["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     save(cache / "expert_meta.json", "expert_meta", **meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")

@@ -97,6 +97,8 @@ class ExpertArgs:  # the comment after each field is its --help line
     path: Optional[str] = None  # your own demos.npz (or minari:DATASET_ID, no MuJoCo states) instead of the cache
     timesteps: int = ranged(1_000_000, "[1, 1e9]")  # SAC expert training steps on the true reward (no cached demos)
     num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
+    eval_every: int = ranged(10_000, "[0, 1e9]")  # demos by the best actor of evaluations this often (0: the last)
+    eval_episodes: int = ranged(5, "[1, 1000]")  # deterministic episodes per expert evaluation (the reference: 5)
 
 
 @dataclass
@@ -252,8 +254,7 @@ def restore_state(env: gym.Env, qpos, qvel, qacc_warmstart, goal=None) -> np.nda
 
 
 def start_episode(env: gym.Env, seed: int, demos, reset_prob: float, rng) -> tuple[np.ndarray, int]:
-    """Reset; with probability reset_prob restore a uniformly drawn expert state (and its goal
-    on a maze). Returns (observation, time index)."""
+    """Reset; with probability reset_prob restore a random expert state (and its goal on a maze): (obs, time index)."""
     obs, _ = env.reset(seed=seed)
     if reset_prob > 0 and rng.random() < reset_prob:
         i = int(rng.integers(len(demos["observations"])))
@@ -817,15 +818,20 @@ def explore(sac: SAC, obs, learn_started: bool, info: EnvInfo, p_tremble: float,
     return tremble(action.astype(np.float32), rng, p_tremble, info.low, info.high)
 
 
-def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list]:
+def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list, Optional[list]]:
     """Expert phase: SAC on the TRUE env reward for `expert.timesteps`, resumable from
-    checkpoints/expert.pt. Returns the expert and its learning curve [(step, return)]."""
+    checkpoints/expert.pt. Every `expert.eval_every` steps the actor plays `expert.eval_episodes`
+    deterministic episodes (the same reset seeds each time) and the best one is kept, as the
+    reference records its demos with SB3's EvalCallback best_model. Returns the expert (its actor
+    the best evaluated one), its learning curve [(step, return)] and [best mean, its step]."""
     env, horizon = make_env(args.env_id, args.max_episode_steps)
     sac = SAC(info, args.sac, run.device)
     capacity = min(args.sac.buffer_size, args.expert.timesteps)
     storage = Storage(info.obs_dim, info.act_dim, capacity, run.device)
     np_rng = np.random.default_rng(args.seed)
-    progress = {"step": 0, "episodes": 0, "curve": []}
+    every = args.expert.eval_every
+    # best: [mean, step] of the best evaluation, best_actor its weights (in the checkpoint with the counters)
+    progress = {"step": 0, "episodes": 0, "curve": [], "evaluated": 0, "best": None, "best_actor": None}
     if ckpt:
         progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
     ckpt_path, meter, losses = run.dir / "checkpoints" / "expert.pt", SPSMeter(), {}
@@ -835,12 +841,26 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
         episode = episode_state(env, obs, ep_t, ep_return, False, ep_seed)
         save_checkpoint(ckpt_path, sac, storage, np_rng, progress, episode=episode)
 
+    def evaluate_expert() -> None:  # at a multiple of `every` not evaluated yet (a stop inside: again on resume)
+        step = progress["step"]
+        if not (every and step % every == 0 and progress["evaluated"] < step):
+            return
+        episodes, seed = args.expert.eval_episodes, args.seed + 50_000  # the same reset seeds every time
+        returns, _ = meter.pause_while(evaluate, sac.actor, args.env_id, episodes, seed, 0.0, args.max_episode_steps)
+        mean = float(np.mean(returns))
+        run.writer.add_scalar("expert/eval_return", mean, step)
+        if progress["best"] is None or mean > progress["best"][0]:
+            progress["best"] = [mean, step]
+            progress["best_actor"] = {k: v.detach().cpu().clone() for k, v in sac.actor.state_dict().items()}
+        progress["evaluated"] = step
+
     stop = saved_on_stop("expert phase", progress, checkpoint)
     with progress_bar(args.expert.timesteps, progress["step"], "expert") as bar, stop:
         while progress["step"] < args.expert.timesteps:
             if STOP.is_set():
                 checkpoint()
                 raise Interrupted("expert phase", progress["step"])
+            evaluate_expert()
             learn_started = progress["step"] >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
             next_obs, reward, terminated, _, _ = env.step(action)
@@ -863,9 +883,12 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
                 curve = progress["curve"]
                 plot_curves(run.dir / "learning_curve.png", args, [], float("nan"), curve)
             bar.update(1)
+        evaluate_expert()  # the last step's
     checkpoint()
     env.close()
-    return sac, progress["curve"]
+    if progress["best"] is not None:
+        sac.actor.load_state_dict(progress["best_actor"])
+    return sac, progress["curve"], progress["best"]
 
 
 def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps=None) -> dict:
@@ -1096,11 +1119,11 @@ def pipeline(args: Args, info: EnvInfo, demos: Optional[dict], checkpoints: dict
     HyPE, then policy.pt and results.json (returned)."""
     start, expert_curve = time.time(), []
     if demos is None:
-        expert, expert_curve = train_expert(args, info, run, checkpoints.get("expert"))
+        expert, expert_curve, best = train_expert(args, info, run, checkpoints.get("expert"))
         num_demos = args.expert.num_demos or 64
         with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
             demos = collect_demos(args.env_id, expert.actor.act, num_demos, args.max_episode_steps)
-        demos = write_expert_cache(args, expert, demos)
+        demos = write_expert_cache(args, expert, demos, best)
     sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
     results = irl_results(args, demos, progress, time.time() - start, run.device)
     if args.save_model:
@@ -1407,8 +1430,9 @@ def evaluate_saved_policy(args: Args) -> None:
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
-def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
-    """Write demos.npz, expert_actor.pt and expert_meta.json; a cache another run finished first is kept."""
+def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]) -> dict:
+    """Write demos.npz, expert_actor.pt and expert_meta.json (with the evaluation that chose the actor, [mean,
+    step], or None for the last actor); a cache another run finished first is kept."""
     cache = Path(args.expert.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():  # another run (or filter_irl_mujoco.py) finished first: never overwrite
         print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
@@ -1422,6 +1446,7 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict) -> dict:
     save(cache / "expert_actor.pt", "expert_actor", **actor_file)
     meta = dict(env_id=args.env_id, expert_timesteps=timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=mean_return, return_std=float(returns.std()), script=SCRIPT, date=now)
+    meta.update(chosen_by_evaluation=best, eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
     save(cache / "expert_meta.json", "expert_meta", **meta, num_transitions=len(demos["observations"]), **sizes)
     print(f"[expert] {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos

@@ -219,6 +219,27 @@ def save_npz(path: Path, demos: dict) -> Path:
     return path
 
 
+def scripted_expert_evaluations(monkeypatch, module, means: list, with_successes: bool) -> list:
+    """Replace module.evaluate by one returning [mean] for each expert evaluation in turn (HyPE's also a None for
+    successes); returns the list that each call appends the evaluated actor's weights to."""
+    scripted, seen = iter(means), []
+
+    def evaluate(actor, *args, **kwargs):
+        seen.append({k: v.clone() for k, v in actor.state_dict().items()})
+        returns = [next(scripted)]
+        return (returns, None) if with_successes else returns
+
+    monkeypatch.setattr(module, "evaluate", evaluate)
+    return seen
+
+
+def assert_actor_is(actor, weights: dict, expected: bool = True) -> None:
+    """The actor's weights equal (or, expected=False, differ from) a state dict recorded earlier."""
+    import torch
+
+    assert all(torch.equal(v, weights[k]) for k, v in actor.state_dict().items()) == expected
+
+
 def corrupt_file(path: Path, how: str, seed: int = 0) -> None:
     """Damage a file in place: ``truncated`` keeps the first half of its bytes, ``random`` replaces them all by
     random bytes (at least 64)."""
@@ -455,6 +476,7 @@ MUJOCO_IRL_DOCUMENTED_VALID = {
     ("--disc.gp-target", "0"),
     ("--irl.reset-prob", "0"),
     ("--irl.p-tremble", "0"),
+    ("--expert.eval-every", "0"),  # the last actor records the demos
 }  # the generated numeric cases that are documented valid values of both scripts
 
 

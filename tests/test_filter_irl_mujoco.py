@@ -20,6 +20,7 @@ from conftest import (
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
+    assert_actor_is,
     assert_counters_of_1000_steps,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
@@ -40,6 +41,7 @@ from conftest import (
     run_contract_snippet,
     run_script_subprocess,
     save_npz,
+    scripted_expert_evaluations,
     whole_and_killed_in_the_expert_phase,
     whole_and_killed_then_resumed,
     write_minari_dataset,
@@ -602,6 +604,22 @@ def test_progress_in_a_log_file_is_a_plain_line_every_period(monkeypatch, capsys
     assert lines[0].startswith("phase: 6/10 (60 %") and lines[0].endswith(", ret 7") and len(lines) == 2, lines
 
 
+def test_the_expert_phase_keeps_the_best_evaluated_actor_not_the_last(tmp_path, monkeypatch):
+    """As the reference's EvalCallback best_model: evaluations every 100 steps return 5, 9, 3 (scripted), so the
+    demos' actor is the one evaluated at step 200, and the meta's choice says so."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    seen = scripted_expert_evaluations(monkeypatch, fi, [5.0, 9.0, 3.0], with_successes=False)
+    args = small_args(sac=dict(learning_starts=50))
+    args.expert.timesteps, args.expert.eval_every, args.checkpoint_every = 300, 100, 10**6
+    writer = SummaryWriter(str(tmp_path))
+    agent, _, best = fi.train_expert(args, pendulum_info(), None, tmp_path, writer)
+    writer.close()
+    assert best == [9.0, 200] and len(seen) == 3
+    assert_actor_is(agent.actor, seen[1])
+    assert_actor_is(agent.actor, seen[2], expected=False)  # not the last
+
+
 @pytest.fixture(scope="module")
 def whole_and_resumed_runs(tmp_path_factory, pendulum_demos) -> tuple[Path, Path]:
     """The same tiny run (1,000 policy steps, an outer iteration every 100, a checkpoint every 100) twice on the CPU:
@@ -634,6 +652,7 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     episode (simulator state, time limit count, return, every RNG): the counters, expert weights and demos equal an
     uninterrupted run's."""
     flags = ["--env-id", "HalfCheetah-v5", "--expert.only", "--expert.timesteps", 1500, "--expert.num-demos", 1]
+    flags += ["--expert.eval-every", 500, "--expert.eval-episodes", 1]  # evaluations at 500 (where it is killed), 1,000
     flags += ["--sac.learning-starts", 500, "--checkpoint-every", 500, "--torch-threads", 1, *TINY]
     resumed_at = "expert phase: resuming at step {step}"
     assert_same_expert_phase(whole_and_killed_in_the_expert_phase(SCRIPT, tmp_path, flags, 1000, resumed_at))

@@ -19,6 +19,7 @@ from conftest import (
     MUJOCO_IRL_FINISHED_RUN,
     MUJOCO_IRL_TINY,
     REPO_ROOT,
+    assert_actor_is,
     assert_counters_of_1000_steps,
     assert_mujoco_irl_artifacts,
     assert_run_directory_printed_at_start_and_end,
@@ -39,6 +40,7 @@ from conftest import (
     run_contract_snippet,
     run_script_subprocess,
     save_npz,
+    scripted_expert_evaluations,
     whole_and_killed_in_the_expert_phase,
     whole_and_killed_then_resumed,
     write_minari_dataset,
@@ -774,6 +776,24 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert_same_weights_and_eval_returns(hy.load_policy, *whole_and_resumed_runs)
 
 
+def test_the_expert_phase_keeps_the_best_evaluated_actor_not_the_last(tmp_path, monkeypatch):
+    """As the reference's EvalCallback best_model: evaluations every 100 steps return 5, 9, 3 (scripted), so the
+    demos' actor is the one evaluated at step 200, and the phase says so."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    seen = scripted_expert_evaluations(monkeypatch, hy, [5.0, 9.0, 3.0], with_successes=True)
+    args = hy.Args(env_id="InvertedPendulum-v5", log_frequency=500, checkpoint_every=10**6)
+    args.sac.learning_starts, args.sac.hidden_dim = 50, 64
+    args.expert.timesteps, args.expert.eval_every = 300, 100
+    info = hy.EnvInfo(4, 1, np.array([-3.0], np.float32), np.array([3.0], np.float32))
+    writer = SummaryWriter(str(tmp_path))
+    sac, _, best = hy.train_expert(args, info, hy.Run(tmp_path, writer, torch.device("cpu")), None)
+    writer.close()
+    assert best == [9.0, 200] and len(seen) == 3
+    assert_actor_is(sac.actor, seen[1])
+    assert_actor_is(sac.actor, seen[2], expected=False)  # not the last
+
+
 @pytest.mark.slow
 def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     """Issue 48 (exact resume, expert phase): SAC on the true reward, killed inside an episode (HalfCheetah-v5 never
@@ -782,6 +802,7 @@ def test_a_run_killed_inside_an_expert_episode_continues_it_exactly(tmp_path):
     final policy equal an uninterrupted run's."""
     flags = ["--env-id", "HalfCheetah-v5", "--max-episode-steps", 400, "--expert.timesteps", 1200]
     flags += ["--expert.num-demos", 1, "--sac.learning-starts", 500, "--checkpoint-every", 500]
+    flags += ["--expert.eval-every", 500, "--expert.eval-episodes", 1]  # evaluations at 500 (the kill) and 1,000
     flags += ["--irl.total-timesteps", 600, "--irl.train-every", 300, "--eval.frequency", 600]
     flags += ["--disc.trajectories", 1, "--torch-threads", 1, *TINY]
     resumed_at = "[expert] resuming from step {step}"
