@@ -830,16 +830,17 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
     storage = Storage(info.obs_dim, info.act_dim, capacity, run.device)
     np_rng = np.random.default_rng(args.seed)
     every = args.expert.eval_every
-    # best: [mean, step] of the best evaluation, best_actor its weights (in the checkpoint with the counters)
-    progress = {"step": 0, "episodes": 0, "curve": [], "evaluated": 0, "best": None, "best_actor": None}
+    progress = {"step": 0, "episodes": 0, "curve": [], "evaluated": 0, "best": None}  # best: [mean, step]
+    best_actor = None  # the weights of the best evaluated actor
     if ckpt:
         progress = restore_checkpoint(ckpt, "expert", sac, storage, np_rng)
+        best_actor = ckpt["best_actor"]
     ckpt_path, meter, losses = run.dir / "checkpoints" / "expert.pt", SPSMeter(), {}
     obs, ep_t, ep_return, _, ep_seed = next_episode(env, progress, args.seed, None, 0.0, np_rng)
 
     def checkpoint() -> None:  # everything, every RNG, and the episode in progress
         episode = episode_state(env, obs, ep_t, ep_return, False, ep_seed)
-        save_checkpoint(ckpt_path, sac, storage, np_rng, progress, episode=episode)
+        save_checkpoint(ckpt_path, sac, storage, np_rng, progress, episode=episode, best_actor=best_actor)
 
     def evaluate_expert() -> None:  # at a multiple of `every` not evaluated yet (a stop inside: again on resume)
         step = progress["step"]
@@ -850,8 +851,9 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
         mean = float(np.mean(returns))
         run.writer.add_scalar("expert/eval_return", mean, step)
         if progress["best"] is None or mean > progress["best"][0]:
+            nonlocal best_actor
             progress["best"] = [mean, step]
-            progress["best_actor"] = {k: v.detach().cpu().clone() for k, v in sac.actor.state_dict().items()}
+            best_actor = {k: v.detach().cpu().clone() for k, v in sac.actor.state_dict().items()}
         progress["evaluated"] = step
 
     stop = saved_on_stop("expert phase", progress, checkpoint)
@@ -887,7 +889,7 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
     checkpoint()
     env.close()
     if progress["best"] is not None:
-        sac.actor.load_state_dict(progress["best_actor"])
+        sac.actor.load_state_dict(best_actor)
     return sac, progress["curve"], progress["best"]
 
 
@@ -1192,7 +1194,7 @@ FORMAT_VERSION = 1
 KEYS = {  # kind of a torch file: the keys it must hold (besides kind and version)
     "policy": ("script", "env_id", "network", "config", "state_dict", "max_episode_steps"),
     "expert_actor": ("actor", "env_id", "obs_dim", "act_dim", "hidden", "total_timesteps", "mean_return"),
-    "expert_checkpoint": ("agent", "learner_rows", "progress", "rng"),
+    "expert_checkpoint": ("agent", "learner_rows", "progress", "rng", "best_actor"),
     "irl_checkpoint": ("agent", "learner_rows", "progress", "rng", "disc"),
 }
 
@@ -1270,13 +1272,15 @@ def undone_on_stop(progress: dict, np_rng, *parts):
         raise
 
 
-def save_checkpoint(path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None, episode=None) -> None:
+def save_checkpoint(
+    path: Path, sac: SAC, storage: Storage, np_rng, progress: dict, disc=None, episode=None, best_actor=None
+) -> None:
     rng = rng_states(np_rng)
     rows = storage.learner_rows().to("cpu", copy=True)  # (a view would save the expert rows and free capacity too)
     progress = {**progress, "episode": episode} if episode is not None else progress
     state = {"agent": sac.state_dict(), "learner_rows": rows, "progress": progress, "rng": rng}
-    if disc is None:
-        save(path, "expert_checkpoint", **state)
+    if disc is None:  # the expert's, with the weights of its best evaluated actor (None before the first)
+        save(path, "expert_checkpoint", **state, best_actor=best_actor)
     else:
         save(path, "irl_checkpoint", **state, disc=disc.state_dict())
 
