@@ -8,6 +8,7 @@
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-records  # copy its small records to benchmarks/results/
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-plot     # the docs figure and table from those records
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-probe    # does its reward head see real play's rewards?
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-refit    # would a weighted reward loss let its policy learn?
 # (freeway-cpu*: the same on Freeway, stopped after epoch 0: its uniform-random first collection of 11,264 steps
 # crossed the road 0 times, so the reward head could only learn "0" and PPO inside the model had nothing to learn
 # from; two of the paper's five Freeway runs also ended at 0. Records: benchmarks/results/simple_cpu_freeway_s1/.)
@@ -110,6 +111,17 @@ pong-cpu-open-loop)
       --max-windows 384 --out "$records/reward_open_loop.jsonl.tmp"
     mv "$records/reward_open_loop.jsonl.tmp" "$records/reward_open_loop.jsonl"
     ;;
+pong-cpu-refit)
+    # would a reward loss weighted toward the rewarded steps let the policy learn? (benchmarks/simple_reward_refit.py):
+    # a fresh reward head on the last world model's frozen features, class weights (n_0 / n_c) ** 0.5, scored on the
+    # held-out steps; 60 PPO iterations inside the model with it from the run's policy; both policies in the same 32
+    # real games as the random baseline (seed 1); into reward_refit.jsonl (replaced when the probe finishes)
+    records=benchmarks/results/simple_cpu_pong_s1
+    rm -f "$records/reward_refit.jsonl.tmp"
+    nice -n 19 python benchmarks/simple_reward_refit.py runs/simple_cpu_pong_s1 --power 0.5 --iterations 60 \
+      --eval-episodes 32 --eval-seed 1 --out "$records/reward_refit.jsonl.tmp"
+    mv "$records/reward_refit.jsonl.tmp" "$records/reward_refit.jsonl"
+    ;;
 pong-cpu-plot)
     # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random
     # baseline's eval_NNN.json in benchmarks/results/simple_cpu_pong_s1/): docs/assets/simple_worldmodel_atari/
@@ -184,7 +196,7 @@ throughput)
         python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
     ;;
 *)
-    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-{probe,open-loop,plot}]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-{probe,open-loop,refit,plot}]" >&2
     exit 2
     ;;
 esac

@@ -365,6 +365,59 @@ def test_reward_probe_pools_open_loop_steps_into_buckets_the_last_one_running_to
     assert out[2]["fresh_head_auc"] == 24 / 25 and math.isnan(out[1]["fresh_head_auc"])  # no rewarded step: nan
 
 
+def test_reward_refit_class_weights_are_the_count_ratio_to_the_unrewarded_class_to_the_power():
+    class_weights = load_benchmark("simple_reward_refit").class_weights
+    counts = [49, 4900, 100]  # -1, 0, +1
+    assert class_weights(counts, 1.0).tolist() == [100.0, 1.0, 49.0]  # balanced
+    assert np.allclose(class_weights(counts, 0.5), [10.0, 1.0, 7.0])
+    assert class_weights(counts, 0.0).tolist() == [1.0, 1.0, 1.0]  # the paper's unweighted loss
+    assert class_weights([0, 4900, 100], 1.0).tolist() == [0.0, 1.0, 49.0]  # no step of a class: nothing to weigh
+
+
+def test_reward_refit_weighted_loss_finds_a_rare_class_the_unweighted_one_leaves_at_zero():
+    """A rare class (2 %) that overlaps the common one: the unweighted cross-entropy's argmax almost never names it,
+    the balanced one names most of it, reading the raw features (the fit's standardisation folded into the head)."""
+    import torch
+
+    refit = load_benchmark("simple_reward_refit")
+    gen = torch.Generator().manual_seed(0)
+    rare = torch.arange(1000) < 20
+    x = torch.randn(1000, 2, generator=gen) + rare[:, None] * torch.tensor([2.0, 0.0])
+    x = x * torch.tensor([100.0, 0.01]) + 50.0  # far from standard: the head must read the raw features after the fit
+    y = torch.where(rare, 0, 1)  # class 0 = reward -1, class 1 = no reward
+    recall, false_alarms = {}, {}
+    for power in (0.0, 1.0):
+        w = refit.class_weights([20, 980, 0], power)
+        torch.manual_seed(0)
+        head = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        first, last = refit.refit_head(head, x, y, torch.as_tensor(w[y.numpy()], dtype=torch.float32), 1500)
+        assert last < first
+        with torch.no_grad():
+            recall[power] = (head(x[rare]).argmax(-1) == 0).float().mean().item()
+            false_alarms[power] = (head(x[~rare]).argmax(-1) == 0).float().mean().item()
+    assert recall[0.0] < 0.2 and recall[1.0] > 0.7, recall
+    # 2 standard deviations apart, balanced: about 16 % of the common class on the wrong side (0.66 if the fit's
+    # standardisation were not folded in)
+    assert false_alarms[0.0] < 0.05 and false_alarms[1.0] < 0.25, false_alarms
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [(["--power", "-1"], "--power"), (["--iterations", "-2"], "--iterations"), (["--unrewarded", "0"], "--unrewarded")],
+)
+def test_reward_refit_refuses_bad_flags_and_run_dirs_in_one_line(tmp_path, extra, says):
+    import torch
+
+    refit = [sys.executable, str(REPO_ROOT / "benchmarks" / "simple_reward_refit.py"), str(tmp_path)]
+    for flags, needle in ((extra, says), ([], "world_model.pt")):  # a bad flag first; then a run dir without a model
+        torch.save({"script": "other.py"}, tmp_path / "world_model.pt")
+        done = subprocess.run(
+            [*refit, *flags, "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert needle in done.stderr and not (tmp_path / "o.jsonl").exists()
+
+
 def test_reward_probe_refuses_what_is_not_a_world_model_it_can_read_in_one_line(tmp_path):
     """Format 3 (unknown), a format-1 file without the model in it, and --open-loop without the fresh head it
     scores: exit 2, one line, no record."""

@@ -417,6 +417,13 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
         assert 0 <= line["p_minus_otherwise"] <= 1
     assert fresh["held_out_steps"] == held_out and fresh["train_windows"] == 20 + fresh["train_rewarded"]
     assert len(probe_out.read_text().splitlines()) == 3
+    # the weighted refit of its reward head, PPO in the model with it, both policies in the real game
+    refit_out = tmp_path / "refit.jsonl"
+    flags = "--unrewarded 20 --fit-steps 2 --iterations 1 --eval-episodes 1 --out".split()
+    refit = load_benchmark("simple_reward_refit").main([str(run_dir), *flags, str(refit_out)])
+    assert [line["step"] for line in refit] == ["refit", "ppo", "real game: start policy", "real game: after PPO"]
+    assert refit[0]["held_out_steps"] == held_out and len(refit[1]["sim_returns"]) == 1
+    assert len(refit[2]["returns"]) == len(refit[3]["returns"]) == 1 and len(refit_out.read_text().splitlines()) == 4
 
     # the user contract: five lines load the policy and act in the envs it was trained on
     _, envs, actions = run_contract_snippet(sw, str(run_dir / "policy.pt"))
