@@ -49,6 +49,7 @@ RECORDS_OF = {
         "simple_quick_pong_s1/*.log",
         "simple_cpu_pong_s1/*.md",  # table.md: the CPU run's table, written from its learning_curve.csv
         "simple_cpu_pong_s1/*.json",  # the random baseline's evaluation
+        "simple_cpu_pong_s1/*.jsonl",  # the reward probes (pong-cpu-probe, -open-loop, -refit)
         "simple_worldmodel_atari.md",  # the paper's table, with its source
     ],
 }
@@ -198,7 +199,8 @@ def values_of(matches: list[re.Match]) -> list[float]:
 
 def record_numbers(page: str) -> tuple[list[float], list[list[float]]]:
     """Every number of the page's records, and the groups a "mean ± std" may come from: each "a ± b" written in
-    a .md or .jsonl record, and each .json record file as a whole (its mean and std are two fields)."""
+    a .md record, each .json record file as a whole and each line of a .jsonl record (its mean and std are two
+    fields)."""
     everything, groups = [], []
     for pattern in RECORDS_OF[page]:
         for path in sorted(RESULTS.glob(pattern)):
@@ -206,6 +208,8 @@ def record_numbers(page: str) -> tuple[list[float], list[list[float]]]:
             everything += numbers
             if path.suffix == ".json":
                 groups.append(values_of(numbers))
+            elif path.suffix == ".jsonl":  # each line is one record, as a .json file is
+                groups += [values_of(list(NUMBER.finditer(line))) for line in path.read_text().splitlines()]
             else:
                 text = path.read_text()
                 groups += [
