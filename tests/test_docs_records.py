@@ -170,6 +170,8 @@ DERIVED = {
     # cells of Montezuma's first room reached per game by a policy (mean ± sample std over its 30 games)
     ("rnd_ppo_atari", "86.3 ± 10.0"): lambda: cells_per_game("runs/rnd_montezuma_rnd_s1"),
     ("rnd_ppo_atari", "74.0 ± 12.4"): lambda: cells_per_game("runs/rnd_montezuma_ppo_s1"),
+    ("rnd_ppo_atari", "76.9 ± 12.9"): lambda: cells_per_game("runs/rnd_montezuma_rnd_s2"),
+    ("rnd_ppo_atari", "78.3 ± 15.9"): lambda: cells_per_game("runs/rnd_montezuma_ppo_s2"),
     ("rnd_ppo_atari", "71.8 ± 14.4"): lambda: cells_per_game("random"),
 }
 
