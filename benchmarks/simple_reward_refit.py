@@ -125,10 +125,15 @@ def main(argv=None) -> list:
     parser.add_argument("--out", type=Path, default=None, help="append the JSON lines to this file too")
     parser.add_argument("--policy-out", type=Path, default=None, help="save the new policy here (policy.pt format)")
     args = parser.parse_args(argv)
-    if args.power < 0 or args.iterations < 0 or args.eval_episodes < 0 or args.unrewarded < 1 or args.fit_steps < 1:
+    counts = (args.power, args.iterations, args.eval_episodes, args.max_windows)
+    if min(counts) < 0 or min(args.unrewarded, args.fit_steps, args.batch_size) < 1:
         raise simple.UsageError(
-            "--power, --iterations and --eval-episodes must be >= 0, --unrewarded and --fit-steps >= 1"
+            "--power, --iterations, --eval-episodes and --max-windows must be >= 0, --unrewarded, --fit-steps and "
+            "--batch-size >= 1"
         )
+    for flag, path in (("--out", args.out), ("--policy-out", args.policy_out)):
+        if path is not None and not path.parent.is_dir():
+            raise simple.UsageError(f"{flag} {path}: its folder does not exist; create it or give another path")
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     model = probe_lib.load_world_model(args.run_dir / "world_model.pt")

@@ -404,7 +404,13 @@ def test_reward_refit_weighted_loss_finds_a_rare_class_the_unweighted_one_leaves
 
 @pytest.mark.parametrize(
     "extra, says",
-    [(["--power", "-1"], "--power"), (["--iterations", "-2"], "--iterations"), (["--unrewarded", "0"], "--unrewarded")],
+    [
+        (["--power", "-1"], "--power"),
+        (["--iterations", "-2"], "--iterations"),
+        (["--unrewarded", "0"], "--unrewarded"),
+        (["--max-windows", "-5"], "--max-windows"),
+        (["--policy-out", "/nonexistent/dir/p.pt"], "--policy-out"),
+    ],
 )
 def test_reward_refit_refuses_bad_flags_and_run_dirs_in_one_line(tmp_path, extra, says):
     import torch

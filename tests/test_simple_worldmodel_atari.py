@@ -424,6 +424,10 @@ def test_simple_loop_smoke_run_contract_and_world_model_reuse(run_script, tmp_pa
     assert [line["step"] for line in refit] == ["refit", "ppo", "real game: start policy", "real game: after PPO"]
     assert refit[0]["held_out_steps"] == held_out and len(refit[1]["sim_returns"]) == 1
     assert len(refit[2]["returns"]) == len(refit[3]["returns"]) == 1 and len(refit_out.read_text().splitlines()) == 4
+    control = load_benchmark("simple_reward_refit").main(
+        [str(run_dir), "--head", "trained", *flags[:6], "--eval-episodes", "0"]
+    )
+    assert [line["step"] for line in control] == ["trained head", "ppo"]  # the control: the run's own head, no refit
 
     # the user contract: five lines load the policy and act in the envs it was trained on
     _, envs, actions = run_contract_snippet(sw, str(run_dir / "policy.pt"))
