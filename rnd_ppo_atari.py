@@ -906,6 +906,8 @@ def main(args: Args) -> Optional[dict]:
     finally:
         if writer is not None:
             writer.close()
+            if args.track:  # before a torchrun rank's os._exit, which skips wandb's own exit hook
+                sys.modules["wandb"].finish()
         restore_signals()
         world.close()
         if world.rank == 0:
@@ -1523,5 +1525,25 @@ def parse_args(argv: Optional[list] = None) -> Args:
         raise SystemExit(2) from None
 
 
+def run_rank() -> None:
+    """One torchrun rank: main, then os._exit. Ending it the usual way can abort the rank (SIGABRT, "terminate
+    called without an active exception", about one run in six here): a gloo worker thread may still be letting go
+    of a collective's tensors when the interpreter shuts down, and that needs the GIL it can no longer take."""
+    code = 0
+    try:
+        main(parse_args())
+    except SystemExit as e:
+        code = e.code
+    if code is not None and not isinstance(code, int):  # SystemExit("message") prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    main(parse_args())
+    if World().enabled:
+        run_rank()
+    else:
+        main(parse_args())

@@ -499,6 +499,22 @@ def test_same_seed_gives_identical_weights(tmp_path, run_script):
     assert all(torch.equal(ra[k], rb[k]) for k in ra)  # the predictor too
 
 
+@pytest.mark.parametrize(("raised", "code", "stderr"), [(None, 0, ""), (2, 2, ""), ("bad flag", 1, "bad flag\n")])
+def test_a_torchrun_rank_ends_with_main_s_exit_code(monkeypatch, capsys, raised, code, stderr):
+    """A rank ends by os._exit (gloo's worker threads can abort the interpreter's own shutdown), with main's code."""
+
+    def fake_main(_args):
+        if raised is not None:
+            raise SystemExit(raised)
+
+    ended = []
+    monkeypatch.setattr(rnd, "parse_args", lambda: None)
+    monkeypatch.setattr(rnd, "main", fake_main)
+    monkeypatch.setattr(rnd.os, "_exit", ended.append)
+    rnd.run_rank()
+    assert ended == [code] and capsys.readouterr().err == stderr
+
+
 @pytest.mark.slow
 def test_torchrun_two_ranks_end_with_identical_weights(run_dir):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
