@@ -79,6 +79,7 @@ class ExpertArgs:  # the comment after each field is its --help line
     num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
     eval_every: int = ranged(10_000, "[0, 1e9]")  # demos by the best actor of evaluations this often (0: the last)
     eval_episodes: int = ranged(5, "[1, 1000]")  # deterministic episodes per expert evaluation (the reference: 5)
+    target_return: Optional[float] = ranged(None, "[-1e9, 1e9]")  # stop once an evaluation's mean reaches it
     only: bool = False  # stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)
 
 
@@ -687,16 +688,17 @@ def evaluate(actor: Actor, env_id: str, episodes: int, seed: int, p_tremble: flo
     return returns
 
 
-def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tuple[SAC, list, Optional[list]]:
+def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tuple[SAC, list, Optional[list], int]:
     """Expert phase: CleanRL SAC on the TRUE reward for `expert.timesteps`, resumable from
     checkpoints/expert.pt. Every `expert.eval_every` steps the actor plays `expert.eval_episodes`
     deterministic episodes (the same reset seeds each time) and the best one is kept, as the
-    reference records its demos with SB3's EvalCallback best_model. Returns the agent (its actor
-    the best evaluated one), its curve [(step, episodic return)] and [best mean, its step]."""
+    reference records its demos with SB3's EvalCallback best_model; once the best reaches
+    `expert.target_return` (if set) training stops there. Returns the agent (its actor the best
+    evaluated one), its curve [(step, episodic return)], [best mean, its step] and the steps trained."""
     env, device = make_env(args.env_id, args.seed), pick_device(args)
     agent = SAC(info, args.sac, device)
     best = copy.deepcopy(agent.actor)  # the best evaluated actor so far
-    every, total = args.expert.eval_every, args.expert.timesteps
+    every, total, target = args.expert.eval_every, args.expert.timesteps, args.expert.target_return
     np_rng = np.random.default_rng(args.seed)
     expert_env = LearnerEnv(env, {}, 0.0, 0.0, np_rng)  # no expert states, no trembling: the env
     rows = buffer_rows(args.sac, args.expert.timesteps, ckpt)
@@ -730,6 +732,8 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
                 checkpoint()
                 raise Interrupted("expert phase", step)
             evaluate_expert()
+            if target is not None and progress["best"] is not None and progress["best"][0] >= target:
+                break  # good enough: its demos now, not after the remaining steps
             explore = step < args.sac.learning_starts  # uniform random actions first
             action = info.random_action(np_rng) if explore else agent.act(obs)
             _, next_obs, reward, terminated, truncated = expert_env.step(action)
@@ -757,7 +761,7 @@ def train_expert(args: Args, info: EnvInfo, ckpt, run_dir: Path, writer) -> tupl
     env.close()
     if progress["best"] is not None:
         agent.actor.load_state_dict(best.state_dict())
-    return agent, progress["curve"], progress["best"]
+    return agent, progress["curve"], progress["best"], step
 
 
 def collect_demos(agent, env_id: str, num_demos: int) -> dict[str, np.ndarray]:
@@ -982,10 +986,10 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
     """Expert phase (unless demos were given or cached), IRL phase, policy.pt, results.json."""
     expert_curve = []
     if demos is None:  # train the expert on the true reward and record its demos in the cache
-        expert, expert_curve, best = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
+        expert, expert_curve, best, steps = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
         with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
             demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
-        demos = write_expert_cache(args, expert, demos, best)
+        demos = write_expert_cache(args, expert, demos, best, steps)
     if args.expert.only:
         return
     ckpt = checkpoints.get("irl")
@@ -1253,9 +1257,9 @@ def evaluate_saved_policy(args: Args) -> None:
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
-def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]) -> dict:
+def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list], steps: int) -> dict:
     """Write demos.npz, expert_actor.pt and expert_meta.json (with the evaluation that chose the actor, [mean,
-    step], or None for the last actor); a cache another run finished first is kept."""
+    step], or None for the last actor, and the SAC steps trained); a cache another run finished first is kept."""
     cache = Path(args.expert.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():  # another run (or hype_irl_mujoco.py) finished first: never overwrite
         print(f"expert: {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
@@ -1265,11 +1269,12 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]
     returns = demos["returns"]
     actor = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
     actor.update(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
-    actor.update(total_timesteps=args.expert.timesteps, mean_return=float(returns.mean()))
+    actor.update(total_timesteps=steps, mean_return=float(returns.mean()))
     save(cache / "expert_actor.pt", "expert_actor", **actor)
-    meta = dict(env_id=args.env_id, expert_timesteps=args.expert.timesteps, num_demos=len(returns), seed=args.seed)
+    meta = dict(env_id=args.env_id, expert_timesteps=steps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
     meta.update(chosen_by_evaluation=best, eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
+    meta.update(target_return=args.expert.target_return)
     meta["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     save(cache / "expert_meta.json", "expert_meta", **meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
@@ -1430,6 +1435,8 @@ def check_args(args: Args) -> None:
     check_paths(args)
     if not args.expert.only and args.sac.learning_starts >= args.irl.total_timesteps:
         raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
+    if args.expert.target_return is not None and args.expert.eval_every == 0:
+        raise UsageError("--expert.target-return needs evaluations: set --expert.eval-every above 0")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
     if args.capture_video and importlib.util.find_spec("cv2") is None:

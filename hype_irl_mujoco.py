@@ -99,6 +99,7 @@ class ExpertArgs:  # the comment after each field is its --help line
     num_demos: Optional[int] = ranged(None, "[1, 1e5]")  # expert episodes to record (reset seeds 0, 1, ...; default 64)
     eval_every: int = ranged(10_000, "[0, 1e9]")  # demos by the best actor of evaluations this often (0: the last)
     eval_episodes: int = ranged(5, "[1, 1000]")  # deterministic episodes per expert evaluation (the reference: 5)
+    target_return: Optional[float] = ranged(None, "[-1e9, 1e9]")  # stop once an evaluation's mean reaches it
 
 
 @dataclass
@@ -818,18 +819,19 @@ def explore(sac: SAC, obs, learn_started: bool, info: EnvInfo, p_tremble: float,
     return tremble(action.astype(np.float32), rng, p_tremble, info.low, info.high)
 
 
-def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list, Optional[list]]:
+def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> tuple[SAC, list, Optional[list], int]:
     """Expert phase: SAC on the TRUE env reward for `expert.timesteps`, resumable from
     checkpoints/expert.pt. Every `expert.eval_every` steps the actor plays `expert.eval_episodes`
     deterministic episodes (the same reset seeds each time) and the best one is kept, as the
-    reference records its demos with SB3's EvalCallback best_model. Returns the expert (its actor
-    the best evaluated one), its learning curve [(step, return)] and [best mean, its step]."""
+    reference records its demos with SB3's EvalCallback best_model; once the best reaches
+    `expert.target_return` (if set) training stops there. Returns the expert (its actor the best
+    evaluated one), its learning curve [(step, return)], [best mean, its step] and the steps trained."""
     env, horizon = make_env(args.env_id, args.max_episode_steps)
     sac = SAC(info, args.sac, run.device)
     capacity = min(args.sac.buffer_size, args.expert.timesteps)
     storage = Storage(info.obs_dim, info.act_dim, capacity, run.device)
     np_rng = np.random.default_rng(args.seed)
-    every = args.expert.eval_every
+    every, target = args.expert.eval_every, args.expert.target_return
     progress = {"step": 0, "episodes": 0, "curve": [], "evaluated": 0, "best": None}  # best: [mean, step]
     best_actor = None  # the weights of the best evaluated actor
     if ckpt:
@@ -863,6 +865,8 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
                 checkpoint()
                 raise Interrupted("expert phase", progress["step"])
             evaluate_expert()
+            if target is not None and progress["best"] is not None and progress["best"][0] >= target:
+                break  # good enough: its demos now, not after the remaining steps
             learn_started = progress["step"] >= args.sac.learning_starts
             action = explore(sac, obs, learn_started, info, args.irl.p_tremble, np_rng)
             next_obs, reward, terminated, _, _ = env.step(action)
@@ -890,7 +894,7 @@ def train_expert(args: Args, info: EnvInfo, run: Run, ckpt: Optional[dict]) -> t
     env.close()
     if progress["best"] is not None:
         sac.actor.load_state_dict(best_actor)
-    return sac, progress["curve"], progress["best"]
+    return sac, progress["curve"], progress["best"], progress["step"]
 
 
 def collect_demos(env_id: str, policy, num_demos: int, max_episode_steps=None) -> dict:
@@ -1121,11 +1125,11 @@ def pipeline(args: Args, info: EnvInfo, demos: Optional[dict], checkpoints: dict
     HyPE, then policy.pt and results.json (returned)."""
     start, expert_curve = time.time(), []
     if demos is None:
-        expert, expert_curve, best = train_expert(args, info, run, checkpoints.get("expert"))
+        expert, expert_curve, best, steps = train_expert(args, info, run, checkpoints.get("expert"))
         num_demos = args.expert.num_demos or 64
         with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
             demos = collect_demos(args.env_id, expert.actor.act, num_demos, args.max_episode_steps)
-        demos = write_expert_cache(args, expert, demos, best)
+        demos = write_expert_cache(args, expert, demos, best, steps)
     sac, progress = train_hype(args, info, demos, expert_curve, run, checkpoints.get("irl"))
     results = irl_results(args, demos, progress, time.time() - start, run.device)
     if args.save_model:
@@ -1434,9 +1438,9 @@ def evaluate_saved_policy(args: Args) -> None:
 
 
 # ---- expert data: the shared cache, user files and Minari datasets
-def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]) -> dict:
+def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list], steps: int) -> dict:
     """Write demos.npz, expert_actor.pt and expert_meta.json (with the evaluation that chose the actor, [mean,
-    step], or None for the last actor); a cache another run finished first is kept."""
+    step], or None for the last actor, and the SAC steps trained); a cache another run finished first is kept."""
     cache = Path(args.expert.experts_dir) / args.env_id
     if (cache / "demos.npz").exists():  # another run (or filter_irl_mujoco.py) finished first: never overwrite
         print(f"[expert] {cache}/demos.npz appeared meanwhile; using it", file=sys.stderr)
@@ -1445,12 +1449,13 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]
     sizes = dict(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
     save(cache / "demos.npz", "demos", **demos)
     actor = {k: v.cpu() for k, v in agent.actor.state_dict().items()}
-    mean_return, timesteps = float(returns.mean()), args.expert.timesteps
+    mean_return, timesteps = float(returns.mean()), steps
     actor_file = dict(actor=actor, env_id=args.env_id, **sizes, total_timesteps=timesteps, mean_return=mean_return)
     save(cache / "expert_actor.pt", "expert_actor", **actor_file)
     meta = dict(env_id=args.env_id, expert_timesteps=timesteps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=mean_return, return_std=float(returns.std()), script=SCRIPT, date=now)
     meta.update(chosen_by_evaluation=best, eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
+    meta.update(target_return=args.expert.target_return)
     save(cache / "expert_meta.json", "expert_meta", **meta, num_transitions=len(demos["observations"]), **sizes)
     print(f"[expert] {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
@@ -1606,6 +1611,8 @@ def check_args(args: Args) -> None:
     check_paths(args)
     if args.sac.learning_starts >= args.irl.total_timesteps:
         raise UsageError("--sac.learning-starts must be below --irl.total-timesteps, or the learner never learns")
+    if args.expert.target_return is not None and args.expert.eval_every == 0:
+        raise UsageError("--expert.target-return needs evaluations: set --expert.eval-every above 0")
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UsageError("--track needs wandb: pip install wandb (or drop --track)")
     if args.capture_video and importlib.util.find_spec("cv2") is None:

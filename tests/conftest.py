@@ -233,6 +233,19 @@ def scripted_expert_evaluations(monkeypatch, module, means: list, with_successes
     return seen
 
 
+def check_expert_stops_at_target(monkeypatch, module, with_successes: bool, train, write_cache, meta_path) -> None:
+    """--expert.target-return 8, an evaluation every 100 of 300 steps, scripted to return 5, 9, 3: `train()` (-> actor,
+    best, steps) stops at step 200, the second evaluation, with that actor; `write_cache(best, steps)` writes a meta
+    that records 200 SAC steps, the target and the evaluation that chose the actor."""
+    seen = scripted_expert_evaluations(monkeypatch, module, [5.0, 9.0, 3.0], with_successes)
+    actor, best, steps = train()
+    assert best == [9.0, 200] and steps == 200 and len(seen) == 2
+    assert_actor_is(actor, seen[1])
+    write_cache(best, steps)
+    meta = json.loads(meta_path.read_text())
+    assert meta["expert_timesteps"] == 200 and meta["target_return"] == 8.0 and meta["chosen_by_evaluation"] == best
+
+
 def assert_actor_is(actor, weights: dict, expected: bool = True) -> None:
     """The actor's weights equal (or, expected=False, differ from) a state dict recorded earlier."""
     import torch
@@ -477,6 +490,8 @@ MUJOCO_IRL_DOCUMENTED_VALID = {
     ("--irl.reset-prob", "0"),
     ("--irl.p-tremble", "0"),
     ("--expert.eval-every", "0"),  # the last actor records the demos
+    ("--expert.target-return", "0"),  # any return is a target: training stops at the first evaluation reaching it
+    ("--expert.target-return", "-1"),
 }  # the generated numeric cases that are documented valid values of both scripts
 
 

@@ -27,6 +27,7 @@ from conftest import (
     assert_same_expert_phase,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
+    check_expert_stops_at_target,
     check_numeric_flag_cases,
     check_printed_command_resumes,
     file_bytes,
@@ -497,6 +498,7 @@ def _missing_keys(run_dir: Path, demos_file: Path) -> list:
         (on_demos("--expert.num-demos", 999), "expert episodes, not --expert.num-demos 999"),
         (lambda r, d: on_demos()("/proc/x/run", d), "not writable"),
         (on_demos("--sac.learning-starts", 5000, "--irl.total-timesteps", 100), "must be below --irl.total-timesteps"),
+        (on_demos("--expert.target-return", 3000, "--expert.eval-every", 0), "set --expert.eval-every above 0"),
         (
             on_demos("--sac.buffer-size", 10**9, "--irl.total-timesteps", 10**9, env_id="Humanoid-v5"),
             "lower --sac.buffer-size",
@@ -523,6 +525,7 @@ def _missing_keys(run_dir: Path, demos_file: Path) -> list:
         "other-number-of-demos",
         "unwritable",
         "learning-starts",
+        "target-without-evaluations",
         "memory",
         "float-seed",
         "unknown-flag",
@@ -613,11 +616,34 @@ def test_the_expert_phase_keeps_the_best_evaluated_actor_not_the_last(tmp_path, 
     args = small_args(sac=dict(learning_starts=50))
     args.expert.timesteps, args.expert.eval_every, args.checkpoint_every = 300, 100, 10**6
     writer = SummaryWriter(str(tmp_path))
-    agent, _, best = fi.train_expert(args, pendulum_info(), None, tmp_path, writer)
+    agent, _, best, steps = fi.train_expert(args, pendulum_info(), None, tmp_path, writer)
     writer.close()
-    assert best == [9.0, 200] and len(seen) == 3
+    assert best == [9.0, 200] and steps == 300 and len(seen) == 3
     assert_actor_is(agent.actor, seen[1])
     assert_actor_is(agent.actor, seen[2], expected=False)  # not the last
+
+
+def test_the_expert_phase_stops_at_the_first_evaluation_that_reaches_the_target(tmp_path, monkeypatch, pendulum_demos):
+    """--expert.target-return: training stops at the first evaluation that reaches it (conftest's check)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    args = small_args(sac=dict(learning_starts=50))
+    args.expert.timesteps, args.expert.eval_every, args.checkpoint_every = 300, 100, 10**6
+    args.expert.target_return, args.expert.experts_dir = 8.0, str(tmp_path / "experts")
+    writer = SummaryWriter(str(tmp_path))
+
+    trained = {}
+
+    def train():
+        trained["agent"], _, best, steps = fi.train_expert(args, pendulum_info(), None, tmp_path, writer)
+        return trained["agent"].actor, best, steps
+
+    def write_cache(best, steps):
+        fi.write_expert_cache(args, trained["agent"], pendulum_demos, best, steps)
+
+    meta = tmp_path / "experts" / PENDULUM / "expert_meta.json"
+    check_expert_stops_at_target(monkeypatch, fi, False, train, write_cache, meta)
+    writer.close()
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from conftest import (
     assert_same_expert_phase,
     assert_same_weights_and_eval_returns,
     assert_vp9_video,
+    check_expert_stops_at_target,
     check_numeric_flag_cases,
     check_printed_command_resumes,
     interrupt_when_exists,
@@ -527,6 +528,10 @@ BAD_INPUTS = {
     "bad rho order": (lambda t, d: ["--irl.rho-schedule", "0.2,0.1,100;0.1,0.0,50"], "increasing"),
     "unwritable run dir": (lambda t, d: ["--run-dir", "/proc/x/run"], "not writable"),
     "learning starts": (lambda t, d: ["--sac.learning-starts", 5000, "--irl.total-timesteps", 100], "must be below"),
+    "target without evaluations": (
+        lambda t, d: ["--expert.target-return", 3000, "--expert.eval-every", 0],
+        "set --expert.eval-every above 0",
+    ),
     "unknown flag": (lambda t, d: ["--bogus", 1], "Unrecognized options: --bogus"),
     "eval-only nothing": (lambda t, d: ["--eval-only", t / "nothing"], "policy.pt does not exist"),
     "other env run dir": (
@@ -787,11 +792,35 @@ def test_the_expert_phase_keeps_the_best_evaluated_actor_not_the_last(tmp_path, 
     args.expert.timesteps, args.expert.eval_every = 300, 100
     info = hy.EnvInfo(4, 1, np.array([-3.0], np.float32), np.array([3.0], np.float32))
     writer = SummaryWriter(str(tmp_path))
-    sac, _, best = hy.train_expert(args, info, hy.Run(tmp_path, writer, torch.device("cpu")), None)
+    sac, _, best, steps = hy.train_expert(args, info, hy.Run(tmp_path, writer, torch.device("cpu")), None)
     writer.close()
-    assert best == [9.0, 200] and len(seen) == 3
+    assert best == [9.0, 200] and steps == 300 and len(seen) == 3
     assert_actor_is(sac.actor, seen[1])
     assert_actor_is(sac.actor, seen[2], expected=False)  # not the last
+
+
+def test_the_expert_phase_stops_at_the_first_evaluation_that_reaches_the_target(tmp_path, monkeypatch, pendulum_demos):
+    """--expert.target-return: training stops at the first evaluation that reaches it (conftest's check)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    args = hy.Args(env_id="InvertedPendulum-v5", log_frequency=500, checkpoint_every=10**6)
+    args.sac.learning_starts, args.sac.hidden_dim = 50, 64
+    args.expert.timesteps, args.expert.eval_every = 300, 100
+    args.expert.target_return, args.expert.experts_dir = 8.0, str(tmp_path / "experts")
+    info = hy.EnvInfo(4, 1, np.array([-3.0], np.float32), np.array([3.0], np.float32))
+    writer, trained = SummaryWriter(str(tmp_path)), {}
+    run = hy.Run(tmp_path, writer, torch.device("cpu"))
+
+    def train():
+        trained["sac"], _, best, steps = hy.train_expert(args, info, run, None)
+        return trained["sac"].actor, best, steps
+
+    def write_cache(best, steps):
+        hy.write_expert_cache(args, trained["sac"], pendulum_demos, best, steps)
+
+    meta = tmp_path / "experts" / PENDULUM / "expert_meta.json"
+    check_expert_stops_at_target(monkeypatch, hy, True, train, write_cache, meta)
+    writer.close()
 
 
 @pytest.mark.slow
