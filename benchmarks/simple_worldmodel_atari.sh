@@ -9,6 +9,7 @@
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-plot     # the docs figure and table from those records
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-probe    # does its reward head see real play's rewards?
 #   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-refit    # would a weighted reward loss let its policy learn?
+#   bash benchmarks/simple_worldmodel_atari.sh pong-cpu-refit-control  # ... its control: the run's own reward head
 # (freeway-cpu*: the same on Freeway, stopped after epoch 0: its uniform-random first collection of 11,264 steps
 # crossed the road 0 times, so the reward head could only learn "0" and PPO inside the model had nothing to learn
 # from; two of the paper's five Freeway runs also ended at 0. Records: benchmarks/results/simple_cpu_freeway_s1/.)
@@ -122,6 +123,15 @@ pong-cpu-refit)
       --eval-episodes 32 --eval-seed 1 --out "$records/reward_refit.jsonl.tmp"
     mv "$records/reward_refit.jsonl.tmp" "$records/reward_refit.jsonl"
     ;;
+pong-cpu-refit-control)
+    # the control of pong-cpu-refit: the same 60 PPO iterations from the run's policy with the run's own trained
+    # reward head (no refit), the same 32 real games; into reward_refit_control.jsonl (replaced when it finishes)
+    records=benchmarks/results/simple_cpu_pong_s1
+    rm -f "$records/reward_refit_control.jsonl.tmp"
+    nice -n 19 python benchmarks/simple_reward_refit.py runs/simple_cpu_pong_s1 --head trained --power 0.5 \
+      --iterations 60 --eval-episodes 32 --eval-seed 1 --out "$records/reward_refit_control.jsonl.tmp"
+    mv "$records/reward_refit_control.jsonl.tmp" "$records/reward_refit_control.jsonl"
+    ;;
 pong-cpu-plot)
     # the docs' figure and table of the Pong run, from its committed records only (learning_curve.csv and the random
     # baseline's eval_NNN.json in benchmarks/results/simple_cpu_pong_s1/): docs/assets/simple_worldmodel_atari/
@@ -196,7 +206,7 @@ throughput)
         python simple_worldmodel_atari.py --env-id "$ENV_ID" --seed "$SEED" "${QUICK[@]}"
     ;;
 *)
-    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-{probe,open-loop,refit,plot}]" >&2
+    echo "usage: $0 [quick|paper|baseline|throughput|{freeway,pong}-cpu[-random|-records]|pong-cpu-{probe,open-loop,refit,refit-control,plot}]" >&2
     exit 2
     ;;
 esac

@@ -233,16 +233,17 @@ def scripted_expert_evaluations(monkeypatch, module, means: list, with_successes
     return seen
 
 
-def check_expert_stops_at_target(monkeypatch, module, with_successes: bool, train, write_cache, meta_path) -> None:
-    """--expert.target-return 8, an evaluation every 100 of 300 steps, scripted to return 5, 9, 3: `train()` (-> actor,
-    best, steps) stops at step 200, the second evaluation, with that actor; `write_cache(best, steps)` writes a meta
-    that records 200 SAC steps, the target and the evaluation that chose the actor."""
+def check_expert_stops_at_target(monkeypatch, module, with_successes: bool, args, train, demos: dict) -> None:
+    """--expert.target-return 8, an evaluation every 100 of 300 steps, scripted to return 5, 9, 3: `train()` (the
+    module's train_expert on `args`) stops at step 200, the second evaluation, with that actor; the module's
+    write_expert_cache then writes a meta that records 200 SAC steps, the target and the evaluation that chose it."""
     seen = scripted_expert_evaluations(monkeypatch, module, [5.0, 9.0, 3.0], with_successes)
-    actor, best, steps = train()
+    args.expert.timesteps, args.expert.eval_every, args.expert.target_return = 300, 100, 8.0
+    agent, _, best, steps = train()
     assert best == [9.0, 200] and steps == 200 and len(seen) == 2
-    assert_actor_is(actor, seen[1])
-    write_cache(best, steps)
-    meta = json.loads(meta_path.read_text())
+    assert_actor_is(agent.actor, seen[1])
+    module.write_expert_cache(args, agent, demos, best, steps)
+    meta = json.loads((Path(args.expert.experts_dir) / args.env_id / "expert_meta.json").read_text())
     assert meta["expert_timesteps"] == 200 and meta["target_return"] == 8.0 and meta["chosen_by_evaluation"] == best
 
 

@@ -627,22 +627,12 @@ def test_the_expert_phase_stops_at_the_first_evaluation_that_reaches_the_target(
     """--expert.target-return: training stops at the first evaluation that reaches it (conftest's check)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    args = small_args(sac=dict(learning_starts=50))
-    args.expert.timesteps, args.expert.eval_every, args.checkpoint_every = 300, 100, 10**6
-    args.expert.target_return, args.expert.experts_dir = 8.0, str(tmp_path / "experts")
-    writer = SummaryWriter(str(tmp_path))
-
-    trained = {}
-
-    def train():
-        trained["agent"], _, best, steps = fi.train_expert(args, pendulum_info(), None, tmp_path, writer)
-        return trained["agent"].actor, best, steps
-
-    def write_cache(best, steps):
-        fi.write_expert_cache(args, trained["agent"], pendulum_demos, best, steps)
-
-    meta = tmp_path / "experts" / PENDULUM / "expert_meta.json"
-    check_expert_stops_at_target(monkeypatch, fi, False, train, write_cache, meta)
+    args, writer = small_args(sac=dict(learning_starts=50)), SummaryWriter(str(tmp_path))
+    args.checkpoint_every, args.expert.experts_dir = 10**6, str(tmp_path / "experts")
+    info = pendulum_info()
+    check_expert_stops_at_target(
+        monkeypatch, fi, False, args, lambda: fi.train_expert(args, info, None, tmp_path, writer), pendulum_demos
+    )
     writer.close()
 
 

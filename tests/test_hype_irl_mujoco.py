@@ -804,22 +804,13 @@ def test_the_expert_phase_stops_at_the_first_evaluation_that_reaches_the_target(
     from torch.utils.tensorboard import SummaryWriter
 
     args = hy.Args(env_id="InvertedPendulum-v5", log_frequency=500, checkpoint_every=10**6)
-    args.sac.learning_starts, args.sac.hidden_dim = 50, 64
-    args.expert.timesteps, args.expert.eval_every = 300, 100
-    args.expert.target_return, args.expert.experts_dir = 8.0, str(tmp_path / "experts")
+    args.sac.learning_starts, args.sac.hidden_dim, args.expert.experts_dir = 50, 64, str(tmp_path / "experts")
     info = hy.EnvInfo(4, 1, np.array([-3.0], np.float32), np.array([3.0], np.float32))
-    writer, trained = SummaryWriter(str(tmp_path)), {}
+    writer = SummaryWriter(str(tmp_path))
     run = hy.Run(tmp_path, writer, torch.device("cpu"))
-
-    def train():
-        trained["sac"], _, best, steps = hy.train_expert(args, info, run, None)
-        return trained["sac"].actor, best, steps
-
-    def write_cache(best, steps):
-        hy.write_expert_cache(args, trained["sac"], pendulum_demos, best, steps)
-
-    meta = tmp_path / "experts" / PENDULUM / "expert_meta.json"
-    check_expert_stops_at_target(monkeypatch, hy, True, train, write_cache, meta)
+    check_expert_stops_at_target(
+        monkeypatch, hy, True, args, lambda: hy.train_expert(args, info, run, None), pendulum_demos
+    )
     writer.close()
 
 
