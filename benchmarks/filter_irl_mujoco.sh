@@ -242,7 +242,8 @@ PY
     # always: the score printed at the end decides), or fewer: training stops at the first evaluation (5
     # deterministic episodes every 10k steps) whose mean reaches PAPER_EXPERT_TARGET, and that actor records the
     # demos. The default, 3,400: the run started with 3,500 (the paper's expert scores ~3,550), but its evaluations
-    # levelled off at 3,420-3,446 from 380k to 450k steps (one dip to 2,857), so at 457k steps it was stopped and
+    # levelled off at 3,408-3,446 from 380k to 450k steps (apart from dips to 319 at 400k and 2,857 at 420k), so at
+    # 457k steps it was stopped and
     # resumed with 3,400, still above the 3,000 the IRL runs need. Resumable: a SIGTERM to this shell (or to the python) saves a
     # checkpoint and exits 130; the same command resumes. Once the demos exist it starts nothing and prints the score
     # (exit 2 when below EXPERT_MIN_RETURN). Output: $PAPER_ROOT/expert.log. Flags after the target override these.
