@@ -80,6 +80,7 @@ class ExpertArgs:  # the comment after each field is its --help line
     eval_every: int = ranged(10_000, "[0, 1e9]")  # demos by the best actor of evaluations this often (0: the last)
     eval_episodes: int = ranged(5, "[1, 1000]")  # deterministic episodes per expert evaluation (the reference: 5)
     target_return: Optional[float] = ranged(None, "[-1e9, 1e9]")  # stop once an evaluation's mean reaches it
+    actor: Optional[str] = None  # an expert_actor.pt (from an expert cache) records the demos: no SAC training
     only: bool = False  # stop after the expert phase (builds the cache that hype_irl_mujoco.py also reads)
 
 
@@ -985,8 +986,11 @@ def irl_results(args: Args, demos: dict, progress: dict) -> dict:
 def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: dict, writer):
     """Expert phase (unless demos were given or cached), IRL phase, policy.pt, results.json."""
     expert_curve = []
-    if demos is None:  # train the expert on the true reward and record its demos in the cache
+    if demos is None and "expert_actor" in checkpoints:  # --expert.actor: a trained expert records the demos
+        expert, best, steps = saved_expert(args, info, checkpoints["expert_actor"])
+    elif demos is None:  # train the expert on the true reward; its best actor records the demos
         expert, expert_curve, best, steps = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
+    if demos is None:
         with saved_on_stop("expert demo collection", {"step": 0}):  # (the expert's checkpoint is saved)
             demos = collect_demos(expert, args.env_id, args.expert.num_demos or 64)
         demos = write_expert_cache(args, expert, demos, best, steps)
@@ -1070,6 +1074,10 @@ KINDS = {  # kind of .pt file: (the keys load requires, how to fix a bad one)
     "policy": (("script", "env_id", "network", "config", "state_dict"), "re-run the training to rewrite it"),
     "expert_checkpoint": (("agent", "rb", "best", "progress", "rng"), "delete it to redo that phase"),
     "irl_checkpoint": (("agent", "rb", "progress", "rng", "disc"), "delete it to redo that phase"),
+    "expert_actor": (
+        ("actor", "env_id", "obs_dim", "act_dim", "hidden", "total_timesteps"),
+        "pass the expert_actor.pt of an expert cache",
+    ),
 }
 
 
@@ -1268,17 +1276,46 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]
     save(cache / "demos.npz", "demos", **demos)
     returns = demos["returns"]
     actor = {"actor": {k: v.cpu() for k, v in agent.actor.state_dict().items()}, "env_id": args.env_id}
-    actor.update(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=args.sac.hidden_dim)
-    actor.update(total_timesteps=steps, mean_return=float(returns.mean()))
+    hidden = agent.actor.fc1.out_features  # a saved expert's (--expert.actor) may differ from --sac.hidden-dim
+    actor.update(obs_dim=demos["observations"].shape[1], act_dim=demos["actions"].shape[1], hidden=hidden)
+    actor.update(total_timesteps=steps, mean_return=float(returns.mean()), chosen_by_evaluation=best)
     save(cache / "expert_actor.pt", "expert_actor", **actor)
     meta = dict(env_id=args.env_id, expert_timesteps=steps, num_demos=len(returns), seed=args.seed)
     meta.update(return_mean=float(returns.mean()), return_std=float(returns.std()), script=SCRIPT)
-    meta.update(chosen_by_evaluation=best, eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
-    meta.update(target_return=args.expert.target_return)
+    chosen = dict(eval_every=args.expert.eval_every, eval_episodes=args.expert.eval_episodes)
+    chosen.update(target_return=args.expert.target_return)
+    if args.expert.actor:  # not trained here: how it was chosen is in the meta of the cache it came from
+        chosen = dict.fromkeys(chosen)
+    meta.update(chosen_by_evaluation=best, **chosen, recorded_by_actor=args.expert.actor)
     meta["date"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     save(cache / "expert_meta.json", "expert_meta", **meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
+
+
+def saved_expert(args: Args, info: EnvInfo, saved: dict) -> tuple[SAC, Optional[list], int]:
+    """--expert.actor: a SAC agent holding the saved expert's actor (validated by check_expert_actor), the
+    evaluation that chose it (None if the file predates that record) and its SAC steps, as train_expert returns."""
+    agent = SAC(info, dataclasses.replace(args.sac, hidden_dim=saved["hidden"]), pick_device(args))
+    agent.actor.load_state_dict(saved["actor"])
+    print(f"expert: recording the demos with {args.expert.actor} ({saved['total_timesteps']:,} SAC steps)")
+    return agent, saved.get("chosen_by_evaluation"), saved["total_timesteps"]
+
+
+def check_expert_actor(path: Path, env_id: str, info: EnvInfo) -> dict:
+    """The --expert.actor file, loaded and checked against the env: one UsageError naming the mismatch."""
+    if not path.is_file():
+        raise UsageError(f"--expert.actor {path} does not exist; pass the expert_actor.pt of an expert cache")
+    saved = load(path, "expert_actor")
+    if saved["env_id"] != env_id:
+        raise UsageError(f"{path} holds an expert of {saved['env_id']}, not {env_id}; pass a matching --expert.actor")
+    if (saved["obs_dim"], saved["act_dim"]) != (info.obs_dim, info.act_dim):
+        raise UsageError(f"{path} has the sizes of another version of {env_id}; pass a matching --expert.actor")
+    try:
+        Actor(info.obs_dim, info.act_dim, info.low, info.high, saved["hidden"]).load_state_dict(saved["actor"])
+    except (RuntimeError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path} holds no actor of its stated sizes ({type(e).__name__}); pass another file")
+    return saved
 
 
 def minari_demos(dataset_id: str) -> dict[str, np.ndarray]:
@@ -1406,6 +1443,7 @@ def check_paths(args: Args) -> None:
     default_run_dir = None if args.run_dir else f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     paths = {"--run-dir": args.run_dir, "--exp-name": default_run_dir, "--eval-only": args.eval_only}
     paths |= {"--expert.experts-dir": args.expert.experts_dir, "--expert.path": args.expert.path}
+    paths["--expert.actor"] = args.expert.actor
     for flag, path in paths.items():
         if path is not None and not fits_file_system(path):
             limits = "255 bytes a name, 4095 a path"
@@ -1611,8 +1649,13 @@ def validate(args: Args) -> tuple[Path, Optional[EnvInfo], Optional[dict], dict]
             f"{path} holds {n} expert episodes, not {flag}: pass another --expert.experts-dir or drop the flag"
         )
     checkpoints = {}
+    if args.expert.actor and args.expert.path:
+        raise UsageError("--expert.actor records demos and --expert.path gives them: drop one of the two")
+    if args.expert.actor and demos is None:  # (loaded here: `checkpoints` holds everything the pipeline reads)
+        checkpoints["expert_actor"] = check_expert_actor(Path(args.expert.actor), args.env_id, info)
     if demos is None:
         check_writable(cache.parent, "--expert.experts-dir")
+    if demos is None and not args.expert.actor:  # (with a cache, as every expert flag, --expert.actor is unused)
         if args.sac.learning_starts >= args.expert.timesteps:
             raise UsageError("--sac.learning-starts must be below --expert.timesteps, or the expert never learns")
         checkpoints["expert"] = load_checkpoint(run_dir / "checkpoints" / "expert.pt", args, info, "expert_checkpoint")

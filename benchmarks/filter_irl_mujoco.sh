@@ -29,7 +29,8 @@ PAPER_ROOT=${PAPER_ROOT:-runs/hopper_paper}                          # run dirs,
 PAPER_RESULTS=${PAPER_RESULTS:-benchmarks/results/hopper_paper}      # where paper-records copies the small files
 PAPER_EXPERTS=$PAPER_ROOT/experts                                    # the cache shared by all three methods
 PAPER_EXPERT_STEPS=${PAPER_EXPERT_STEPS:-1000000}                    # the reference's; to be checked: >= 3,000?
-PAPER_EXPERT_TARGET=${PAPER_EXPERT_TARGET:-3400}                     # stop early once an evaluation reaches it
+PAPER_EXPERT_TARGET=${PAPER_EXPERT_TARGET:-3440}                     # stop early once an evaluation reaches it
+PAPER_EXPERT_ACTOR=${PAPER_EXPERT_ACTOR:-$PAPER_RESULTS/expert/expert_actor.pt}  # committed: records the demos
 PAPER_IRL_STEPS=${PAPER_IRL_STEPS:-500000}                           # learner env steps per method (the paper: ~1M)
 EXPERT_MIN_RETURN=${EXPERT_MIN_RETURN:-3000}                         # the IRL runs refuse an expert below this
 # Evaluation every 10k learner steps (10 deterministic episodes: a 50-point curve), a checkpoint every 10k env steps
@@ -241,14 +242,23 @@ PY
     # Budget: PAPER_EXPERT_STEPS (default 1M, the reference's; SAC usually reaches ~3,000 on Hopper there, not
     # always: the score printed at the end decides), or fewer: training stops at the first evaluation (5
     # deterministic episodes every 10k steps) whose mean reaches PAPER_EXPERT_TARGET, and that actor records the
-    # demos. The default, 3,400: the run started with 3,500 (the paper's expert scores ~3,550), but its evaluations
-    # levelled off at 3,408-3,446 from 380k to 450k steps (apart from dips to 319 at 400k and 2,857 at 420k), so at
-    # 457k steps it was stopped and
-    # resumed with 3,400, still above the 3,000 the IRL runs need. Resumable: a SIGTERM to this shell (or to the python) saves a
-    # checkpoint and exits 130; the same command resumes. Once the demos exist it starts nothing and prints the score
-    # (exit 2 when below EXPERT_MIN_RETURN). Output: $PAPER_ROOT/expert.log. Flags after the target override these.
+    # demos. The default, 3,440: the first run started with 3,500 (the paper's expert scores ~3,550), but its
+    # evaluations levelled off at 3,408-3,446 from 380k to 450k steps (apart from dips to 319 at 400k and 2,857 at
+    # 420k), so at 457k steps it was stopped and resumed with 3,400 (still above the 3,000 the IRL runs need); it
+    # stopped at once with the 450k actor (3,446). On 2026-11-29 a new machine had lost runs/: retrained from
+    # nothing, seed 1 gave the same curve to the printed digit, and 3,440 stops it at that same 450k actor (3,400
+    # would stop at 380k's 3,408). That actor is committed (PAPER_EXPERT_ACTOR): when it is there, this target
+    # records the 64 demos with it (--expert.actor) instead of training SAC for an hour or more.
+    # Resumable: a SIGTERM to this shell (or to the python) saves a checkpoint and exits 130; the same command
+    # resumes. Once the demos exist it starts nothing and prints the score (exit 2 when below EXPERT_MIN_RETURN).
+    # Output: $PAPER_ROOT/expert.log. Flags after the target override these.
     shift
-    if [ ! -f "$PAPER_EXPERTS/Hopper-v5/demos.npz" ]; then
+    if [ ! -f "$PAPER_EXPERTS/Hopper-v5/demos.npz" ] && [ -f "$PAPER_EXPERT_ACTOR" ]; then
+      rc=0
+      run_niced "$PAPER_ROOT/expert.log" python filter_irl_mujoco.py "${PAPER_FLAGS[@]}" --expert.only \
+        --expert.actor "$PAPER_EXPERT_ACTOR" --seed 1 --run-dir "$PAPER_ROOT/expert_demos" "$@" || rc=$?
+      [ "$rc" = 0 ] || exit "$rc"
+    elif [ ! -f "$PAPER_EXPERTS/Hopper-v5/demos.npz" ]; then
       rc=0
       run_niced "$PAPER_ROOT/expert.log" python filter_irl_mujoco.py "${PAPER_FLAGS[@]}" --expert.only \
         --expert.timesteps "$PAPER_EXPERT_STEPS" --expert.target-return "$PAPER_EXPERT_TARGET" --seed 1 \
@@ -273,8 +283,8 @@ PY
     ;;
   paper-records)  # at any time (a run still going gives its curve so far): each paper run's small files into
     # $PAPER_RESULTS/<run>/ (expert, filter_s1, mm_s1, hype_s1, ...): curves.csv (charts/, eval/, irl/ and the
-    # expert's episodes), args.json, learning_curve.png, results.json once finished, the expert's expert_meta.json;
-    # then $PAPER_RESULTS/hopper_paper.png: true return (10 deterministic episodes) against learner env steps.
+    # expert's episodes), args.json, learning_curve.png, results.json once finished, the trained expert's
+    # expert_meta.json and expert_actor.pt (not those of a cache recorded from the committed actor); then $PAPER_RESULTS/hopper_paper.png: true return (10 deterministic episodes) against learner env steps.
     for dir in "$PAPER_ROOT"/expert "$PAPER_ROOT"/filter_s* "$PAPER_ROOT"/mm_s* "$PAPER_ROOT"/hype_s*; do
       [ -f "$dir/args.json" ] || continue
       out="$PAPER_RESULTS/$(basename "$dir")"
@@ -286,8 +296,9 @@ PY
         if [ -f "$dir/$f" ]; then cp "$dir/$f" "$out/"; fi
       done
     done
-    if [ -f "$PAPER_EXPERTS/Hopper-v5/expert_meta.json" ]; then
-      mkdir -p "$PAPER_RESULTS/expert" && cp "$PAPER_EXPERTS/Hopper-v5/expert_meta.json" "$PAPER_RESULTS/expert/"
+    meta="$PAPER_EXPERTS/Hopper-v5/expert_meta.json"
+    if [ -f "$meta" ] && python -c 'import json, sys; sys.exit(bool(json.load(open(sys.argv[1])).get("recorded_by_actor")))' "$meta"; then
+      mkdir -p "$PAPER_RESULTS/expert" && cp "$meta" "$PAPER_EXPERTS/Hopper-v5/expert_actor.pt" "$PAPER_RESULTS/expert/"
     fi
     python - "$PAPER_RESULTS" <<'PY'
 import csv, json, sys

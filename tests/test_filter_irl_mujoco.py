@@ -406,6 +406,28 @@ def test_smoke_full_pipeline_writes_all_artifacts_and_a_vp9_video(run_script, ru
         assert_vp9_video(run_dir / "videos" / "final.webm", fi.VIDEO_SIZE)
 
 
+def test_a_saved_expert_actor_records_the_demos_of_the_cache_it_came_from(run_script, tmp_path):
+    """--expert.actor: the expert_actor.pt of a cache records the same demos into a new cache (deterministic
+    episodes, reset seeds 0, 1), with no SAC training; the meta names the file and keeps its SAC steps."""
+    first, second = tmp_path / "experts", tmp_path / "experts2"
+    tiny = ["--env-id", PENDULUM, "--expert.only", "--expert.num-demos", 2, "--sac.learning-starts", 100]
+    rc, _, err = run_script(
+        SCRIPT, *tiny, "--expert.timesteps", 300, "--expert.experts-dir", first, "--run-dir", tmp_path / "run"
+    )
+    assert rc == 0, err[-2000:]
+    actor = first / PENDULUM / "expert_actor.pt"
+    run2 = tmp_path / "run2"
+    rc, out, err = run_script(SCRIPT, *tiny, "--expert.actor", actor, "--expert.experts-dir", second, "--run-dir", run2)
+    assert rc == 0 and "recording the demos with" in out and "expert SAC" not in err, err[-2000:]
+    assert not (run2 / "checkpoints" / "expert.pt").exists()
+    with np.load(first / PENDULUM / "demos.npz") as a, np.load(second / PENDULUM / "demos.npz") as b:
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)
+    meta = json.loads((second / PENDULUM / "expert_meta.json").read_text())
+    assert meta["recorded_by_actor"] == str(actor) and meta["expert_timesteps"] == 300 and meta["eval_every"] is None
+    saved = torch.load(second / PENDULUM / "expert_actor.pt", weights_only=True)
+    assert saved["total_timesteps"] == 300 and saved["chosen_by_evaluation"] is None  # 300 steps: no evaluation
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, pendulum_demos) -> tuple[Path, Path, list]:
     """A finished tiny run on cached demos (no expert phase): (run dir, demos file, its command's arguments)."""
@@ -483,6 +505,20 @@ def in_run_dir_holding(name: str, content: str):
     return make
 
 
+def expert_actor_command(run_dir: Path, demos_file: Path, content) -> list:
+    """--expert.only --expert.actor DIR/a.pt into an empty cache: no file (None), these bytes, or a saved
+    expert_actor file of the pendulum with the fields in `content` changed."""
+    path = demos_file.parent / "a.pt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        actor = fi.Actor(4, 1, np.array([-3.0]), np.array([3.0]), 8).state_dict()
+        saved = dict(actor=actor, env_id=PENDULUM, obs_dim=4, act_dim=1, hidden=8, total_timesteps=300)
+        fi.save(path, "expert_actor", **{**saved, **content})
+    experts = ["--expert.experts-dir", demos_file.parent / "empty", "--expert.only", "--expert.actor", path]
+    return ["--env-id", PENDULUM, *experts, "--run-dir", run_dir]
+
+
 def _missing_keys(run_dir: Path, demos_file: Path) -> list:
     demos = dict(np.load(demos_file))
     del demos["next_observations"], demos["terminals"]
@@ -517,6 +553,12 @@ def _missing_keys(run_dir: Path, demos_file: Path) -> list:
             "is a run dir of hype_irl_mujoco.py",
         ),
         (in_run_dir_holding("notes.txt", "mine"), "is not a run dir of filter_irl_mujoco.py"),
+        (on_demos("--expert.actor", "expert_actor.pt"), "--expert.path gives them: drop one"),
+        (lambda r, d: expert_actor_command(r, d, None), "--expert.actor " + "{d}/a.pt does not exist"),
+        (lambda r, d: expert_actor_command(r, d, b"not torch"), "a.pt is unreadable"),
+        (lambda r, d: expert_actor_command(r, d, dict(env_id="Hopper-v5")), "holds an expert of Hopper-v5"),
+        (lambda r, d: expert_actor_command(r, d, dict(obs_dim=5)), "the sizes of another version"),
+        (lambda r, d: expert_actor_command(r, d, dict(actor={})), "holds no actor of its stated sizes"),
     ],
     ids=[
         "missing-keys",
@@ -533,13 +575,19 @@ def _missing_keys(run_dir: Path, demos_file: Path) -> list:
         "other-env-run-dir",
         "other-script-run-dir",
         "foreign-dir",
+        "actor-and-demos",
+        "actor-missing",
+        "actor-unreadable",
+        "actor-other-env",
+        "actor-other-sizes",
+        "actor-no-weights",
     ],
 )
 def test_bad_input_exits_2_with_one_line(run_dir, demos_file, make_args, message):
     args = [str(a) for a in make_args(run_dir, demos_file)]
     before = file_bytes(run_dir) if run_dir.exists() else None
     line = one_line_exit_2(lambda: fi.main(args))
-    assert message in line, line
+    assert message.format(d=demos_file.parent) in line, line
     if before is None:
         assert not run_dir.exists()  # nothing half-written
     else:
