@@ -284,7 +284,9 @@ PY
   paper-records)  # at any time (a run still going gives its curve so far): each paper run's small files into
     # $PAPER_RESULTS/<run>/ (expert, filter_s1, mm_s1, hype_s1, ...): curves.csv (charts/, eval/, irl/ and the
     # expert's episodes), args.json, learning_curve.png, results.json once finished, the trained expert's
-    # expert_meta.json and expert_actor.pt (not those of a cache recorded from the committed actor); then $PAPER_RESULTS/hopper_paper.png: true return (10 deterministic episodes) against learner env steps.
+    # expert_meta.json and expert_actor.pt (not those of a cache
+    # recorded from the committed actor); then $PAPER_RESULTS/hopper_paper.png: true return (10 deterministic
+    # episodes) against learner env steps.
     for dir in "$PAPER_ROOT"/expert "$PAPER_ROOT"/filter_s* "$PAPER_ROOT"/mm_s* "$PAPER_ROOT"/hype_s*; do
       [ -f "$dir/args.json" ] || continue
       out="$PAPER_RESULTS/$(basename "$dir")"
