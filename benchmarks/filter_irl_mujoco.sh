@@ -79,6 +79,15 @@ if not m["return_mean"] >= need:
 PY
 }
 
+paper_committed() {  # paper_committed RUN: exit 0 with a line when RUN finished and its records are committed in
+  # $PAPER_RESULTS/RUN but this machine has no $PAPER_ROOT/RUN (a new machine: runs/ is not kept), so that a lane
+  # goes on to its next run instead of redoing this one from nothing
+  if [ -f "$PAPER_RESULTS/$1/results.json" ] && [ ! -d "$PAPER_ROOT/$1" ]; then
+    echo "$1 finished: its records are committed in $PAPER_RESULTS/$1; nothing to run"
+    exit 0
+  fi
+}
+
 # hype_irl_mujoco.sh's paper-irl sources this file for the definitions above (PAPER_*, run_niced, paper_expert_check)
 if [ "${1:-}" = --definitions ] && (return 0 2>/dev/null); then return 0; fi
 case "${1:-}" in
@@ -253,6 +262,9 @@ PY
     # resumes. Once the demos exist it starts nothing and prints the score (exit 2 when below EXPERT_MIN_RETURN).
     # Output: $PAPER_ROOT/expert.log. Flags after the target override these.
     shift
+    mkdir -p "$PAPER_ROOT"
+    exec 9>> "$PAPER_ROOT/expert.lock"
+    flock 9  # one expert at a time: a second lane waits here, then finds the demos made
     if [ ! -f "$PAPER_EXPERTS/Hopper-v5/demos.npz" ] && [ -f "$PAPER_EXPERT_ACTOR" ]; then
       rc=0
       run_niced "$PAPER_ROOT/expert.log" python filter_irl_mujoco.py "${PAPER_FLAGS[@]}" --expert.only \
@@ -273,9 +285,11 @@ PY
   paper-irl)  # paper-irl {filter|mm} SEED [flags...]: FILTER (--irl.reset-prob 0.5) or MM (0, moment matching) for
     # PAPER_IRL_STEPS learner steps on the cached expert's demos, in $PAPER_ROOT/{filter|mm}_s<SEED>; refuses to start
     # (exit 2) unless the expert scores >= EXPERT_MIN_RETURN. SIGTERM: checkpoint, exit 130; the same command
-    # resumes; a finished run exits 0. Output: $PAPER_ROOT/{filter|mm}_s<SEED>.log. At most two runs at a time.
+    # resumes; a finished run exits 0, also on a new machine when its records are committed (paper_committed).
+    # Output: $PAPER_ROOT/{filter|mm}_s<SEED>.log. At most two runs at a time.
     name=${2:?paper-irl filter|mm SEED}; seed=${3:?paper-irl filter|mm SEED}; shift 3
     case "$name" in filter) reset=0.5 ;; mm) reset=0 ;; *) echo "paper-irl: filter or mm, not $name" >&2; exit 2 ;; esac
+    paper_committed "${name}_s$seed"
     paper_expert_check
     dir="$PAPER_ROOT/${name}_s$seed"
     run_niced "$dir.log" python filter_irl_mujoco.py "${PAPER_IRL_FLAGS[@]}" --irl.reset-prob "$reset" --seed "$seed" \

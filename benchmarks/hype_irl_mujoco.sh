@@ -9,7 +9,8 @@ set -euo pipefail
 # checkpoints (every 10k), nice 19 and one torch thread; HyPE's own settings are the script's defaults (rho per env,
 # no expert resets). The env vars (PAPER_ROOT, PAPER_IRL_STEPS, EXPERT_MIN_RETURN, ...) are filter_irl_mujoco.sh's.
 #   bash benchmarks/hype_irl_mujoco.sh paper-irl SEED [flags...]  # refuses (exit 2) unless the expert scores >= 3,000;
-#       SIGTERM: checkpoint, exit 130; the same command resumes (a finished run: exit 0).
+#       SIGTERM: checkpoint, exit 130; the same command resumes (a finished run: exit 0, also on a new machine when
+#       its records are committed).
 #       Its output: $PAPER_ROOT/hype_s<SEED>.log
 #   bash benchmarks/hype_irl_mujoco.sh paper-records   # = filter_irl_mujoco.sh paper-records (all three methods)
 # Without an argument this file runs the earlier evidence commands below, as before.
@@ -18,6 +19,7 @@ case "${1:-}" in
     cd "$(dirname "$0")/.."
     seed=${2:?paper-irl SEED}; shift 2
     source benchmarks/filter_irl_mujoco.sh --definitions  # PAPER_* settings, run_niced, paper_expert_check
+    paper_committed "hype_s$seed"
     paper_expert_check
     dir="$PAPER_ROOT/hype_s$seed"
     run_niced "$dir.log" python hype_irl_mujoco.py "${PAPER_IRL_FLAGS[@]}" --seed "$seed" --run-dir "$dir" "$@"

@@ -17,16 +17,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Lane a: item 3 (T-REX at 50M frames, ~12 h of a slot on this CPU).
-# Lane b: item 4 (Hopper: the expert once, then FILTER, MM and HyPE at 500k steps).
+# Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor in about a
+# minute, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
+# learner steps (one seed each, then second seeds), then item 3 (T-REX at 50M frames, ~12 h of a slot on this CPU).
+# A machine may be new at a session's start (runs/ is then gone): the Hopper runs whose records are committed are
+# skipped (paper_committed); a run that was under way starts again from nothing, and so does T-REX.
 # (Item 2's Montezuma runs, RND and PPO seeds 1-2, finished in these lanes; their records are committed in
 # benchmarks/results/rnd_montezuma_*.)
 case "${1:-}" in
-  a) steps="bash benchmarks/trex_ppo_atari.sh paper" ;;
+  a) steps="bash benchmarks/filter_irl_mujoco.sh paper-expert
+bash benchmarks/filter_irl_mujoco.sh paper-irl mm 1
+bash benchmarks/hype_irl_mujoco.sh paper-irl 1
+bash benchmarks/filter_irl_mujoco.sh paper-irl mm 2
+bash benchmarks/trex_ppo_atari.sh paper" ;;
   b) steps="bash benchmarks/filter_irl_mujoco.sh paper-expert
 bash benchmarks/filter_irl_mujoco.sh paper-irl filter 1
-bash benchmarks/filter_irl_mujoco.sh paper-irl mm 1
-bash benchmarks/hype_irl_mujoco.sh paper-irl 1" ;;
+bash benchmarks/filter_irl_mujoco.sh paper-irl filter 2
+bash benchmarks/hype_irl_mujoco.sh paper-irl 2" ;;
   *) echo "usage: bash benchmarks/lanes.sh {a|b} [--list]" >&2; exit 2 ;;
 esac
 lane=$1

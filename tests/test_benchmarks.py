@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -351,6 +352,40 @@ def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_record
     assert all(np.array_equal(demos[0][k], demos[1][k]) for k in demos[0].files)
     assert bench("filter_irl_mujoco.sh", "paper-records", PAPER_ROOT=str(tmp_path / "runs2")).returncode == 0
     assert (results / "expert" / "expert_meta.json").read_bytes() == meta
+    # ... where a finished run's records are committed, the lane goes on instead of redoing it from nothing
+    skipped = bench("hype_irl_mujoco.sh", "paper-irl", "1", *irl, PAPER_ROOT=str(tmp_path / "runs2"))
+    assert skipped.returncode == 0 and "hype_s1 finished: its records are committed" in skipped.stdout
+    assert not (tmp_path / "runs2" / "hype_s1").exists()
+
+
+def test_a_second_lane_s_paper_expert_waits_for_the_first(tmp_path):
+    """Both lanes start with paper-expert: while one holds $PAPER_ROOT/expert.lock the other waits, then goes on."""
+    import fcntl
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    env = {**os.environ, "PAPER_ROOT": str(root), "PAPER_RESULTS": str(tmp_path / "results")}
+    cmd = ["bash", str(REPO_ROOT / "benchmarks" / "filter_irl_mujoco.sh"), "paper-expert"]
+    lock = open(root / "expert.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # the first lane, training its expert
+    popen = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    waiting = subprocess.Popen(cmd, env=env, **popen)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)
+        assert not (root / "expert").exists() and not (root / "expert.log").exists()  # nothing started meanwhile
+        (root / "experts" / "Hopper-v5").mkdir(parents=True)  # what the first lane leaves: its cache
+        meta = dict(expert_timesteps=7, seed=1, num_demos=2, return_mean=3500.0, return_std=1.0)
+        (root / "experts" / "Hopper-v5" / "expert_meta.json").write_text(json.dumps(meta))
+        (root / "experts" / "Hopper-v5" / "demos.npz").write_bytes(b"")
+        lock.close()  # the first lane is done
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        lock.close()
+        if waiting.poll() is None:  # a failed check: no expert training left behind
+            os.killpg(waiting.pid, signal.SIGTERM)
+    assert waiting.returncode == 0 and "7 SAC steps, seed 1, 2 deterministic demos" in out, err
+    assert not (root / "expert").exists() and not (root / "expert_demos").exists()  # it trained nothing
 
 
 def test_reward_probe_auc_counts_pairs_and_halves_ties():
