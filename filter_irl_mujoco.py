@@ -987,7 +987,11 @@ def run_pipeline(args: Args, run_dir: Path, info: EnvInfo, demos, checkpoints: d
     """Expert phase (unless demos were given or cached), IRL phase, policy.pt, results.json."""
     expert_curve = []
     if demos is None and "expert_actor" in checkpoints:  # --expert.actor: a trained expert records the demos
-        expert, best, steps = saved_expert(args, info, checkpoints["expert_actor"])
+        saved = checkpoints["expert_actor"]
+        expert = SAC(info, dataclasses.replace(args.sac, hidden_dim=saved["hidden"]), pick_device(args))
+        expert.actor.load_state_dict(saved["actor"])
+        best, steps = saved.get("chosen_by_evaluation"), saved["total_timesteps"]  # (None: a file without it)
+        print(f"expert: recording the demos with {args.expert.actor} ({steps:,} SAC steps)")
     elif demos is None:  # train the expert on the true reward; its best actor records the demos
         expert, expert_curve, best, steps = train_expert(args, info, checkpoints.get("expert"), run_dir, writer)
     if demos is None:
@@ -1291,15 +1295,6 @@ def write_expert_cache(args: Args, agent: SAC, demos: dict, best: Optional[list]
     save(cache / "expert_meta.json", "expert_meta", **meta)
     print(f"expert: {len(returns)} demos, return {meta['return_mean']:.1f} +- {meta['return_std']:.1f}")
     return demos
-
-
-def saved_expert(args: Args, info: EnvInfo, saved: dict) -> tuple[SAC, Optional[list], int]:
-    """--expert.actor: a SAC agent holding the saved expert's actor (validated by check_expert_actor), the
-    evaluation that chose it (None if the file predates that record) and its SAC steps, as train_expert returns."""
-    agent = SAC(info, dataclasses.replace(args.sac, hidden_dim=saved["hidden"]), pick_device(args))
-    agent.actor.load_state_dict(saved["actor"])
-    print(f"expert: recording the demos with {args.expert.actor} ({saved['total_timesteps']:,} SAC steps)")
-    return agent, saved.get("chosen_by_evaluation"), saved["total_timesteps"]
 
 
 def check_expert_actor(path: Path, env_id: str, info: EnvInfo) -> dict:
