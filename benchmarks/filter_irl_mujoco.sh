@@ -88,6 +88,16 @@ paper_committed() {  # paper_committed RUN: exit 0 with a line when RUN finished
   fi
 }
 
+paper_claim() {  # paper_claim RUN: hold $PAPER_ROOT/RUN.lock while this shell runs RUN; when another lane holds it
+  # (both lanes' queues can reach the same run), exit 0 with a line, and this lane goes on to its next run
+  mkdir -p "$PAPER_ROOT"
+  exec 8>> "$PAPER_ROOT/$1.lock"
+  if ! flock -n 8; then
+    echo "$1 is being run by another lane; nothing to do here"
+    exit 0
+  fi
+}
+
 # hype_irl_mujoco.sh's paper-irl sources this file for the definitions above (PAPER_*, run_niced, paper_expert_check)
 if [ "${1:-}" = --definitions ] && (return 0 2>/dev/null); then return 0; fi
 case "${1:-}" in
@@ -290,6 +300,7 @@ PY
     name=${2:?paper-irl filter|mm SEED}; seed=${3:?paper-irl filter|mm SEED}; shift 3
     case "$name" in filter) reset=0.5 ;; mm) reset=0 ;; *) echo "paper-irl: filter or mm, not $name" >&2; exit 2 ;; esac
     paper_committed "${name}_s$seed"
+    paper_claim "${name}_s$seed"
     paper_expert_check
     dir="$PAPER_ROOT/${name}_s$seed"
     run_niced "$dir.log" python filter_irl_mujoco.py "${PAPER_IRL_FLAGS[@]}" --irl.reset-prob "$reset" --seed "$seed" \

@@ -20,6 +20,7 @@ case "${1:-}" in
     seed=${2:?paper-irl SEED}; shift 2
     source benchmarks/filter_irl_mujoco.sh --definitions  # PAPER_* settings, run_niced, paper_expert_check
     paper_committed "hype_s$seed"
+    paper_claim "hype_s$seed"
     paper_expert_check
     dir="$PAPER_ROOT/hype_s$seed"
     run_niced "$dir.log" python hype_irl_mujoco.py "${PAPER_IRL_FLAGS[@]}" --seed "$seed" --run-dir "$dir" "$@"

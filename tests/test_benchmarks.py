@@ -358,6 +358,24 @@ def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_record
     assert not (tmp_path / "runs2" / "hype_s1").exists()
 
 
+@pytest.mark.parametrize(
+    "script, args, run", [("filter_irl_mujoco.sh", ["mm", "1"], "mm_s1"), ("hype_irl_mujoco.sh", ["1"], "hype_s1")]
+)
+def test_a_run_another_lane_is_running_is_left_to_it(tmp_path, script, args, run):
+    """Both lanes' queues can reach the same run: while one holds $PAPER_ROOT/RUN.lock the other goes on."""
+    import fcntl
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    env = {**os.environ, "PAPER_ROOT": str(root), "PAPER_RESULTS": str(tmp_path / "results")}
+    cmd = ["bash", str(REPO_ROOT / "benchmarks" / script), "paper-irl", *args]
+    with open(root / f"{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other lane, running it
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"{run} is being run by another lane" in done.stdout, done.stderr
+    assert not (root / run).exists()
+
+
 def test_a_second_lane_s_paper_expert_waits_for_the_first(tmp_path):
     """Both lanes start with paper-expert: while one holds $PAPER_ROOT/expert.lock the other waits, then goes on."""
     import fcntl
