@@ -267,7 +267,7 @@ PY
     # stopped at once with the 450k actor (3,446). On 2026-11-29 a new machine had lost runs/: retrained from
     # nothing, seed 1 gave the same curve to the printed digit, and 3,440 stops it at that same 450k actor (3,400
     # would stop at 380k's 3,408). That actor is committed (PAPER_EXPERT_ACTOR): when it is there, this target
-    # records the 64 demos with it (--expert.actor) instead of training SAC for an hour or more.
+    # records the 64 demos with it (--expert.actor) instead of training SAC again.
     # Resumable: a SIGTERM to this shell (or to the python) saves a checkpoint and exits 130; the same command
     # resumes. Once the demos exist it starts nothing and prints the score (exit 2 when below EXPERT_MIN_RETURN).
     # Output: $PAPER_ROOT/expert.log. Flags after the target override these.

@@ -17,8 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor in about a
-# minute, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
+# Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor, with no
+# SAC training, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
 # learner steps (one seed each, then second seeds), then item 3 (T-REX at 50M frames, ~12 h of a slot on this CPU).
 # A machine may be new at a session's start (runs/ is then gone): the Hopper runs whose records are committed are
 # skipped (paper_committed); a run that was under way starts again from nothing, and so does T-REX.
