@@ -19,20 +19,24 @@ cd "$(dirname "$0")/.."
 
 # Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor, with no
 # SAC training, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
-# learner steps (one seed each, then second seeds), then item 3 (T-REX at 50M frames, ~12 h of a slot on this CPU).
-# A machine may be new at a session's start (runs/ is then gone): the Hopper runs whose records are committed are
-# skipped (paper_committed); a run that was under way starts again from nothing, and so does T-REX.
+# learner steps, seed 1 of each; then lane a takes item 3 (T-REX at 50M frames, most of a day of one slot, so several
+# sessions) and lane b the second seeds, one after another.
+# A machine is kept for the project's next session, but its work tree may be laid anew and a machine left unused for
+# long is not kept, so on a machine that may outlive its checkout keep runs/ outside the work tree as a link:
+#   mkdir -p /root/rl_runs/main && ln -s /root/rl_runs/main runs      # before the first lane starts
+# Where runs/ is gone, the Hopper runs whose records are committed are skipped (paper_committed); a run that was under
+# way starts again from nothing, and so does T-REX.
 # (Item 2's Montezuma runs, RND and PPO seeds 1-2, finished in these lanes; their records are committed in
 # benchmarks/results/rnd_montezuma_*.)
 case "${1:-}" in
   a) steps="bash benchmarks/filter_irl_mujoco.sh paper-expert
 bash benchmarks/filter_irl_mujoco.sh paper-irl mm 1
 bash benchmarks/hype_irl_mujoco.sh paper-irl 1
-bash benchmarks/filter_irl_mujoco.sh paper-irl mm 2
 bash benchmarks/trex_ppo_atari.sh paper" ;;
   b) steps="bash benchmarks/filter_irl_mujoco.sh paper-expert
 bash benchmarks/filter_irl_mujoco.sh paper-irl filter 1
 bash benchmarks/filter_irl_mujoco.sh paper-irl filter 2
+bash benchmarks/filter_irl_mujoco.sh paper-irl mm 2
 bash benchmarks/hype_irl_mujoco.sh paper-irl 2" ;;
   *) echo "usage: bash benchmarks/lanes.sh {a|b} [--list]" >&2; exit 2 ;;
 esac
