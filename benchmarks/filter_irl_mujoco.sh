@@ -346,6 +346,7 @@ for method, name in names.items():
 drawn = 0
 table = ["| run | learner env steps | last evaluation (10 episodes) | mean of the last 5 evaluations | best evaluation | "
          "paper's IQM at the nearest 50k steps (10 seeds) | final evaluation (results.json) |", "|---|---|---|---|---|---|---|"]
+finished = {}  # method -> [(seed, evaluation curve, results.json)] of the runs that have finished
 for run in sorted(root.glob("*_s*")):
     if not (run / "curves.csv").is_file():
         continue
@@ -353,7 +354,8 @@ for run in sorted(root.glob("*_s*")):
         pts = [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["tag"] == "eval/episodic_return"]
     if pts:
         method, seed = run.name.rsplit("_s", 1)
-        ax.plot(*zip(*pts), marker=".", color=colour.get(method), label=f"{names.get(method, method)} seed {seed}")
+        ax.plot(*zip(*pts), marker=".", ms=3, lw=0.8, alpha=0.7, color=colour.get(method),
+                label=f"{names.get(method, method)} seed {seed}")
         drawn += 1
         step, last = pts[-1]
         tail = [v for _, v in pts[-5:]]
@@ -363,6 +365,24 @@ for run in sorted(root.glob("*_s*")):
         final = "running" if res is None else f"{res['eval_mean']:.0f} ± {res['eval_std']:.0f} ({len(res['eval_returns'])} episodes)"
         table.append(f"| {names.get(method, method)} s{seed} | {step:,} | {last:.0f} | {sum(tail) / len(tail):.0f} | "
                      f"{max(v for _, v in pts):.0f} | {theirs} | {final} |")
+        if res is not None:
+            finished.setdefault(method, []).append((seed, pts, res))
+# Where two or more seeds of a method have finished: their mean curve (at the evaluations they all have), thick, and
+# a row with the mean over seeds of each column (the final column: the mean of their final evaluations, each seed's
+# beside it; the best evaluation is a per-seed maximum, so it has no mean).
+for method, runs in finished.items():
+    if len(runs) < 2:
+        continue
+    curves = [dict(pts) for _, pts, _ in runs]
+    common = sorted(set.intersection(*(set(curve) for curve in curves)))
+    mean = [sum(curve[x] for curve in curves) / len(runs) for x in common]
+    ax.plot(common, mean, lw=2.2, color=colour.get(method), label=f"{names.get(method, method)}, mean of {len(runs)} seeds")
+    tails = [sum(v for _, v in pts[-5:]) / len(pts[-5:]) for _, pts, _ in runs]
+    near = [(abs(x - common[-1]), y) for x, y in zip(paper["x"], paper.get(method, [])) if y is not None]
+    finals = ", ".join(f"s{seed} {res['eval_mean']:.0f}" for seed, _, res in runs)
+    final = sum(res["eval_mean"] for _, _, res in runs) / len(runs)
+    table.append(f"| {names.get(method, method)}, mean of {len(runs)} seeds | {common[-1]:,} | {mean[-1]:.0f} | "
+                 f"{sum(tails) / len(tails):.0f} | - | {f'{min(near)[1]:,}' if near else '-'} | {final:.0f} ({finals}) |")
 meta = root / "expert" / "expert_meta.json"
 if meta.is_file():
     m = json.loads(meta.read_text())

@@ -300,6 +300,35 @@ def test_montezuma_chain_carries_a_run_to_the_device_and_back_in_pieces_then_its
     assert json.loads((tmp_path / "out2" / "results.json").read_text())["global_step"] == step + 64
 
 
+def test_hopper_records_add_a_mean_over_the_finished_seeds_of_a_method(tmp_path):
+    """paper-records on hand-written records: two finished FILTER seeds get a row of their means (over the
+    evaluations both have), one MM seed still running gets none."""
+    results = tmp_path / "results"
+
+    def record(run, evals, final=None):
+        (results / run).mkdir(parents=True)
+        rows = ["tag,step,value", *(f"eval/episodic_return,{step},{v}" for step, v in evals)]
+        (results / run / "curves.csv").write_text("\n".join(rows) + "\n")
+        if final is not None:
+            res = {"eval_mean": final, "eval_std": 10.0, "eval_returns": [final] * 10}
+            (results / run / "results.json").write_text(json.dumps(res))
+
+    steps = [10_000 * k for k in range(1, 8)]
+    record("filter_s1", zip(steps[:6], [100, 200, 300, 400, 500, 600]), final=650)
+    record("filter_s2", zip(steps, [300, 400, 500, 600, 700, 800, 900]), final=850)
+    record("mm_s1", zip(steps[:2], [50, 60]))
+    env = {**os.environ, "PAPER_ROOT": str(tmp_path / "runs"), "PAPER_RESULTS": str(results)}
+    cmd = ["bash", str(REPO_ROOT / "benchmarks" / "filter_irl_mujoco.sh"), "paper-records"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "3 learning curves" in done.stdout, done.stderr
+    rows = (results / "hopper_table.md").read_text().splitlines()[2:]
+    # at 60k, the last step both seeds have: (600 + 800) / 2; the last five: (400 + 700) / 2; the paper's FILTER at
+    # its nearest point (50k) is 1,280 in paper_curves.json
+    assert rows[-1] == "| FILTER, mean of 2 seeds | 60,000 | 700 | 550 | - | 1,280 | 750 (s1 650, s2 850) |"
+    assert [row.split(" | ")[0] for row in rows] == ["| FILTER s1", "| FILTER s2", "| MM s1", rows[-1].split(" | ")[0]]
+    assert rows[2].endswith("| running |") and (results / "hopper_paper.png").stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_hopper_paper_pipeline_on_a_tiny_budget_refuses_a_weak_expert_and_records_every_run(tmp_path):
     """Issue 44 item 4's bash glue end to end (expert cache, the gate on its score, FILTER and HyPE runs, records and
