@@ -59,7 +59,11 @@ def test_page_links_its_history_once(page):
     assert len(re.findall(rf"\]\((\.\./)?{re.escape(history)}\)", page.read_text())) == 1
 
 
-@pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=[*SCRIPTS, "README"])
+# every Markdown file a reader may open: the README, the docs and the records (results histories, runs' READMEs)
+MARKDOWN = sorted({*ROOT.glob("*.md"), *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").rglob("*.md")})
+
+
+@pytest.mark.parametrize("page", MARKDOWN, ids=[str(p.relative_to(ROOT)) for p in MARKDOWN])
 def test_images_and_local_links_exist(page):
     for target in re.findall(r"\]\(([^)#\s]+)\)", page.read_text()):
         if "://" in target or target.startswith("mailto:"):
