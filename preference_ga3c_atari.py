@@ -1053,6 +1053,11 @@ class Teacher:
     def add_clips(self, clips: list[dict]):
         self.pool.extend(clips)
 
+    def wants_clips(self, queries: int) -> bool:
+        """During random play: new clips are wanted while `queries` more are to be asked; in the sort tree,
+        which takes a clip out of the pool for each query, only while the pool has room too."""
+        return queries > 0 and (self.mode == "pairwise" or len(self.pool) < self.pool.maxlen)
+
     def outstanding(self) -> tuple[int, int]:
         return self.store.count_answers(self.experiment), len(self.store.pending_queries(self.experiment))
 
@@ -1357,9 +1362,12 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
     # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
     shared.random_actions = teacher is not None and not progress["pretrained"]
     while shared.random_actions and not log.should_stop():
-        teacher.add_clips(drain(shared.clips))
         teacher.absorb_answers()
         answered, pending = teacher.outstanding()
+        # Clips only while queries are wanted; otherwise the clip queue fills and random play pauses, since its
+        # steps count in the budget (a person labelling for an hour would spend it on random play).
+        if teacher.wants_clips(args.labels.pretrain - answered - pending):
+            teacher.add_clips(drain(shared.clips))
         # (a budget spent before the pretraining labels came: pretrain on those there are)
         if answered >= args.labels.pretrain or shared.steps >= args.total_timesteps:
             shared.hold.set()

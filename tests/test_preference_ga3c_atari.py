@@ -4,6 +4,7 @@ tiny problem, the reward model learning from synthetic preferences, smoke runs, 
 import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -1206,6 +1207,21 @@ def test_a_signal_is_answered_within_seconds_in_every_phase(tmp_path, phase):
     assert resume[-2:] == ["--run-dir", "run"] and "Traceback" not in err
     agent = pref.load(tmp_path / "run" / "checkpoints" / "agent.pt", "agent", "")
     assert agent["progress"]["pretrained"] == (phase in ("agent training", "the evaluation"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feedback", ["pairwise", "sort-tree"])
+def test_random_play_pauses_while_a_person_has_the_pretraining_queries(tmp_path, feedback):
+    """Random play's steps count in the budget, so while the queries a person is to answer are asked (pairwise) or
+    the pool holds 60 clips (sort tree), it stops. It used to go on at full speed: a first labelling session of a few
+    seconds spent 5,754 of a 6,000-step budget. Here nobody answers for 12 s."""
+    flags = ["--labeler", "human", "--feedback", feedback, "--labels.port", "0", "--total-timesteps", "1000000"]
+    cmd = [sys.executable, str(REPO_ROOT / SCRIPT), *TINY, *flags, "--run-dir", "run", "--labels.store-dir", "store"]
+    rc, _, err, _ = interrupt_when_found(cmd, tmp_path, "store/*_clips/clip_*.npz", after_s=12)
+    steps = re.search(r"interrupted during random play at step ([\d,]+)", err)
+    assert rc == 130 and steps, err[-2000:]
+    # measured: 258 (pairwise), 534 (sort tree); unpaused, 12 s of random play are thousands of steps on any CPU
+    assert int(steps.group(1).replace(",", "")) < 2000, err[-2000:]
 
 
 # ---- issue 45: where a sort-tree insertion starts -------------------------------------------------------------------

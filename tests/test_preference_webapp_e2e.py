@@ -261,9 +261,14 @@ def test_resume_with_a_half_labelled_sort_tree_store(browser, tmp_path):  # noqa
             store.close()
         browser.get(url)
         wait_for(lambda: shown_query(browser) == pending[0], what="the oldest pending query, asked before the stop")
-        after = label_in_browser(browser, second, count=4)
+        after = label_in_browser(browser, second, count=2)
+        # The tree view while the app is surely up: 5 of the 6 pretraining labels are in, so the run waits for a
+        # person. After the 6th it may finish its tiny budget and close the app at any moment.
         browser.get(url.rstrip("/") + "/experiments/e2e-tree/tree")
         nodes = wait_for(lambda: browser.find_elements("css selector", ".node"), what="the tree view's nodes")
+        assert second.proc.poll() is None, second.output()[-3000:]
+        browser.get(url.rstrip("/") + "/experiments/e2e-tree/sort")
+        after += label_in_browser(browser, second, count=2)
         rc = second.wait()
     finally:
         second.stop()
@@ -277,4 +282,4 @@ def test_resume_with_a_half_labelled_sort_tree_store(browser, tmp_path):  # noqa
     assert len({a["id"] for a in stored}) == len(stored)
     assert len(nodes) >= 2
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["labels"] >= len(before) + len(after) and results["updates"] > 0
+    assert results["labels"] >= len(before) + len(after) and results["updates"] > 0, second.output()[-3000:]
