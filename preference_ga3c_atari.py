@@ -1364,8 +1364,7 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
     while shared.random_actions and not log.should_stop():
         teacher.absorb_answers()
         answered, pending = teacher.outstanding()
-        # Clips only while queries are wanted; otherwise the clip queue fills and random play pauses, since its
-        # steps count in the budget (a person labelling for an hour would spend it on random play).
+        # clips only while queries are wanted: else the queue fills and random play, which spends budget, pauses
         if teacher.wants_clips(args.labels.pretrain - answered - pending):
             teacher.add_clips(drain(shared.clips))
         # (a budget spent before the pretraining labels came: pretrain on those there are)
