@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.."
 # Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor, with no
 # SAC training, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
 # learner steps, seed 1 of each; then lane a takes item 3 (T-REX at 50M frames, most of a day of one slot, so several
-# sessions) and lane b the second seeds, one after another.
+# sessions) and lane b the second seeds, one after another, then third seeds (HyPE first: its two seeds' final
+# evaluations differ most), so the slot T-REX leaves free keeps adding evidence.
 # A machine is kept for the project's next session, but its work tree may be laid anew and a machine left unused for
 # long is not kept, so on a machine that may outlive its checkout keep runs/ outside the work tree as a link:
 #   mkdir -p /root/rl_runs/main && ln -s /root/rl_runs/main runs      # before the first lane starts
@@ -37,7 +38,10 @@ bash benchmarks/trex_ppo_atari.sh paper" ;;
 bash benchmarks/filter_irl_mujoco.sh paper-irl filter 1
 bash benchmarks/filter_irl_mujoco.sh paper-irl filter 2
 bash benchmarks/filter_irl_mujoco.sh paper-irl mm 2
-bash benchmarks/hype_irl_mujoco.sh paper-irl 2" ;;
+bash benchmarks/hype_irl_mujoco.sh paper-irl 2
+bash benchmarks/hype_irl_mujoco.sh paper-irl 3
+bash benchmarks/filter_irl_mujoco.sh paper-irl filter 3
+bash benchmarks/filter_irl_mujoco.sh paper-irl mm 3" ;;
   *) echo "usage: bash benchmarks/lanes.sh {a|b} [--list]" >&2; exit 2 ;;
 esac
 lane=$1
