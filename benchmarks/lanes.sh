@@ -16,6 +16,8 @@
 # LANE_STEPS (one command per line) replaces a lane's queue: the tests use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the project's venv where the starting shell has none: unattended, a lane would otherwise stop at its first import
+if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then . .venv/bin/activate; fi
 
 # Both lanes start with the Hopper expert (item 4): the first makes its cache (from the committed actor, with no
 # SAC training, or by training SAC), the second waits on its lock and then finds it. Then FILTER, MM and HyPE at 500k
