@@ -1355,12 +1355,9 @@ class RewardSchedule:
         return self.keep_pace and self.owed(step) >= 1
 
 
-def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], reward_fn, log: "RunLog"):
-    """Pretraining labels and reward pretraining (learned
-    rewards only), then GA3C with the teacher alongside."""
-    progress, schedule = log.progress, RewardSchedule(args.reward)
-    # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
-    shared.random_actions = teacher is not None and not progress["pretrained"]
+def pretrain_on_random_play(args: Args, shared: Shared, teacher: Teacher, schedule: "RewardSchedule", log: "RunLog"):
+    """The agents play at random while the labeller answers the first `--labels.pretrain` queries; then the reward
+    model is pretrained on those labels with the agents held. Returns early on a signal (redone on resume)."""
     while shared.random_actions and not log.should_stop():
         teacher.absorb_answers()
         answered, pending = teacher.outstanding()
@@ -1380,12 +1377,22 @@ def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher]
             if log.should_stop():  # a signal: pretraining is redone on resume
                 return
             teacher.normalise(shared)
-            progress["pretrained"], shared.random_actions = True, False
+            log.progress["pretrained"], shared.random_actions = True, False
             shared.hold.clear()
         else:
             teacher.ask(max(0, min(args.labels.pretrain - answered - pending, 8)))
             log.status(f"random play: waiting for {args.labels.pretrain - answered} pretraining labels", answered)
             time.sleep(0.05)
+
+
+def learn(args: Args, shared: Shared, net, optimizer, teacher: Optional[Teacher], reward_fn, log: "RunLog"):
+    """Pretraining labels and reward pretraining (learned
+    rewards only), then GA3C with the teacher alongside."""
+    schedule = RewardSchedule(args.reward)
+    # 1. Labels on random play, then the predictor is pretrained on them (the paper: 500 labels, 200 epochs).
+    shared.random_actions = teacher is not None and not log.progress["pretrained"]
+    if shared.random_actions:
+        pretrain_on_random_play(args, shared, teacher, schedule, log)
 
     if log.should_stop():  # a signal during random play
         return
