@@ -59,8 +59,7 @@ MAZE_VERSIONS = {"PointMaze_": ("v3",), "AntMaze_": ("v4", "v5")}  # ids mbirl_a
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 VIDEO_SIZE = 240  # rendered frame width and height
 STATE_KEYS = ("qpos", "qvel", "qacc_warmstart")
-# demos.npz, key: (dtype, shape) in N transitions, E episodes and the env's sizes (obs, act,
-# MuJoCo's nq and nv)
+# demos.npz, key: (dtype, shape) in N transitions, E episodes, the env's obs/act sizes and MuJoCo's nq/nv
 DEMO_FORMAT = {
     "observations": (np.float32, ("N", "obs")),
     "actions": (np.float32, ("N", "act")),
@@ -77,8 +76,8 @@ DEMO_FORMAT = {
     "qvel": (np.float64, ("N", "nv")),
     "qacc_warmstart": (np.float64, ("N", "nv")),
 }
-# Piecewise-linear rho schedules of the reference ([start, end, until] segments, in learner env
-# steps). HalfCheetah, not in the reference, gets the Ant/Walker2d one (our choice); others Hopper's.
+# The reference's piecewise-linear rho schedules ([start, end, until] segments, in learner env steps).
+# HalfCheetah, not in the reference, gets the Ant/Walker2d one (our choice); others get Hopper's.
 RHO_SCHEDULES = dict.fromkeys(("Hopper", "Humanoid"), "0.2,0.1,200000;0.1,0.01,1000000")
 RHO_SCHEDULES.update(dict.fromkeys(("Ant", "Walker2d", "HalfCheetah"), "0.2,0.2,300000;0.2,0.1,1000000"))
 
