@@ -149,6 +149,11 @@ def interrupt_when_exists(cmd: list[str], path: Path, wait_s: float = 180.0, exi
     return proc.returncode, out, err
 
 
+# what Minari warns about when a dataset lacks it (the tests' datasets are throwaway, but say so)
+MINARI_TEST_METADATA = dict(author="tests", author_email="tests@localhost", code_permalink="tests/conftest.py",
+                            description="a throwaway dataset written by the tests")  # fmt: skip
+
+
 def write_minari_dataset(demos: dict, dataset_id: str) -> None:
     """Store demos (the demos.npz layout) as a local Minari dataset: each episode's T+1 observations and T steps."""
     import gymnasium as gym
@@ -162,7 +167,9 @@ def write_minari_dataset(demos: dict, dataset_id: str) -> None:
         steps = {"actions": demos["actions"][m], "rewards": demos["rewards"][m]}
         ends = {"terminations": demos["terminals"][m], "truncations": demos["timeouts"][m]}
         buffers.append(EpisodeBuffer(id=e, observations=obs, **steps, **ends))
-    minari.create_dataset_from_buffers(dataset_id, buffers, env=gym.make(str(demos["env_id"])), algorithm_name="PD")
+    env_id = str(demos["env_id"])
+    minari.create_dataset_from_buffers(dataset_id, buffers, env=gym.make(env_id), eval_env=env_id, algorithm_name="PD",
+                                       **MINARI_TEST_METADATA)  # fmt: skip
 
 
 # ---- generated bad input (issue 15): the cases come from the code, so a new flag or key is covered without a test edit

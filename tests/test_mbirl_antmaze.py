@@ -114,7 +114,7 @@ def test_model_output_clip_bounds_the_means_only_when_set():
         free.biases[-1][:, :, :3] = clipped.biases[-1][:, :, :3] = 50.0  # means near 50
     x = torch.randn(4, 5)
     (m_free, lv_free), (m_clip, lv_clip) = free(x), clipped(x)
-    assert float(m_free.min()) > 40 and torch.equal(m_clip, torch.ones_like(m_clip))  # clamped to +1
+    assert float(m_free.detach().min()) > 40 and torch.equal(m_clip, torch.ones_like(m_clip))  # clamped to +1
     assert torch.equal(lv_free, lv_clip)  # the log-variance is untouched
 
 
@@ -1379,7 +1379,7 @@ def test_cosine_schedule_drives_the_model_learning_rate_across_retrainings():
         _, info = mb.train_ensemble(model, inputs, targets, torch.arange(240), torch.arange(240, 300), m, g,
                                     cosine_from=start)  # fmt: skip
         assert info["batches"] == 2 * 3  # epochs x minibatches of 240 (ceil(240 / 100))
-        moved[start] = max(float((p - b).abs().max()) for p, b in zip(model.parameters(), before))
+        moved[start] = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
     assert moved[0] > 1e-3 and moved[30_000] < 1e-6, moved
 
 
@@ -1553,6 +1553,7 @@ def _write_minari_maze(demos: dict, dataset_id: str, ant: bool) -> None:
     """Store flat demos as a local Minari dataset with the mazes' dict observations (as D4RL/pointmaze and
     D4RL/antmaze store them: observation without (x, y) for the Ant, achieved_goal, desired_goal)."""
     import minari
+    from conftest import MINARI_TEST_METADATA
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
     buffers = []
@@ -1566,7 +1567,8 @@ def _write_minari_maze(demos: dict, dataset_id: str, ant: bool) -> None:
                                      truncations=list(demos["timeouts"][m])))  # fmt: skip
     env = mb.make_env(str(demos["env_id"])).env  # the dict-observation env under the flattening wrapper
     minari.create_dataset_from_buffers(dataset_id, buffers, env=env.spec, observation_space=env.observation_space,
-                                       action_space=env.action_space, algorithm_name="planner")  # fmt: skip
+                                       action_space=env.action_space, algorithm_name="planner", eval_env=env.spec,
+                                       **MINARI_TEST_METADATA)  # fmt: skip
     env.close()
 
 
