@@ -311,7 +311,7 @@ PY
     # expert's episodes), args.json, learning_curve.png, results.json once finished, the trained expert's
     # expert_meta.json and expert_actor.pt (not those of a cache
     # recorded from the committed actor); then $PAPER_RESULTS/hopper_paper.png: true return (10 deterministic
-    # episodes) against learner env steps.
+    # episodes) against learner env steps, a run still going dotted and named so in the legend.
     for dir in "$PAPER_ROOT"/expert "$PAPER_ROOT"/filter_s* "$PAPER_ROOT"/mm_s* "$PAPER_ROOT"/hype_s*; do
       [ -f "$dir/args.json" ] || continue
       out="$PAPER_RESULTS/$(basename "$dir")"
@@ -354,14 +354,14 @@ for run in sorted(root.glob("*_s*")):
         pts = [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["tag"] == "eval/episodic_return"]
     if pts:
         method, seed = run.name.rsplit("_s", 1)
-        ax.plot(*zip(*pts), marker=".", ms=3, lw=0.8, alpha=0.7, color=colour.get(method),
-                label=f"{names.get(method, method)} seed {seed}")
+        res = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else None
+        ax.plot(*zip(*pts), marker=".", ms=3, lw=0.8, alpha=0.7, color=colour.get(method), ls="-" if res else ":",
+                label=f"{names.get(method, method)} seed {seed}" + ("" if res else ", running (dotted)"))
         drawn += 1
         step, last = pts[-1]
         tail = [v for _, v in pts[-5:]]
         near = [(abs(x - step), y) for x, y in zip(paper["x"], paper.get(method, [])) if y is not None]
         theirs = f"{min(near)[1]:,}" if near else "-"  # the paper's point nearest our last evaluation
-        res = json.loads((run / "results.json").read_text()) if (run / "results.json").is_file() else None
         final = "running" if res is None else f"{res['eval_mean']:.0f} ± {res['eval_std']:.0f} ({len(res['eval_returns'])} episodes)"
         table.append(f"| {names.get(method, method)} s{seed} | {step:,} | {last:.0f} | {sum(tail) / len(tail):.0f} | "
                      f"{max(v for _, v in pts):.0f} | {theirs} | {final} |")
