@@ -199,17 +199,28 @@ def values_of(matches: list[re.Match]) -> list[float]:
     return sorted(values)
 
 
+def json_objects(path: Path) -> list[list]:
+    """The numbers directly inside each object of a JSON record (and each list of numbers), one list per object."""
+    found_, todo = [], [json.loads(path.read_text())]
+    while todo:
+        node = todo.pop()
+        children = list(node.values()) if isinstance(node, dict) else node if isinstance(node, list) else []
+        found_.append([c for c in children if isinstance(c, (int, float)) and not isinstance(c, bool)])
+        todo += [c for c in children if isinstance(c, (dict, list))]
+    return [f for f in found_ if f]
+
+
 def record_numbers(page: str) -> tuple[list[float], list[list[float]]]:
     """Every number of the page's records, and the groups a "mean ± std" may come from: each "a ± b" written in
-    a .md record, each .json record file as a whole and each line of a .jsonl record (its mean and std are two
+    a .md record, each object of a .json record and each line of a .jsonl record (its mean and std are two
     fields)."""
     everything, groups = [], []
     for pattern in RECORDS_OF[page]:
         for path in sorted(RESULTS.glob(pattern)):
             numbers = list(NUMBER.finditer(path.read_text()))
             everything += numbers
-            if path.suffix == ".json":
-                groups.append(values_of(numbers))
+            if path.suffix == ".json":  # each object's own numbers: a long history holds every pair by chance
+                groups += [values_of(list(NUMBER.finditer(json.dumps(obj)))) for obj in json_objects(path)]
             elif path.suffix == ".jsonl":  # each line is one record, as a .json file is
                 groups += [values_of(list(NUMBER.finditer(line))) for line in path.read_text().splitlines()]
             else:
