@@ -33,7 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # The pages checked, each with the records its numbers may come from (globs under benchmarks/results/).
 RECORDS_OF = {
     "README": ["**/*.md", "**/*.json", "*.jsonl"],
-    "trex_ppo_atari": ["trex_ppo_atari.md"],
+    "trex_ppo_atari": ["trex_ppo_atari.md", "trex_paper_breakout_s1/*.json", "trex_paper_breakout_s1/*.md"],
     "rnd_ppo_atari": [
         "rnd_ppo_atari.md",
         "rnd_montezuma_table.md",  # the 10M-frame runs' table, written by montezuma-plot from their curves
